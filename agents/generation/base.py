@@ -1,0 +1,67 @@
+"""The generation contract shared by every backend (Hugging Face on CPU, vLLM multi-LoRA on GPU).
+
+A request names the adapter (population member) that must act; a backend serves a list of requests with
+mixed adapters in as few batched passes as it can, and returns one :class:`Completion` per sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt to complete with one adapter.
+
+    Attributes:
+        adapter: population member whose LoRA acts; ``None`` means the base model with adapters disabled.
+        prompt: user text (the backend applies the tokenizer's chat template when the model has one and
+            ``chat`` is true) or a list of chat messages ``[{"role": ..., "content": ...}]``.
+        max_new_tokens: generation budget.
+        temperature: 0 means greedy decoding.
+        top_p: nucleus sampling threshold (1.0 = off).
+        seed: per-request sampling seed (``None``: the backend's own RNG).
+        n: number of samples for this prompt.
+        chat: apply the chat template (ignored when the tokenizer has none).
+    """
+
+    adapter: str | None
+    prompt: str | Sequence[dict]
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    n: int = 1
+    chat: bool = True
+
+
+@dataclass
+class Completion:
+    """One sampled completion.
+
+    ``logprobs[i]`` is log pi(token_ids[i] | prefix) under the adapter's *unscaled* (temperature 1, no top-p)
+    distribution, i.e. the behaviour log-probability a policy-gradient trainer compares against.
+    """
+
+    request_index: int
+    sample_index: int
+    adapter: str | None
+    text: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: Literal["stop", "length"] = "stop"
+    extra: dict = field(default_factory=dict)
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """A generation backend: ``generate(requests)`` returns the completions of every request, ordered by
+    ``(request_index, sample_index)``. ``refresh(name)`` makes the backend pick up new weights of a member
+    after an update (a no-op for backends that read the live model)."""
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]: ...
+
+    def refresh(self, names: Sequence[str] | None = None) -> None: ...
