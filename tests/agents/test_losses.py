@@ -1,0 +1,156 @@
+"""Policy loss pinned on hand-made examples: aggregation modes, clipping with ratio != 1, KL estimators,
+entropy, micro-batch consistency."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from agents.losses import (
+    _AGG,
+    agg_loss,
+    entropy_from_logits,
+    get_loss_agg,
+    kl_penalty,
+    list_loss_aggs,
+    logprobs_from_logits,
+    policy_loss,
+    register_loss_agg,
+)
+
+# rows: tokens (1, 2, 3) and (4); padding holds garbage that must be ignored
+LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, -100.0]])
+MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("token-mean", 10 / 4),  # (1+2+3+4) / 4 tokens
+        ("seq-mean-token-mean", (2 + 4) / 2),  # mean of per-sequence means
+        ("seq-mean-token-sum", (6 + 4) / 2),  # mean of per-sequence sums
+        ("seq-mean-token-sum-norm", 10 / (3 * 2)),  # sum / (L = T = 3, G = 2)
+    ],
+)
+def test_aggregation_modes_hand_computed(mode, expected):
+    assert agg_loss(LOSS, MASK, mode).item() == pytest.approx(expected)
+
+
+def test_aggregation_with_explicit_normalisers():
+    assert agg_loss(LOSS, MASK, "token-mean", num_tokens=8).item() == pytest.approx(10 / 8)
+    assert agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", norm_len=5).item() == pytest.approx(10 / 10)
+    assert agg_loss(LOSS, MASK, "seq-mean-token-mean", num_seqs=4).item() == pytest.approx(6 / 4)
+
+
+@pytest.mark.parametrize(
+    "mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+)
+def test_micro_batches_with_global_normalisers_sum_to_the_full_batch(mode):
+    g = torch.Generator().manual_seed(0)
+    loss = torch.randn(6, 5, generator=g)
+    lengths = [5, 1, 3, 4, 2, 5]
+    mask = torch.tensor([[1.0 if t < n else 0.0 for t in range(5)] for n in lengths])
+    full = agg_loss(loss, mask, mode)
+    norms = {"num_tokens": mask.sum().item(), "num_seqs": 6, "norm_len": 5}
+    parts = sum(agg_loss(loss[i : i + 2], mask[i : i + 2], mode, **norms) for i in range(0, 6, 2))
+    torch.testing.assert_close(parts, full)
+
+
+def test_agg_registry():
+    assert set(list_loss_aggs()) >= {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"}
+    with pytest.raises(KeyError, match="known: seq-mean-token-mean"):
+        get_loss_agg("mean")
+    with pytest.raises(ValueError, match="already registered"):
+        register_loss_agg("token-mean")(lambda *a: a[0].sum())
+    name = "test-only-max"
+    register_loss_agg(name)(lambda loss, mask, n_tok, n_seq, length: (loss * mask).max())
+    try:
+        assert agg_loss(LOSS, MASK, name).item() == 4.0
+    finally:
+        _AGG.pop(name)
+
+
+def test_clipping_active_with_ratio_not_one():
+    # ratios 1.5, 0.5, 0.5, 1.5 ; advantages +1, +1, -1, -1 ; eps 0.2
+    old = torch.zeros(1, 4)
+    lp = torch.log(torch.tensor([[1.5, 0.5, 0.5, 1.5]])).requires_grad_()
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]])
+    out = policy_loss(lp, old, adv, torch.ones(1, 4), clip_eps_low=0.2, clip_eps_high=0.2)
+    # l = -min(rho A, clip(rho) A): -1.2 (clipped), -0.5, +0.8 (clipped), +1.5
+    per_tok = [-1.2, -0.5, 0.8, 1.5]
+    assert out.loss.item() == pytest.approx(sum(per_tok) / 4)
+    assert out.metrics["clip_frac"] == pytest.approx(0.5)
+    assert out.metrics["clip_frac_high"] == pytest.approx(0.25)
+    assert out.metrics["clip_frac_low"] == pytest.approx(0.25)
+    out.loss.backward()
+    # d l / d lp = -A rho on unclipped tokens, 0 on clipped ones; token-mean divides by 4
+    torch.testing.assert_close(lp.grad, torch.tensor([[0.0, -0.5, 0.0, 1.5]]) / 4)
+    # approx_kl = mean(rho - 1 - log rho)
+    r = torch.tensor([1.5, 0.5, 0.5, 1.5])
+    assert out.metrics["approx_kl"] == pytest.approx((r - 1 - r.log()).mean().item(), rel=1e-5)
+
+
+def test_asymmetric_clip_high():
+    lp = torch.log(torch.tensor([[1.5]]))
+    out = policy_loss(lp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), clip_eps_high=0.28)
+    assert out.loss.item() == pytest.approx(-1.28)
+
+
+def test_ratio_one_is_plain_policy_gradient():
+    lp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    adv = torch.tensor([[2.0, 2.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    out = policy_loss(lp, lp.detach(), adv, mask)
+    assert out.loss.item() == pytest.approx(-2.0)
+    assert out.metrics["clip_frac"] == 0.0 and out.metrics["approx_kl"] == 0.0 and out.metrics["tokens"] == 2
+    out.loss.backward()
+    torch.testing.assert_close(lp.grad, torch.tensor([[-1.0, -1.0, 0.0]]))  # -A / N_tok, padding 0
+
+
+def test_kl_estimators_values():
+    lp = torch.tensor([math.log(0.5)])
+    ref = torch.tensor([math.log(0.25)])
+    d = math.log(2.0)
+    assert kl_penalty(lp, ref, "k1").item() == pytest.approx(d)
+    assert kl_penalty(lp, ref, "k2").item() == pytest.approx(0.5 * d * d)
+    assert kl_penalty(lp, ref, "k3").item() == pytest.approx(0.5 - 1 + d)  # e^{-d} - 1 + d
+    with pytest.raises(KeyError, match="k1, k2, k3"):
+        kl_penalty(lp, ref, "k4")
+
+
+def test_k3_kl_loss_term_and_entropy_bonus():
+    lp = torch.log(torch.tensor([[0.5, 0.5]])).requires_grad_()
+    ref = torch.log(torch.tensor([[0.25, 0.5]]))
+    ent = torch.tensor([[2.0, 4.0]])
+    adv = torch.zeros(1, 2)
+    out = policy_loss(
+        lp, lp.detach(), adv, torch.ones(1, 2), ref_logprobs=ref, kl_coef=0.1, entropy=ent, entropy_coef=0.01
+    )
+    k3 = (0.5 - 1 + math.log(2.0) + 0.0) / 2
+    assert out.metrics["kl"] == pytest.approx(k3)
+    assert out.metrics["entropy"] == pytest.approx(3.0)
+    assert out.loss.item() == pytest.approx(0.1 * k3 - 0.01 * 3.0)
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        policy_loss(lp, lp.detach(), adv, torch.ones(1, 2), kl_coef=0.1)
+
+
+def test_shape_and_eps_errors():
+    with pytest.raises(ValueError, match="one shape"):
+        policy_loss(torch.zeros(1, 2), torch.zeros(1, 3), torch.zeros(1, 2), torch.ones(1, 2))
+    with pytest.raises(ValueError, match="clip_eps_low"):
+        policy_loss(
+            torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), clip_eps_low=1.0
+        )
+
+
+def test_logprobs_and_entropy_from_logits():
+    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [math.log(3.0), 0.0, -1e9, -1e9]])
+    assert entropy_from_logits(logits)[0].item() == pytest.approx(math.log(4))
+    # p = (3/4, 1/4): H = -(3/4 log 3/4 + 1/4 log 1/4)
+    assert entropy_from_logits(logits)[1].item() == pytest.approx(
+        -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
+    )
+    lp = logprobs_from_logits(logits, torch.tensor([2, 0]))
+    torch.testing.assert_close(lp, torch.tensor([math.log(0.25), math.log(0.75)]))
