@@ -1,0 +1,245 @@
+"""Tests of agents.population.LoRAPopulation on the tiny-random base."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from agents.population import LoRAPopulation, randomize_member
+
+
+def _equal_states(s1, s2) -> bool:
+    return s1.keys() == s2.keys() and all(torch.equal(s1[k], s2[k]) for k in s1)
+
+
+def _loss(pop, tokenizer) -> torch.Tensor:
+    batch = tokenizer(["def f(x): return x + 1", "print('hello world')"], return_tensors="pt", padding=True)
+    out = pop.model(**batch, labels=batch["input_ids"])
+    return out.loss
+
+
+def test_state_keys_are_peft_file_keys(population):
+    from peft import get_peft_model_state_dict
+
+    pop = population(["ma", "mb"])
+    state = pop.state("ma")
+    assert set(state) == set(get_peft_model_state_dict(pop.model, adapter_name="ma"))
+    n_modules = 2 * 7  # 2 layers x 7 target modules
+    assert len(state) == 2 * n_modules
+    assert all(k.endswith(("lora_A.weight", "lora_B.weight")) for k in state)
+    key_a = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    assert state[key_a].shape == (4, 64) and state[key_a].device.type == "cpu"
+    assert all(torch.count_nonzero(v) == 0 for k, v in state.items() if "lora_B" in k)  # PEFT init: B = 0
+    state[key_a].add_(1.0)  # a detached clone: the member is untouched
+    assert not torch.equal(state[key_a], pop.state("ma")[key_a])
+
+
+def test_seeded_init_depends_only_on_seed_and_name(population):
+    p1 = population(["ma", "mb"], seed=3)
+    p2 = population(["mb", "ma", "mc"], seed=3)
+    p3 = population(["ma"], seed=4)
+    assert _equal_states(p1.state("ma"), p2.state("ma"))
+    assert _equal_states(p1.state("mb"), p2.state("mb"))
+    assert not _equal_states(p1.state("ma"), p1.state("mb"))
+    assert not _equal_states(p1.state("ma"), p3.state("ma"))
+
+
+def test_training_one_member_leaves_others_bitwise_equal(population, tiny_tokenizer):
+    pop = population(["ma", "mb", "mc"], nonzero_std=0.1)
+    before = {n: pop.state(n) for n in pop.names}
+    base_before = {k: v.clone() for k, v in pop.model.named_parameters() if "lora_" not in k}
+    for _step in range(2):
+        with pop.activate("mb"):
+            assert pop.active == "mb"
+            assert all(p.requires_grad for p in pop.parameters("mb"))
+            assert not any(p.requires_grad for n in ("ma", "mc") for p in pop.parameters(n))
+            _loss(pop, tiny_tokenizer).backward()
+            opt = pop.optimizer("mb", lr=1e-2, weight_decay=0.1)
+            assert pop.optimizer("mb", lr=1e-2, weight_decay=0.1) is opt  # created once, reused
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        assert pop.active == "ma"  # the context manager restored the previous member
+    assert _equal_states(before["ma"], pop.state("ma"))
+    assert _equal_states(before["mc"], pop.state("mc"))
+    assert not _equal_states(before["mb"], pop.state("mb"))
+    for k, v in pop.model.named_parameters():
+        if "lora_" not in k:
+            assert torch.equal(v, base_before[k]) and not v.requires_grad
+    assert len(pop.optimizer("mb").param_groups[0]["params"]) == len(pop.parameters("mb"))
+    assert pop.optimizer("mb").state[pop.parameters("mb")[0]]["step"] == 2
+
+
+def test_optimizer_hyperparameters_and_state_dict_round_trip(population, tiny_tokenizer):
+    pop = population(["ma", "mb"], nonzero_std=0.1)
+    pop.activate("ma")
+    _loss(pop, tiny_tokenizer).backward()
+    pop.optimizer("ma", lr=1e-3).step()
+    assert pop.optimizer("ma", lr=5e-4).param_groups[0]["lr"] == 5e-4  # the latest call's hyperparameters
+    sd = pop.optimizer_state_dict("ma")
+    assert pop.optimizer_state_dict("mb") is None and not pop.has_optimizer("mb")
+    pop.reset_optimizer("ma")
+    assert not pop.has_optimizer("ma")
+    pop.load_optimizer_state_dict("ma", sd)
+    restored = pop.optimizer("ma", lr=5e-4)
+    p0 = pop.parameters("ma")[-1]
+    assert torch.equal(restored.state[p0]["exp_avg"], sd["state"][len(pop.parameters("ma")) - 1]["exp_avg"])
+    with pytest.raises(ValueError, match="cannot be loaded"):
+        pop.load_optimizer_state_dict("mb", {"state": {}, "param_groups": [{"params": [0, 1], "lr": 1.0}]})
+
+
+def test_load_state_in_place_and_errors(population):
+    pop = population(["ma", "mb"], nonzero_std=0.3)
+    params_before = [id(p) for p in pop.parameters("ma")]
+    pop.load_state("ma", pop.state("mb"))
+    assert [id(p) for p in pop.parameters("ma")] == params_before  # no reallocation
+    assert _equal_states(pop.state("ma"), pop.state("mb"))
+    state = pop.state("ma")
+    key = next(iter(state))
+    with pytest.raises(KeyError, match="1 missing key"):
+        pop.load_state("ma", {k: v for k, v in state.items() if k != key})
+    with pytest.raises(ValueError, match="shape mismatch"):
+        pop.load_state("ma", {**state, key: torch.zeros(3, 3)})
+    with pytest.raises(KeyError, match="no member named"):
+        pop.state("zzz")
+
+
+def test_add_remove_rename(population, tiny_tokenizer):
+    pop = population(["ma", "mb"], nonzero_std=0.2)
+    pop.add("mc", pop.state("ma"))
+    assert pop.names == ["ma", "mb", "mc"] and _equal_states(pop.state("ma"), pop.state("mc"))
+    with pytest.raises(ValueError, match="already exists"):
+        pop.add("ma")
+    with pytest.raises(ValueError, match="invalid member name"):
+        pop.add("bad.name")
+    # rename keeps weights, optimizer state, position and activity
+    pop.activate("mb")
+    _loss(pop, tiny_tokenizer).backward()
+    pop.optimizer("mb", lr=1e-3).step()
+    weights, opt_sd = pop.state("mb"), pop.optimizer_state_dict("mb")
+    pop.rename("mb", "mb2")
+    assert pop.names == ["ma", "mb2", "mc"] and pop.active == "mb2"
+    assert _equal_states(weights, pop.state("mb2"))
+    new_sd = pop.optimizer_state_dict("mb2")
+    assert torch.equal(new_sd["state"][0]["exp_avg"], opt_sd["state"][0]["exp_avg"])
+    assert all(p.requires_grad for p in pop.parameters("mb2"))
+    assert not any(p.requires_grad for p in pop.parameters("ma"))
+    pop.remove("mb2")
+    assert pop.names == ["ma", "mc"] and pop.active in pop.names and "mb2" not in pop.model.peft_config
+    assert all(p.requires_grad for p in pop.parameters(pop.active))
+    pop.remove("mc")
+    with pytest.raises(ValueError, match="at least one member"):
+        pop.remove("ma")
+
+
+def test_save_load_round_trip_identical_greedy(population, tiny_tokenizer, tmp_path):
+    pop = population(["ma", "mb"], nonzero_std=0.5)
+    inputs = tiny_tokenizer("Write a function", return_tensors="pt")
+
+    def greedy(p, name):
+        with p.activate(name):
+            return p.model.generate(**inputs, max_new_tokens=12, do_sample=False)[0].tolist()
+
+    expected = greedy(pop, "ma")
+    pop.save("ma", tmp_path / "ma")
+    cfg = json.loads((tmp_path / "ma" / "adapter_config.json").read_text())
+    assert cfg["r"] == 4 and cfg["lora_alpha"] == 8 and set(cfg["target_modules"]) == set(pop.target_modules)
+    other = population(["mx"])
+    other.load(tmp_path / "ma", "ma")
+    assert _equal_states(other.state("ma"), pop.state("ma"))
+    assert greedy(other, "ma") == expected
+    other.load(tmp_path / "ma", "mx")  # replaces an existing member in place
+    assert _equal_states(other.state("mx"), pop.state("ma"))
+    assert greedy(pop, "mb") != expected  # the members really differ
+
+
+def test_saved_member_loads_with_peft_from_pretrained(population, tiny_base, tiny_tokenizer, tmp_path):
+    from peft import PeftModel
+
+    pop = population(["ma"], nonzero_std=0.5)
+    pop.save("ma", tmp_path / "ma")
+    base, _ = tiny_base
+    peft_model = PeftModel.from_pretrained(base, str(tmp_path / "ma"))
+    inputs = tiny_tokenizer("hello there", return_tensors="pt")
+    with torch.no_grad():
+        ours = pop.model(**inputs).logits
+        theirs = peft_model(**inputs).logits
+    assert torch.allclose(ours, theirs, atol=1e-6)
+
+
+def test_load_rejects_incompatible_adapter(population, tmp_path):
+    pop = population(["ma"], rank=4)
+    population(["ma"], rank=8).save("ma", tmp_path / "r8")
+    with pytest.raises(ValueError, match=r"rank 8 != 4"):
+        pop.load(tmp_path / "r8", "mz")
+    population(["ma"], rank=4, target_modules=("q_proj", "v_proj")).save("ma", tmp_path / "qv")
+    with pytest.raises(ValueError, match="target_modules"):
+        pop.load(tmp_path / "qv", "mz")
+    with pytest.raises(FileNotFoundError, match="not a PEFT adapter"):
+        pop.load(tmp_path, "mz")
+    assert pop.names == ["ma"]
+
+
+def test_save_all_load_all(population, tiny_tokenizer, tmp_path):
+    pop = population(["ma", "mb", "mc"], nonzero_std=0.2)
+    pop.activate("mc")
+    _loss(pop, tiny_tokenizer).backward()
+    pop.optimizer("mc", lr=1e-3).step()
+    pop.save_all(tmp_path / "ckpt")
+    other = population(["ma", "mzz"], seed=9)
+    other.load_all(tmp_path / "ckpt")
+    assert other.names == ["ma", "mb", "mc"] and other.active == "mc"
+    for name in pop.names:
+        assert _equal_states(pop.state(name), other.state(name))
+    assert other.optimizer_state_dict("ma") is None
+    sd1, sd2 = pop.optimizer_state_dict("mc"), other.optimizer_state_dict("mc")
+    assert sd1["param_groups"][0]["lr"] == sd2["param_groups"][0]["lr"] == 1e-3
+    assert all(
+        torch.equal(sd1["state"][i]["exp_avg_sq"], sd2["state"][i]["exp_avg_sq"]) for i in sd1["state"]
+    )
+
+
+def test_mixed_forward_matches_peft_per_row(population, tiny_tokenizer):
+    pop = population(["ma", "mb", "mc"], nonzero_std=0.5)
+    texts = ["one two three", "four five", "six", "seven eight nine ten"]
+    rows = ["ma", None, "mc", "mb"]
+    batch = tiny_tokenizer(texts, return_tensors="pt", padding=True, padding_side="left")
+    with torch.no_grad(), pop.mixed(rows):
+        mixed = pop.model(**batch).logits
+    with torch.no_grad():
+        peft_mixed = pop.model(**batch, adapter_names=[r or "__base__" for r in rows]).logits
+    assert torch.allclose(mixed, peft_mixed, atol=1e-5)
+    for i, adapter in enumerate(rows):
+        single = tiny_tokenizer(texts[i], return_tensors="pt")
+        n = single["input_ids"].shape[1]
+        with torch.no_grad():
+            if adapter is None:
+                with pop.disabled():
+                    ref = pop.model(**single).logits[0]
+            else:
+                with pop.activate(adapter):
+                    ref = pop.model(**single).logits[0]
+        assert torch.allclose(mixed[i, -n:], ref, atol=1e-4)
+    # the patch is removed on exit
+    assert not any("forward" in m.__dict__ for m in pop.model.modules())
+    with pytest.raises(ValueError, match="set up for 4 rows"), torch.no_grad(), pop.mixed(rows):
+        pop.model(input_ids=batch["input_ids"][:2])
+
+
+def test_randomize_member_is_seeded(population):
+    p1, p2 = population(["ma"]), population(["ma"])
+    randomize_member(p1, "ma", std=0.1, seed=1)
+    randomize_member(p2, "ma", std=0.1, seed=1)
+    assert _equal_states(p1.state("ma"), p2.state("ma"))
+    assert any(torch.count_nonzero(v) > 0 for k, v in p1.state("ma").items() if "lora_B" in k)
+
+
+def test_constructor_errors(tiny_base):
+    base, _ = tiny_base
+    with pytest.raises(ValueError, match="at least one"):
+        LoRAPopulation(base, [])
+    with pytest.raises(ValueError, match="duplicate"):
+        LoRAPopulation(base, ["ma", "ma"])
+    with pytest.raises(ValueError, match="invalid member name"):
+        LoRAPopulation(base, ["__base__"])
