@@ -2,7 +2,8 @@
 
 Everything here runs on the ``"tiny-random"`` base (2 layers, hidden 64, SmolLM2 tokenizer and chat
 template, seeded weights; built once into the model cache, then ~0.3 s to load). Nothing downloads:
-``HF_HUB_OFFLINE=1`` is set for every test under ``tests/agents``.
+``HF_HUB_OFFLINE=1`` is set for every test under ``tests/agents``, and torch runs one intra-op thread
+(``POPULORA_TEST_THREADS`` overrides it).
 
 Fixtures:
 
@@ -24,10 +25,15 @@ import os
 from collections.abc import Callable, Sequence
 
 import pytest
+import torch
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+# Tiny models on a shared CPU: one intra-op thread is >10x faster than two fighting over a busy core
+# (OpenMP synchronisation dominates 64-wide matmuls). Override with POPULORA_TEST_THREADS=N.
+torch.set_num_threads(int(os.environ.get("POPULORA_TEST_THREADS", "1")))
 
 
 @pytest.fixture(scope="session")

