@@ -1,0 +1,151 @@
+"""Checking of student answers. Every comparison of values happens in the sandbox.
+
+Per task type (AZR semantics, azr.md §5):
+
+- **deduction**: the answer (last ```` ```output ```` block, else the whole answer) must parse as an expression,
+  else it is a format error; it must be a Python literal, else it is wrong (``not_literal``: an arbitrary
+  expression could build an object whose ``__eq__`` always says yes). The sandbox evaluates
+  ``<gold output> == <answer>`` (Python value equality: ``1 == 1.0``, dict order irrelevant).
+- **abduction**: the answer (last ```` ```input ```` block, else the whole answer) must parse as an argument
+  list (format error otherwise) of literals (``not_literal`` otherwise). The sandbox runs the program on it and
+  compares ``f(answer) == <gold output>``; **any** pre-image counts. ``f``'s value must be plain data.
+- **induction**: the answer's last fenced block must parse as Python (format error otherwise), define ``f``
+  and pass the safety policy (``no_f`` / ``banned`` otherwise: AZR never filtered solver programs). The sandbox
+  runs it once per hidden pair, in a fresh process each; it is correct only if **all** hidden outputs match.
+
+Identical answers to the same task are checked once (students often repeat themselves).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from populora_env.literals import (
+    PLAIN_GUARD,
+    PLAIN_HELPER,
+    ArgsError,
+    literal_value,
+    parse_call_args,
+    parse_expression,
+)
+from populora_env.parsing import extract_answer, parse_input_answer, parse_output_answer, parse_program_answer
+from populora_env.sandbox import ExecJob, ExecResult
+from populora_env.tasks import Task, TaskType
+from populora_env.validation import Reason, check_program, failure_reason
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    """Verdict on one student completion.
+
+    Attributes:
+        format_ok: tag structure present and the answer parsable (a format error earns the format penalty).
+        correct: the answer solves the task.
+        reason: ``None`` if correct, else a :class:`Reason` (``format``, ``wrong``, ``not_literal``, ``error``,
+            ``timeout``, ``memory``, ``no_f``, ``banned``, ``too_long``...).
+        detail: short explanation.
+    """
+
+    format_ok: bool
+    correct: bool
+    reason: Reason | None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class CheckConfig:
+    """Settings of answer checking."""
+
+    require_think: bool = True
+    response_prefix: str = ""
+    max_program_chars: int = 4000
+    timeout_s: float | None = None
+
+
+class AnswerChecker:
+    """Checks a round's student completions with one batched sandbox call."""
+
+    def __init__(self, config: CheckConfig) -> None:
+        self.config = config
+
+    def check(self, tasks: Sequence[Task], completions: Sequence[object], sandbox: Any) -> list[AttemptOutcome]:
+        """Verdicts for ``completions[i]`` as answers to ``tasks[i]``."""
+        outcomes: list[AttemptOutcome | None] = [None] * len(tasks)
+        jobs: list[ExecJob] = []
+        groups: dict[tuple[str, str], tuple[int, int]] = {}  # (task_id, answer key) -> (first job, n jobs)
+        waiting: list[tuple[int, tuple[str, str]]] = []
+        for slot, (task, completion) in enumerate(zip(tasks, completions, strict=True)):
+            prepared = self._prepare(task, completion)
+            if isinstance(prepared, AttemptOutcome):
+                outcomes[slot] = prepared
+                continue
+            answer_key, task_jobs = prepared
+            key = (task.task_id, answer_key)
+            if key not in groups:
+                groups[key] = (len(jobs), len(task_jobs))
+                jobs.extend(task_jobs)
+            waiting.append((slot, key))
+        results: list[ExecResult] = sandbox.run(jobs) if jobs else []
+        verdicts: dict[tuple[str, str], AttemptOutcome] = {}
+        for key, (start, count) in groups.items():
+            verdicts[key] = _verdict(results[start : start + count])
+        for slot, key in waiting:
+            outcomes[slot] = verdicts[key]
+        assert all(o is not None for o in outcomes)
+        return [o for o in outcomes if o is not None]
+
+    def _prepare(self, task: Task, completion: object) -> AttemptOutcome | tuple[str, list[ExecJob]]:
+        cfg = self.config
+        formatted = extract_answer(completion, require_think=cfg.require_think, prefix=cfg.response_prefix)
+        if not formatted.format_ok:
+            return AttemptOutcome(False, False, Reason.FORMAT, "no <think>…</think><answer>…</answer> structure")
+        answer = formatted.answer
+        timeout = cfg.timeout_s
+        if task.task_type is TaskType.DEDUCTION:
+            text = parse_output_answer(answer)
+            node = parse_expression(text)
+            if node is None:
+                return AttemptOutcome(False, False, Reason.FORMAT, "answer is not a Python expression")
+            canonical = ast.unparse(node)
+            ok, _ = literal_value(canonical)
+            if not ok:
+                return AttemptOutcome(True, False, Reason.NOT_LITERAL, "answer is not a Python literal")
+            return canonical, [ExecJob(code="", call=task.output, compare_to=canonical, timeout_s=timeout)]
+        if task.task_type is TaskType.ABDUCTION:
+            text = parse_input_answer(answer)
+            try:
+                args = parse_call_args(text)
+            except ArgsError as exc:
+                if exc.kind == "parse_error":
+                    return AttemptOutcome(False, False, Reason.FORMAT, "answer is not an argument list")
+                return AttemptOutcome(True, False, Reason.NOT_LITERAL, exc.detail)
+            call = f"{PLAIN_GUARD}(f({args.canonical}))"
+            job = ExecJob(code=task.program + PLAIN_HELPER, call=call, compare_to=task.output, timeout_s=timeout)
+            return args.canonical, [job]
+        program = parse_program_answer(answer)
+        if program is None:
+            return AttemptOutcome(False, False, Reason.FORMAT, "answer has no fenced code block")
+        checked = check_program(program, cfg.max_program_chars, require_params=False)
+        if checked.reason is Reason.PARSE_ERROR:
+            return AttemptOutcome(False, False, Reason.FORMAT, checked.detail)
+        if checked.reason is not None:
+            return AttemptOutcome(True, False, checked.reason, checked.detail)
+        code = program + PLAIN_HELPER
+        jobs = [
+            ExecJob(code=code, call=f"{PLAIN_GUARD}(f({inp}))", compare_to=out, timeout_s=timeout)
+            for inp, out in task.hidden_pairs
+        ]
+        return program, jobs
+
+
+def _verdict(results: Sequence[ExecResult]) -> AttemptOutcome:
+    for result in results:
+        failed = failure_reason(result)
+        if failed is not None:
+            return AttemptOutcome(True, False, failed[0], failed[1])
+        if result.match is not True:
+            return AttemptOutcome(True, False, Reason.WRONG, "value differs")
+    return AttemptOutcome(True, True, None, "")

@@ -1,0 +1,788 @@
+"""The teacher–student coding game as a PettingZoo ``ParallelEnv``.
+
+One episode is one round of two steps (DESIGN.md "One episode"):
+
+``reset()``
+    Every teacher gets ``tasks_per_teacher`` proposer prompts (task types in turn over ``task_types``);
+    students are inactive (empty observation).
+``step(1)``
+    Teachers' completions are validated in the sandbox (one batch), valid tasks enter the buffers, PFSP pairs
+    every teacher with a student, and each student gets its matched teachers' valid tasks (plus, with
+    ``student_fill``, buffer tasks newest first up to ``tasks_per_teacher``), each prompt repeated
+    ``samples_per_task`` times. Rewards are 0.
+``step(2)``
+    Students' completions are checked in the sandbox (one batch); the reward scheme gives per-completion
+    rewards to everyone; TrueSkill ratings are updated once per pair; all agents terminate.
+
+Observation and action of agent ``a`` are tuples of strings aligned with each other (see ``infos[a]``
+``"requests"``). Bad actions never raise: missing, non-string or garbage completions are format errors.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+from gymnasium.spaces import Sequence as SequenceSpace
+from gymnasium.spaces import Text
+from pettingzoo import ParallelEnv
+
+from populora_env.buffer import TaskBuffers
+from populora_env.checking import AnswerChecker, AttemptOutcome, CheckConfig
+from populora_env.matching import Pairing, Ratings, TrueSkillConfig, match_outcome, pfsp_match
+from populora_env.metrics import CoverageTracker, summarize
+from populora_env.prompts import PromptTemplates
+from populora_env.results import AttemptResult, MatchResult, ProposalResult, RoundResults
+from populora_env.rewards import RewardScheme, compute_rewards, get_reward_scheme
+from populora_env.seeds import seed_tasks
+from populora_env.tasks import Task, TaskType
+from populora_env.validation import ProposalOutcome, ProposalRequest, ProposalValidator, ValidationConfig
+
+STATE_VERSION = 1
+_ALL_TYPES = tuple(t.value for t in TaskType)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def _check_positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+class _LazySandbox:
+    """Starts the env's own sandbox only when a batch actually has jobs."""
+
+    def __init__(self, env: PopuLoRAParallelEnv) -> None:
+        self._env = env
+
+    def run(self, jobs: Sequence[Any]) -> list[Any]:
+        return self._env.sandbox.run(list(jobs))
+
+
+class PopuLoRAParallelEnv(ParallelEnv):
+    """PopuLoRA's asymmetric self-play game: teachers propose Python tasks, students solve them.
+
+    Args:
+        num_teachers: teacher agents ``teacher_0..``.
+        num_students: student agents ``student_0..``.
+        tasks_per_teacher: proposals per teacher per round (and the filler target per student).
+        samples_per_task: attempts per assigned task per student (estimates p̂).
+        task_types: task types in play, assigned to each teacher's prompts in turn.
+        reward_scheme: a registered scheme name (:func:`populora_env.rewards.list_reward_schemes`) or a callable.
+        reward_kwargs: keyword arguments for the scheme (e.g. ``{"extreme_reward": -0.5}`` for ``azr``).
+        references_k: reference tasks in each deduction/abduction proposer prompt (AZR: 6).
+        induction_inputs: inputs an induction proposal must give (half shown, half hidden; AZR: 10).
+        buffer_cap: maximum tasks per type buffer (FIFO, keeps the newest).
+        student_fill: top students up with buffer tasks (newest first) to ``tasks_per_teacher`` tasks when their
+            matched teachers produced fewer valid ones. Filler attempts do not count towards any p̂.
+        reject_duplicates: a proposal whose (type, program, input) already exists is invalid (``duplicate``).
+        require_think: a well-formatted completion needs ``<think>…</think>`` before ``<answer>…</answer>``.
+        max_program_chars / max_input_chars / max_message_chars: length limits of proposals (``too_long``).
+        max_output_chars: cap on an output's repr; longer outputs are rejected (``output_too_large``).
+        max_completion_chars: ``max_length`` of the action space's ``Text`` (documentation: longer completions
+            are still processed).
+        prompts: prompt templates (:class:`PromptTemplates`); default chat style.
+        sandbox: a shared :class:`populora_env.sandbox.Sandbox` (the env does not close it); ``None`` = the
+            env starts its own on first use and closes it in :meth:`close`.
+        sandbox_workers: workers of the env's own sandbox.
+        limits: :class:`populora_env.sandbox.Limits` (or a dict of its fields) of the env's own sandbox.
+        timeout_s: per-execution wall-clock limit (applied to every job, also with a shared sandbox);
+            default 2 s for an own sandbox.
+        memory_mb: memory limit of the env's own sandbox (default 512).
+        trueskill: :class:`TrueSkillConfig` or a dict of its fields.
+        seed: seed of the env's RNG (also settable with ``reset(seed=...)``).
+        render_mode: ``None`` or ``"ansi"``.
+    """
+
+    metadata = {"name": "populora_v0", "render_modes": ["ansi"], "is_parallelizable": True}
+
+    def __init__(
+        self,
+        num_teachers: int = 4,
+        num_students: int = 4,
+        tasks_per_teacher: int = 3,
+        samples_per_task: int = 8,
+        task_types: Sequence[str | TaskType] = _ALL_TYPES,
+        reward_scheme: str | RewardScheme = "populora",
+        reward_kwargs: Mapping[str, Any] | None = None,
+        references_k: int = 3,
+        induction_inputs: int = 6,
+        buffer_cap: int = 4096,
+        student_fill: bool = True,
+        reject_duplicates: bool = True,
+        require_think: bool = True,
+        max_program_chars: int = 4000,
+        max_input_chars: int = 1000,
+        max_message_chars: int = 1000,
+        max_output_chars: int = 1000,
+        max_completion_chars: int = 16384,
+        prompts: PromptTemplates | None = None,
+        sandbox: Any = None,
+        sandbox_workers: int = 2,
+        limits: Any = None,
+        timeout_s: float | None = None,
+        memory_mb: int | None = None,
+        trueskill: TrueSkillConfig | Mapping[str, float] | None = None,
+        seed: int | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        self.num_teachers = _check_int("num_teachers", num_teachers, 1)
+        self.num_students = _check_int("num_students", num_students, 1)
+        self.tasks_per_teacher = _check_int("tasks_per_teacher", tasks_per_teacher, 1)
+        self.samples_per_task = _check_int("samples_per_task", samples_per_task, 1)
+        self.references_k = _check_int("references_k", references_k, 0)
+        self.induction_inputs = _check_int("induction_inputs", induction_inputs, 2)
+        self.buffer_cap = _check_int("buffer_cap", buffer_cap, 1)
+        self.student_fill = _check_bool("student_fill", student_fill)
+        self.reject_duplicates = _check_bool("reject_duplicates", reject_duplicates)
+        self.require_think = _check_bool("require_think", require_think)
+        self.max_program_chars = _check_int("max_program_chars", max_program_chars, 16)
+        self.max_input_chars = _check_int("max_input_chars", max_input_chars, 1)
+        self.max_message_chars = _check_int("max_message_chars", max_message_chars, 0)
+        self.max_output_chars = _check_int("max_output_chars", max_output_chars, 1)
+        self.max_completion_chars = _check_int("max_completion_chars", max_completion_chars, 1)
+        self.sandbox_workers = _check_int("sandbox_workers", sandbox_workers, 1)
+
+        if isinstance(task_types, str | TaskType) or not isinstance(task_types, Sequence) or not task_types:
+            raise ValueError(f"task_types must be a non-empty sequence of {_ALL_TYPES}, got {task_types!r}")
+        parsed: list[TaskType] = []
+        for t in task_types:
+            try:
+                tt = TaskType.parse(t)
+            except ValueError as exc:
+                raise ValueError(f"task_types: {exc}") from None
+            if tt in parsed:
+                raise ValueError(f"task_types: {tt.value!r} appears twice")
+            parsed.append(tt)
+        self.task_types: tuple[TaskType, ...] = tuple(parsed)
+
+        if isinstance(reward_scheme, str):
+            try:
+                self._scheme: RewardScheme = get_reward_scheme(reward_scheme)
+            except ValueError as exc:
+                raise ValueError(f"reward_scheme: {exc}") from None
+            self.reward_scheme_name = reward_scheme
+        elif callable(reward_scheme):
+            self._scheme = reward_scheme
+            self.reward_scheme_name = getattr(reward_scheme, "__name__", "custom")
+        else:
+            raise ValueError(f"reward_scheme must be a registered name or a callable, got {reward_scheme!r}")
+        if reward_kwargs is not None and not isinstance(reward_kwargs, Mapping):
+            raise ValueError(f"reward_kwargs must be a mapping or None, got {reward_kwargs!r}")
+        self.reward_kwargs = dict(reward_kwargs or {})
+
+        self.prompts = prompts if prompts is not None else PromptTemplates()
+        if not isinstance(self.prompts, PromptTemplates):
+            raise ValueError(f"prompts must be a PromptTemplates, got {type(prompts).__name__}")
+        self.prompts.validate()
+
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, got {render_mode!r}")
+        self.render_mode = render_mode
+
+        if seed is not None:
+            _check_int("seed", seed, 0)
+        self._timeout_s = None if timeout_s is None else _check_positive("timeout_s", timeout_s)
+        self._limits = self._make_limits(sandbox, limits, timeout_s, memory_mb)
+        self._shared_sandbox = sandbox
+        self._own_sandbox: Any = None
+        if sandbox is not None and not callable(getattr(sandbox, "run", None)):
+            raise ValueError("sandbox must be a populora_env.sandbox.Sandbox (an object with run(jobs))")
+
+        if trueskill is None:
+            ts_config = TrueSkillConfig()
+        elif isinstance(trueskill, TrueSkillConfig):
+            ts_config = trueskill
+        elif isinstance(trueskill, Mapping):
+            try:
+                ts_config = TrueSkillConfig(**dict(trueskill))
+            except TypeError as exc:
+                raise ValueError(f"trueskill: {exc}") from None
+        else:
+            raise ValueError(f"trueskill must be a TrueSkillConfig or a dict, got {trueskill!r}")
+
+        self.teachers = [f"teacher_{i}" for i in range(self.num_teachers)]
+        self.students = [f"student_{i}" for i in range(self.num_students)]
+        self.possible_agents = self.teachers + self.students
+        self.agents: list[str] = []
+
+        self._validator = ProposalValidator(
+            ValidationConfig(
+                max_program_chars=self.max_program_chars,
+                max_input_chars=self.max_input_chars,
+                max_message_chars=self.max_message_chars,
+                max_output_chars=self.max_output_chars,
+                induction_inputs=self.induction_inputs,
+                reject_duplicates=self.reject_duplicates,
+                require_think=self.require_think,
+                response_prefix=self.prompts.response_prefix,
+                timeout_s=self._timeout_s,
+            )
+        )
+        self._checker = AnswerChecker(
+            CheckConfig(
+                require_think=self.require_think,
+                response_prefix=self.prompts.response_prefix,
+                max_program_chars=self.max_program_chars,
+                timeout_s=self._timeout_s,
+            )
+        )
+        self._lazy_sandbox = _LazySandbox(self)
+
+        self._rng = np.random.default_rng(seed)
+        self._round = -1
+        self._phase = "idle"
+        self._ratings = Ratings(self.possible_agents, ts_config)
+        self._buffers = TaskBuffers(self.buffer_cap, seed_tasks(self.induction_inputs))
+        self._coverage = CoverageTracker()
+
+        self._teacher_requests: dict[str, list[ProposalRequest]] = {}
+        self._proposal_outcomes: dict[str, list[ProposalOutcome]] = {}
+        self._pairings: list[Pairing] = []
+        self._student_tasks: dict[str, list[tuple[Task, str | None]]] = {}  # (task, matched teacher or None)
+        self._current_tasks: dict[str, Task] = {}
+        self.last_results: RoundResults | None = None
+        self.last_summary: dict[str, Any] | None = None
+
+        obs_len = self._observation_bound()
+        self._observation_spaces = {
+            a: SequenceSpace(Text(max_length=obs_len, min_length=0, charset=string.printable), stack=False)
+            for a in self.possible_agents
+        }
+        self._action_spaces = {
+            a: SequenceSpace(
+                Text(max_length=self.max_completion_chars, min_length=0, charset=string.printable), stack=False
+            )
+            for a in self.possible_agents
+        }
+
+    # ------------------------------------------------------------------ construction helpers
+
+    @staticmethod
+    def _make_limits(sandbox: Any, limits: Any, timeout_s: float | None, memory_mb: int | None) -> Any:
+        if sandbox is not None:
+            if limits is not None or memory_mb is not None:
+                raise ValueError("limits / memory_mb configure the env's own sandbox; do not pass them with sandbox=")
+            return None
+        from populora_env.sandbox import Limits
+
+        if limits is not None:
+            if timeout_s is not None or memory_mb is not None:
+                raise ValueError("pass either limits= or timeout_s/memory_mb, not both")
+            if isinstance(limits, Limits):
+                return limits
+            if isinstance(limits, Mapping):
+                try:
+                    return Limits(**dict(limits))
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(f"limits: {exc}") from None
+            raise ValueError(f"limits must be a Limits or a dict, got {limits!r}")
+        if memory_mb is not None:
+            _check_int("memory_mb", memory_mb, 16)
+        return Limits(
+            timeout_s=2.0 if timeout_s is None else float(timeout_s),
+            memory_mb=512 if memory_mb is None else int(memory_mb),
+        )
+
+    def _observation_bound(self) -> int:
+        """An upper bound of prompt lengths (for the ``Text`` observation space)."""
+        p = self.prompts
+        templates = max(
+            len(p.propose_deduction), len(p.propose_abduction), len(p.propose_induction),
+            len(p.solve_deduction), len(p.solve_abduction), len(p.solve_induction),
+        ) + len(p.wrapper) + len(p.banned)
+        io = self.max_input_chars + self.max_output_chars
+        references = self.references_k * (self.max_program_chars + io + len(p.reference) + 16)
+        induction = self.induction_inputs * (io + len(p.pair) + 16) + self.max_message_chars
+        content = max(references, induction, self.max_program_chars + io)
+        return 2 * (templates + content) + 1024
+
+    # ------------------------------------------------------------------ PettingZoo API
+
+    def observation_space(self, agent: str) -> SequenceSpace:
+        """``Sequence(Text(...))``: one prompt per expected completion (the same object on every call)."""
+        return self._observation_spaces[agent]
+
+    def action_space(self, agent: str) -> SequenceSpace:
+        """``Sequence(Text(...))``: one completion per prompt (the same object on every call)."""
+        return self._action_spaces[agent]
+
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, tuple[str, ...]], dict[str, dict[str, Any]]]:
+        """Start a round: teachers get their proposer prompts. Ratings and buffers persist across rounds;
+        ``seed`` re-seeds the env's RNG."""
+        if seed is not None:
+            self._rng = np.random.default_rng(_check_int("seed", seed, 0))
+        self._round += 1
+        self._phase = "propose"
+        self.agents = self.possible_agents[:]
+        self._proposal_outcomes = {}
+        self._pairings = []
+        self._student_tasks = {}
+        self._current_tasks = {}
+
+        observations: dict[str, tuple[str, ...]] = {}
+        infos: dict[str, dict[str, Any]] = {}
+        n_types = len(self.task_types)
+        for t_index, teacher in enumerate(self.teachers):
+            requests: list[ProposalRequest] = []
+            prompts: list[str] = []
+            info_requests: list[dict[str, Any]] = []
+            for k in range(self.tasks_per_teacher):
+                task_type = self.task_types[(self._round + t_index + k) % n_types]
+                task_id = f"r{self._round}-{teacher}-{k}"
+                request_info: dict[str, Any] = {
+                    "task_type": task_type.value,
+                    "task_id": task_id,
+                    "group": f"r{self._round}/{teacher}/{k}",
+                }
+                if task_type is TaskType.INDUCTION:
+                    source = self._buffers.program_source(self._rng)
+                    prompt = self.prompts.proposal(task_type, program=source.program, n_inputs=self.induction_inputs)
+                    request_info["program"] = source.program
+                    request_info["source_task_id"] = source.task_id
+                    request_info["n_inputs"] = self.induction_inputs
+                else:
+                    source = None
+                    refs = self._buffers[task_type].sample_references(self.references_k, self._rng)
+                    prompt = self.prompts.proposal(task_type, references=refs)
+                    request_info["reference_task_ids"] = [r.task_id for r in refs]
+                requests.append(ProposalRequest(teacher, k, task_type, task_id, self._round, source))
+                prompts.append(prompt)
+                info_requests.append(request_info)
+            self._teacher_requests[teacher] = requests
+            observations[teacher] = tuple(prompts)
+            infos[teacher] = self._base_info("propose", True, info_requests)
+        for student in self.students:
+            observations[student] = ()
+            infos[student] = self._base_info("propose", False, [])
+        return observations, infos
+
+    def step(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        """Advance the round: proposals → matching and solver prompts; answers → rewards and ratings."""
+        if self._phase == "propose":
+            return self._step_propose(actions)
+        if self._phase == "solve":
+            return self._step_solve(actions)
+        raise RuntimeError("the episode is over (or never started): call reset() before step()")
+
+    def render(self) -> str | None:
+        """``"ansi"``: a text summary of the round so far; ``None`` without a render mode."""
+        if self.render_mode != "ansi":
+            return None
+        lines = [f"PopuLoRA round {self._round} — phase {self._phase}"]
+        if self._proposal_outcomes:
+            for teacher, outcomes in self._proposal_outcomes.items():
+                marks = " ".join(
+                    f"{o.request.task_type.value[:3]}:{'ok' if o.valid else o.reason}" for o in outcomes
+                )
+                lines.append(f"  {teacher}: {marks}")
+        for pairing in self._pairings:
+            lines.append(f"  {pairing.teacher} -> {pairing.student} (p_ts={pairing.p_ts:.3f})")
+        if self._phase == "done" and self.last_summary is not None:
+            for pair in self.last_summary["pairs"]:
+                p_hat = "n/a" if pair["p_hat"] is None else f"{pair['p_hat']:.3f}"
+                lines.append(f"  {pair['teacher']} vs {pair['student']}: p̂={p_hat} winner={pair['outcome']}")
+        for agent in self.possible_agents:
+            lines.append(
+                f"  {agent:<12} mu={self._ratings.mu(agent):6.2f} sigma={self._ratings.sigma(agent):5.2f}"
+                f" mu-3sigma={self._ratings.conservative(agent):6.2f}"
+            )
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        """Close the env's own sandbox (a shared one is left open)."""
+        if self._own_sandbox is not None:
+            self._own_sandbox.close()
+            self._own_sandbox = None
+
+    # ------------------------------------------------------------------ public extras
+
+    @property
+    def sandbox(self) -> Any:
+        """The sandbox in use (the env's own one is started on first access)."""
+        if self._shared_sandbox is not None:
+            return self._shared_sandbox
+        if self._own_sandbox is None:
+            from populora_env.sandbox import Sandbox
+
+            self._own_sandbox = Sandbox(workers=self.sandbox_workers, limits=self._limits)
+        return self._own_sandbox
+
+    @property
+    def ratings(self) -> Ratings:
+        """TrueSkill ratings; ``env.ratings[agent]`` is a ``trueskill.Rating`` (``.mu``, ``.sigma``)."""
+        return self._ratings
+
+    def conservative_skill(self, agent: str) -> float:
+        """``μ − 3σ`` of ``agent`` (ranking for evolution)."""
+        return self._ratings.conservative(agent)
+
+    def reset_rating(self, agent: str) -> None:
+        """Fresh rating for ``agent`` (its adapter was replaced)."""
+        self._ratings.reset(agent)
+
+    @property
+    def buffers(self) -> TaskBuffers:
+        """The task buffers (shared by the population)."""
+        return self._buffers
+
+    @property
+    def current_round(self) -> int:
+        """Index of the current (or last) round; -1 before the first reset."""
+        return self._round
+
+    @property
+    def phase(self) -> str:
+        """``"idle"``, ``"propose"``, ``"solve"`` or ``"done"``."""
+        return self._phase
+
+    @property
+    def current_tasks(self) -> Mapping[str, Task]:
+        """Ground truth of the tasks assigned to students this round (task id → task), for analysis and tests."""
+        return MappingProxyType(self._current_tasks)
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state between rounds: ratings, buffers, RNG, round counter, coverage.
+
+        The progress of an unfinished round is not saved: after :meth:`load_state_dict`, call ``reset()``.
+        """
+        return {
+            "version": STATE_VERSION,
+            "agents": list(self.possible_agents),
+            "round": self._round,
+            "rng": _jsonable(self._rng.bit_generator.state),
+            "ratings": self._ratings.state_dict(),
+            "buffers": self._buffers.state_dict(),
+            "coverage": self._coverage.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict` (same agents); the env then waits for ``reset()``."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"unsupported env state version {state.get('version')!r}")
+        if list(state["agents"]) != self.possible_agents:
+            raise ValueError(f"state is for agents {state['agents']}, this env has {self.possible_agents}")
+        rng = np.random.default_rng()
+        rng.bit_generator.state = state["rng"]
+        self._rng = rng
+        self._round = int(state["round"])
+        self._ratings.load_state_dict(state["ratings"])
+        self._buffers.load_state_dict(state["buffers"])
+        self._coverage.load_state_dict(state["coverage"])
+        self._phase = "idle"
+        self.agents = []
+
+    # ------------------------------------------------------------------ the two steps
+
+    def _base_info(self, phase: str, active: bool, requests: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"phase": phase, "active": active, "requests": requests, "round_index": self._round}
+
+    def _completions(self, actions: Any, agent: str, n: int) -> list[object]:
+        raw = actions.get(agent) if isinstance(actions, Mapping) else None
+        if isinstance(raw, str):
+            items: list[object] = [raw]
+        elif isinstance(raw, list | tuple):
+            items = list(raw)
+        else:
+            items = []
+        items = items[:n]
+        return items + [""] * (n - len(items))
+
+    def _step_propose(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        requests: list[ProposalRequest] = []
+        completions: list[object] = []
+        for teacher in self.teachers:
+            reqs = self._teacher_requests[teacher]
+            requests.extend(reqs)
+            completions.extend(self._completions(actions, teacher, len(reqs)))
+        outcomes = self._validator.validate(requests, completions, self._lazy_sandbox, self._buffers)
+        by_teacher: dict[str, list[ProposalOutcome]] = {t: [] for t in self.teachers}
+        for outcome in outcomes:
+            by_teacher[outcome.request.agent].append(outcome)
+            if outcome.task is not None:
+                self._buffers.add(outcome.task)
+        self._proposal_outcomes = by_teacher
+
+        self._pairings = pfsp_match(self.teachers, self.students, self._ratings, self._rng)
+        matched: dict[str, list[str]] = {s: [] for s in self.students}
+        for pairing in self._pairings:
+            matched[pairing.student].append(pairing.teacher)
+
+        observations: dict[str, tuple[str, ...]] = {}
+        infos: dict[str, dict[str, Any]] = {}
+        for s_index, student in enumerate(self.students):
+            assigned: list[tuple[Task, str | None]] = []
+            for teacher in matched[student]:  # teachers in index order
+                for outcome in by_teacher[teacher]:
+                    if outcome.task is not None:
+                        assigned.append((outcome.task, teacher))
+            if self.student_fill and len(assigned) < self.tasks_per_teacher:
+                assigned.extend((t, None) for t in self._filler(s_index, assigned))
+            self._student_tasks[student] = assigned
+            prompts: list[str] = []
+            info_requests: list[dict[str, Any]] = []
+            for task, teacher in assigned:
+                self._current_tasks[task.task_id] = task
+                prompt = self.prompts.solver(task)
+                for j in range(self.samples_per_task):
+                    prompts.append(prompt)
+                    info_requests.append(
+                        {
+                            "task_type": task.task_type.value,
+                            "task_id": task.task_id,
+                            "group": f"r{self._round}/{student}/{task.task_id}",
+                            "teacher": teacher,
+                            "source": "match" if teacher is not None else "fill",
+                            "sample": j,
+                        }
+                    )
+            observations[student] = tuple(prompts)
+            infos[student] = self._base_info("solve", bool(prompts), info_requests)
+            infos[student]["matched_teachers"] = list(matched[student])
+        for teacher in self.teachers:
+            observations[teacher] = ()
+            infos[teacher] = self._base_info("solve", False, [])
+            infos[teacher]["proposals"] = [_proposal_info(o) for o in by_teacher[teacher]]
+            infos[teacher]["matched_student"] = next(p.student for p in self._pairings if p.teacher == teacher)
+        self._phase = "solve"
+        rewards = dict.fromkeys(self.possible_agents, 0.0)
+        flags = dict.fromkeys(self.possible_agents, False)
+        ordered_obs = {a: observations[a] for a in self.possible_agents}
+        ordered_infos = {a: infos[a] for a in self.possible_agents}
+        return ordered_obs, rewards, flags, dict(flags), ordered_infos
+
+    def _filler(self, s_index: int, assigned: list[tuple[Task, str | None]]) -> list[Task]:
+        """Buffer tasks (newest first) topping a student up to ``tasks_per_teacher`` tasks."""
+        taken = {t.task_id for t, _ in assigned}
+        out: list[Task] = []
+        n_types = len(self.task_types)
+        for j in range(self.tasks_per_teacher - len(assigned)):
+            for shift in range(n_types):
+                task_type = self.task_types[(self._round + s_index + j + shift) % n_types]
+                picked = self._buffers[task_type].newest_first(1, self._rng, exclude=taken)
+                if picked:
+                    out.append(picked[0])
+                    taken.add(picked[0].task_id)
+                    break
+        return out
+
+    def _step_solve(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        tasks: list[Task] = []
+        completions: list[object] = []
+        owners: list[tuple[str, int, str | None]] = []
+        for student in self.students:
+            expected = [
+                (task, teacher) for task, teacher in self._student_tasks[student] for _ in range(self.samples_per_task)
+            ]
+            given = self._completions(actions, student, len(expected))
+            for index, ((task, teacher), completion) in enumerate(zip(expected, given, strict=True)):
+                tasks.append(task)
+                completions.append(completion)
+                owners.append((student, index, teacher))
+        verdicts = self._checker.check(tasks, completions, self._lazy_sandbox)
+
+        attempts = [
+            AttemptResult(
+                agent=student, index=index, task_id=task.task_id, task_type=task.task_type.value, teacher=teacher,
+                format_ok=v.format_ok, correct=v.correct, reason=None if v.reason is None else v.reason.value,
+            )
+            for (student, index, teacher), task, v in zip(owners, tasks, verdicts, strict=True)
+        ]
+        proposals = [
+            ProposalResult(
+                agent=o.request.agent, index=o.request.index, task_type=o.request.task_type.value,
+                task_id=o.request.task_id, format_ok=o.format_ok, valid=o.valid,
+                reason=None if o.reason is None else o.reason.value,
+            )
+            for teacher in self.teachers
+            for o in self._proposal_outcomes[teacher]
+        ]
+        matches = self._settle_matches(attempts)
+        results = RoundResults(
+            round=self._round, teachers=tuple(self.teachers), students=tuple(self.students),
+            proposals=tuple(proposals), attempts=tuple(attempts), matches=tuple(matches),
+        )
+        completion_rewards = compute_rewards(self._scheme, results, self.reward_kwargs)
+        summary = self._summary(results, completion_rewards)
+        self.last_results = results
+        self.last_summary = summary
+
+        infos: dict[str, dict[str, Any]] = {}
+        rewards: dict[str, float] = {}
+        for teacher in self.teachers:
+            details = [
+                dict(_proposal_info(o), p_hat=results.solve_rate(o.request.task_id) if o.valid else None)
+                for o in self._proposal_outcomes[teacher]
+            ]
+            infos[teacher] = self._done_info(completion_rewards[teacher], details, summary)
+        by_student: dict[str, list[dict[str, Any]]] = {s: [] for s in self.students}
+        for attempt, verdict in zip(attempts, verdicts, strict=True):
+            by_student[attempt.agent].append(_attempt_info(attempt, verdict))
+        for student in self.students:
+            infos[student] = self._done_info(completion_rewards[student], by_student[student], summary)
+        for agent in self.possible_agents:
+            values = completion_rewards[agent]
+            rewards[agent] = float(sum(values) / len(values)) if values else 0.0
+        observations = {a: () for a in self.possible_agents}
+        terminations = dict.fromkeys(self.possible_agents, True)
+        truncations = dict.fromkeys(self.possible_agents, False)
+        ordered_infos = {a: infos[a] for a in self.possible_agents}
+        self._phase = "done"
+        self.agents = []
+        return observations, rewards, terminations, truncations, ordered_infos
+
+    def _done_info(self, rewards: list[float], details: list[dict[str, Any]], summary: dict[str, Any]) -> dict:
+        info = self._base_info("done", False, [])
+        info["completion_rewards"] = list(rewards)
+        info["completion_info"] = details
+        info["round"] = summary
+        return info
+
+    def _settle_matches(self, attempts: list[AttemptResult]) -> list[MatchResult]:
+        """p̂ and outcome of every pair, and the rating update (one ``rate_1vs1`` per pair)."""
+        matches: list[MatchResult] = []
+        for pairing in self._pairings:
+            valid_ids = {o.task.task_id for o in self._proposal_outcomes[pairing.teacher] if o.task is not None}
+            mine = [a for a in attempts if a.agent == pairing.student and a.teacher == pairing.teacher]
+            n_correct = sum(a.correct for a in mine)
+            p_hat = (n_correct / len(mine)) if (valid_ids and mine) else None
+            outcome = match_outcome(p_hat, pairing.p_ts)
+            self._ratings.record(pairing.teacher, pairing.student, outcome)
+            matches.append(
+                MatchResult(
+                    teacher=pairing.teacher, student=pairing.student, p_ts=pairing.p_ts, p_hat=p_hat,
+                    n_valid=len(valid_ids), n_attempts=len(mine), n_correct=n_correct, outcome=outcome,
+                )
+            )
+        return matches
+
+    def _summary(self, results: RoundResults, completion_rewards: dict[str, list[float]]) -> dict[str, Any]:
+        """The ``infos[a]["round"]`` summary (shared by every agent's info: treat as read-only)."""
+        all_outcomes = [o for t in self.teachers for o in self._proposal_outcomes[t]]
+        valid = [o for o in all_outcomes if o.valid and o.task is not None]
+        reasons = Counter(o.reason.value for o in all_outcomes if o.reason is not None)
+        by_type_prop = {
+            t.value: {
+                "total": sum(o.request.task_type is t for o in all_outcomes),
+                "valid": sum(o.request.task_type is t and o.valid for o in all_outcomes),
+            }
+            for t in self.task_types
+        }
+        attempt_reasons = Counter(a.reason for a in results.attempts if a.reason is not None)
+        by_type_att = {
+            t.value: {
+                "total": sum(a.task_type == t.value for a in results.attempts),
+                "correct": sum(a.task_type == t.value and a.correct for a in results.attempts),
+            }
+            for t in self.task_types
+        }
+        programs = [o.task.program for o in valid if o.task is not None and o.task.task_type is not TaskType.INDUCTION]
+        metrics: dict[str, Any] = dict(summarize(programs))
+        metrics.update(self._coverage.update(programs, [o.signature for o in valid if o.signature]))
+
+        def role_mean(agents: list[str]) -> float:
+            values = [v for a in agents for v in completion_rewards[a]]
+            return float(sum(values) / len(values)) if values else 0.0
+
+        return {
+            "round": self._round,
+            "reward_scheme": self.reward_scheme_name,
+            "pairs": [
+                {
+                    "teacher": m.teacher, "student": m.student, "p_ts": m.p_ts, "p_hat": m.p_hat,
+                    "n_valid": m.n_valid, "n_attempts": m.n_attempts, "n_correct": m.n_correct,
+                    "outcome": m.outcome,
+                }
+                for m in results.matches
+            ],
+            "ratings": self._ratings.summary(),
+            "proposals": {
+                "total": len(all_outcomes),
+                "valid": len(valid),
+                "format_errors": sum(not o.format_ok for o in all_outcomes),
+                "reasons": dict(sorted(reasons.items())),
+                "by_type": by_type_prop,
+            },
+            "attempts": {
+                "total": len(results.attempts),
+                "correct": sum(a.correct for a in results.attempts),
+                "format_errors": sum(not a.format_ok for a in results.attempts),
+                "matched": sum(a.matched for a in results.attempts),
+                "reasons": dict(sorted(attempt_reasons.items())),
+                "by_type": by_type_att,
+            },
+            "metrics": metrics,
+            "buffer_sizes": self._buffers.sizes(),
+            "mean_reward": {"teacher": role_mean(self.teachers), "student": role_mean(self.students)},
+        }
+
+
+def _proposal_info(outcome: ProposalOutcome) -> dict[str, Any]:
+    return {
+        "format_ok": outcome.format_ok,
+        "valid": outcome.valid,
+        "reason": None if outcome.reason is None else outcome.reason.value,
+        "detail": outcome.detail,
+        "task_id": outcome.request.task_id,
+        "task_type": outcome.request.task_type.value,
+    }
+
+
+def _attempt_info(attempt: AttemptResult, verdict: AttemptOutcome) -> dict[str, Any]:
+    return {
+        "format_ok": attempt.format_ok,
+        "correct": attempt.correct,
+        "reason": attempt.reason,
+        "detail": verdict.detail,
+        "task_id": attempt.task_id,
+        "task_type": attempt.task_type,
+        "teacher": attempt.teacher,
+        "source": "match" if attempt.teacher is not None else "fill",
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def parallel_env(**kwargs: Any) -> PopuLoRAParallelEnv:
+    """Create the parallel env (see :class:`PopuLoRAParallelEnv` for the arguments)."""
+    return PopuLoRAParallelEnv(**kwargs)
+
+
+#: The raw (unwrapped) environment class, PettingZoo naming.
+raw_env = PopuLoRAParallelEnv
+
+
+def env(**kwargs: Any) -> Any:
+    """The AEC version (``pettingzoo.utils.parallel_to_aec`` of :func:`parallel_env`)."""
+    from pettingzoo.utils.conversions import parallel_to_aec
+
+    return parallel_to_aec(parallel_env(**kwargs))
+

@@ -1,0 +1,223 @@
+"""Host-side handling of Python literals: call arguments, output reprs, value canonicalisation, type signatures.
+
+Nothing here executes model-written text. Only ``ast.parse``, ``ast.literal_eval``, ``ast.unparse`` and string
+handling are used on the host; every execution happens in the sandbox. The two snippets of sandbox code at the
+bottom (:data:`PLAIN_HELPER`, :func:`with_heap_padding`) are *our* code that runs next to the model's program
+inside the sandbox.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Any
+
+#: Marker that :data:`PLAIN_HELPER` puts into its exception text when a value is not plain literal data.
+NOT_LITERAL_MARKER = "POPULORA_NOT_LITERAL"
+
+#: Name of the plain-data guard defined by :data:`PLAIN_HELPER` (a dunder name: the safety policy bans
+#: model-written code from touching it).
+PLAIN_GUARD = "__populora_plain__"
+
+#: Sandbox-side guard appended *after* the model's program: returns its argument unchanged if it is built only
+#: from builtin literal types (exact types, no subclasses, no cycles), raises otherwise. It stops a program from
+#: returning an object whose ``__eq__`` always answers ``True`` (reward hacking of the equality check).
+PLAIN_HELPER = f'''
+
+def {PLAIN_GUARD}(value):
+    atoms = (int, float, complex, str, bytes, bool, type(None))
+    containers = (list, tuple, set, frozenset)
+    stack = [value]
+    count = 0
+    while stack:
+        item = stack.pop()
+        count += 1
+        if count > 200000:
+            raise ValueError("{NOT_LITERAL_MARKER}: value too large or cyclic")
+        kind = type(item)
+        if any(kind is atom for atom in atoms):
+            continue
+        if any(kind is c for c in containers):
+            stack.extend(item)
+            continue
+        if kind is dict:
+            stack.extend(item.keys())
+            stack.extend(item.values())
+            continue
+        raise TypeError("{NOT_LITERAL_MARKER}: " + kind.__name__)
+    return value
+'''
+
+#: Statement run before the program in the second determinism run: it moves the heap so that
+#: address-dependent values (``repr(object())``, ``id()``, default hashes, set order of such objects) differ
+#: between the two runs, even when both runs are forked from the same warm worker.
+HEAP_PADDING = (
+    "__populora_pad__ = [((object(),) * (_i % 17), bytearray(_i * 29), str(_i) * (_i % 7), [None] * (_i % 13))"
+    " for _i in range(97)]\n"
+)
+
+
+class ArgsError(ValueError):
+    """Call arguments that are not a comma-separated list of Python literals.
+
+    Attributes:
+        kind: ``"parse_error"`` (not an argument list) or ``"not_literal"`` (parses, but an argument is an
+            expression rather than a literal).
+    """
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class CallArgs:
+    """Parsed call arguments.
+
+    Attributes:
+        canonical: normalised argument text (``ast.unparse`` of each argument), what goes inside ``f(...)``.
+        values: the literal values of positional arguments, then keyword values (for type signatures).
+    """
+
+    canonical: str
+    values: tuple[Any, ...]
+
+
+def parse_call_args(text: str) -> CallArgs:
+    """Parse ``text`` as the argument list of a call ``f(<text>)`` whose arguments are all Python literals.
+
+    Raises:
+        ArgsError: with ``kind="parse_error"`` or ``kind="not_literal"``.
+    """
+    if not isinstance(text, str):
+        raise ArgsError("parse_error", "arguments are not a string")
+    src = text.strip()
+    try:
+        tree = ast.parse(f"f({src}\n)", mode="eval")
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
+        raise ArgsError("parse_error", f"not an argument list: {type(exc).__name__}") from None
+    call = tree.body
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "f"):
+        raise ArgsError("parse_error", "not an argument list")
+    parts: list[str] = []
+    values: list[Any] = []
+    for arg in call.args:
+        if isinstance(arg, ast.Starred):
+            raise ArgsError("not_literal", "starred arguments are not literals")
+        values.append(_literal(arg))
+        parts.append(ast.unparse(arg))
+    for kw in call.keywords:
+        if kw.arg is None:
+            raise ArgsError("not_literal", "**kwargs arguments are not literals")
+        values.append(_literal(kw.value))
+        parts.append(f"{kw.arg}={ast.unparse(kw.value)}")
+    return CallArgs(canonical=", ".join(parts), values=tuple(values))
+
+
+def _literal(node: ast.expr) -> Any:
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        raise ArgsError("not_literal", f"argument is not a literal: {_short(ast.unparse(node))}") from None
+
+
+def parse_expression(text: str) -> ast.expr | None:
+    """Return the AST of ``text`` as one Python expression, or ``None`` if it is not one."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return ast.parse(text.strip(), mode="eval").body
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+
+
+def literal_value(text: str) -> tuple[bool, Any]:
+    """``(True, value)`` if ``text`` is a Python literal (``ast.literal_eval``), else ``(False, None)``."""
+    try:
+        return True, ast.literal_eval(text.strip())
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, AttributeError):
+        return False, None
+
+
+def canonical_form(value: Any) -> Any:
+    """A hashable, order-normalised form of a literal value for equality *of runs* (determinism check).
+
+    Lists and tuples keep their order; sets, frozensets and dicts are sorted (their iteration order may depend on
+    the worker's hash seed, which is not a property of the program). Types are kept, so ``1`` and ``True``
+    differ.
+    """
+    kind = type(value).__name__
+    if isinstance(value, list | tuple):
+        return (kind, tuple(canonical_form(v) for v in value))
+    if isinstance(value, set | frozenset):
+        return (kind, tuple(sorted((canonical_form(v) for v in value), key=repr)))
+    if isinstance(value, dict):
+        items = ((canonical_form(k), canonical_form(v)) for k, v in value.items())
+        return (kind, tuple(sorted(items, key=repr)))
+    if isinstance(value, float) and value != value:  # nan: equal to itself for determinism purposes
+        return (kind, "nan")
+    return (kind, value)
+
+
+def same_value(repr_a: str, repr_b: str) -> bool:
+    """Whether two output reprs denote the same value (identical strings, or equal canonical literal forms)."""
+    if repr_a == repr_b:
+        return True
+    ok_a, val_a = literal_value(repr_a)
+    ok_b, val_b = literal_value(repr_b)
+    if not (ok_a and ok_b):
+        return False
+    try:
+        return canonical_form(val_a) == canonical_form(val_b)
+    except RecursionError:
+        return False
+
+
+def type_name(value: Any, depth: int = 0) -> str:
+    """A short structural type name, e.g. ``list[int]``, ``dict[str, list[int|str]]`` (depth-limited)."""
+    kind = type(value).__name__
+    if depth >= 2:
+        return kind
+    if isinstance(value, list | tuple | set | frozenset):
+        inner = sorted({type_name(v, depth + 1) for v in value})
+        return f"{kind}[{'|'.join(inner)}]"
+    if isinstance(value, dict):
+        keys = sorted({type_name(k, depth + 1) for k in value})
+        vals = sorted({type_name(v, depth + 1) for v in value.values()})
+        return f"dict[{'|'.join(keys)}, {'|'.join(vals)}]"
+    return kind
+
+
+def type_signature(arg_values: tuple[Any, ...], output_value: Any) -> str:
+    """``"(int, list[int]) -> str"`` for a task's input argument values and output value."""
+    args = ", ".join(type_name(v) for v in arg_values)
+    return f"({args}) -> {type_name(output_value)}"
+
+
+def with_heap_padding(program: str) -> str:
+    """``program`` with :data:`HEAP_PADDING` inserted before its first statement that is not a docstring or a
+    ``from __future__`` import (those must stay first). The program is assumed to parse."""
+    try:
+        tree = ast.parse(program)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return HEAP_PADDING + program
+    insert_after = 0
+    for i, stmt in enumerate(tree.body):
+        is_docstring = (
+            i == 0 and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+            and isinstance(stmt.value.value, str)
+        )
+        is_future = isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__"
+        if is_docstring or is_future:
+            insert_after = stmt.end_lineno or 0
+        else:
+            break
+    lines = program.splitlines(keepends=True)
+    if insert_after and lines and not lines[insert_after - 1].endswith("\n"):
+        lines[insert_after - 1] += "\n"
+    return "".join(lines[:insert_after]) + HEAP_PADDING + "".join(lines[insert_after:])
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,174 @@
+"""TrueSkill ratings and PFSP pairing of teachers with students (populora-method.md §6).
+
+- Ratings come from the ``trueskill`` library (μ0 25, σ0 25/3, β 25/6, τ 25/300, draw probability 0.1).
+- Expected student-win probability: ``p_ts = Φ((μ_s − μ_t) / √(2β² + σ_s² + σ_t²))`` (the library has no
+  win-probability function).
+- PFSP: teachers are visited in random order; each samples a student from the not-yet-assigned pool with
+  probability ∝ ``f(p_ts) = p(1 − p)`` floored at 1e-6 (uniform if every weight vanishes); the pool refills when
+  it is empty. With as many teachers as students this is a weighted random perfect matching.
+- Outcome of a pair: ``p̂`` (the student's solve rate over the teacher's valid tasks this round) ``> p_ts`` →
+  student wins, ``<`` → teacher wins, ``=`` → draw; no valid task → student wins. One ``rate_1vs1`` per pair per
+  round.
+- Ranking uses the conservative skill ``μ − 3σ`` (0 for a fresh rating).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import trueskill
+
+PFSP_FLOOR = 1e-6
+
+
+@dataclass(frozen=True)
+class TrueSkillConfig:
+    """TrueSkill environment parameters (the library's defaults)."""
+
+    mu: float = 25.0
+    sigma: float = 25.0 / 3.0
+    beta: float = 25.0 / 6.0
+    tau: float = 25.0 / 300.0
+    draw_probability: float = 0.1
+
+
+def normal_cdf(x: float) -> float:
+    """Φ, the standard normal CDF."""
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
+def pfsp_weight(p: float) -> float:
+    """AlphaStar's ``f_var``: ``p(1 − p)``, floored at :data:`PFSP_FLOOR`."""
+    w = p * (1.0 - p)
+    return w if w > PFSP_FLOOR else PFSP_FLOOR
+
+
+def match_outcome(p_hat: float | None, p_ts: float) -> str:
+    """``"student"``, ``"teacher"`` or ``"draw"``: who won the pair this round (``p_hat`` ``None`` = no valid
+    task, a student win)."""
+    if p_hat is None:
+        return "student"
+    if p_hat > p_ts:
+        return "student"
+    if p_hat < p_ts:
+        return "teacher"
+    return "draw"
+
+
+class Ratings:
+    """One TrueSkill rating per agent."""
+
+    def __init__(self, agents: Sequence[str], config: TrueSkillConfig | None = None) -> None:
+        self.config = config or TrueSkillConfig()
+        c = self.config
+        self.env = trueskill.TrueSkill(
+            mu=c.mu, sigma=c.sigma, beta=c.beta, tau=c.tau, draw_probability=c.draw_probability
+        )
+        self._ratings: dict[str, trueskill.Rating] = {a: self.env.create_rating() for a in agents}
+
+    def __contains__(self, agent: object) -> bool:
+        return agent in self._ratings
+
+    def __getitem__(self, agent: str) -> trueskill.Rating:
+        return self._ratings[agent]
+
+    @property
+    def agents(self) -> list[str]:
+        """Rated agents."""
+        return list(self._ratings)
+
+    def mu(self, agent: str) -> float:
+        """Mean skill."""
+        return float(self._ratings[agent].mu)
+
+    def sigma(self, agent: str) -> float:
+        """Skill uncertainty."""
+        return float(self._ratings[agent].sigma)
+
+    def conservative(self, agent: str) -> float:
+        """``μ − 3σ`` (TrueSkill's lower confidence bound; 0 for a fresh rating)."""
+        return self.mu(agent) - 3.0 * self.sigma(agent)
+
+    def p_student_wins(self, student: str, teacher: str) -> float:
+        """``Φ((μ_s − μ_t) / √(2β² + σ_s² + σ_t²))``."""
+        s, t = self._ratings[student], self._ratings[teacher]
+        denom = math.sqrt(2.0 * self.config.beta**2 + s.sigma**2 + t.sigma**2)
+        return normal_cdf((s.mu - t.mu) / denom)
+
+    def record(self, teacher: str, student: str, outcome: str) -> None:
+        """Apply one ``rate_1vs1`` for a pair's outcome (``"student"``, ``"teacher"`` or ``"draw"``)."""
+        if outcome not in ("student", "teacher", "draw"):
+            raise ValueError(f"unknown outcome {outcome!r}")
+        t, s = self._ratings[teacher], self._ratings[student]
+        if outcome == "teacher":
+            t, s = trueskill.rate_1vs1(t, s, env=self.env)
+        elif outcome == "student":
+            s, t = trueskill.rate_1vs1(s, t, env=self.env)
+        else:
+            s, t = trueskill.rate_1vs1(s, t, drawn=True, env=self.env)
+        self._ratings[teacher], self._ratings[student] = t, s
+
+    def reset(self, agent: str) -> None:
+        """Give ``agent`` a fresh rating (e.g. when evolution replaced its adapter)."""
+        if agent not in self._ratings:
+            raise KeyError(f"unknown agent {agent!r}")
+        self._ratings[agent] = self.env.create_rating()
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """``{agent: {"mu", "sigma", "conservative"}}``."""
+        return {
+            a: {"mu": self.mu(a), "sigma": self.sigma(a), "conservative": self.conservative(a)}
+            for a in self._ratings
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable ratings and configuration."""
+        return {
+            "config": asdict(self.config),
+            "ratings": {a: [float(r.mu), float(r.sigma)] for a, r in self._ratings.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ratings saved by :meth:`state_dict` (agents must match)."""
+        saved = state["ratings"]
+        if set(saved) != set(self._ratings):
+            raise ValueError(f"rated agents differ: saved {sorted(saved)}, env {sorted(self._ratings)}")
+        for agent, (mu, sigma) in saved.items():
+            self._ratings[agent] = self.env.create_rating(mu=float(mu), sigma=float(sigma))
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """A teacher matched with a student, with the expected student-win probability at matching time."""
+
+    teacher: str
+    student: str
+    p_ts: float
+
+
+def pfsp_match(
+    teachers: Sequence[str], students: Sequence[str], ratings: Ratings, rng: np.random.Generator
+) -> list[Pairing]:
+    """PFSP pairing (see the module docstring). Returns one pairing per teacher, in ``teachers`` order."""
+    if not students:
+        raise ValueError("pfsp_match needs at least one student")
+    chosen: dict[str, Pairing] = {}
+    pool: list[str] = []
+    for t_index in rng.permutation(len(teachers)):
+        teacher = teachers[int(t_index)]
+        if not pool:
+            pool = list(students)
+        probs = np.array([ratings.p_student_wins(s, teacher) for s in pool], dtype=np.float64)
+        weights = np.array([pfsp_weight(float(p)) for p in probs], dtype=np.float64)
+        total = float(weights.sum())
+        if not math.isfinite(total) or total <= 0.0:
+            weights = np.ones(len(pool))
+            total = float(len(pool))
+        k = int(rng.choice(len(pool), p=weights / total))
+        student = pool.pop(k)
+        chosen[teacher] = Pairing(teacher, student, float(probs[k]))
+    return [chosen[t] for t in teachers]

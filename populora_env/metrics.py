@@ -1,0 +1,258 @@
+"""Diagnostics of generated programs and of the task distribution (populora-method.md §10).
+
+Program metrics (host-side, ``ast`` only):
+
+- **AST depth**: max node depth of ``ast.parse(program)`` (Module = 1, child = parent + 1 over
+  ``ast.iter_child_nodes``);
+- **cyclomatic complexity**: McCabe per function = 1 + decision points (``If``, ``For``/``AsyncFor``,
+  ``While``, ``IfExp``, each ``ExceptHandler``, each comprehension and each of its ``if`` clauses, each
+  ``match`` case, ``BoolOp`` adds ``len(values) − 1``); the program's value is the sum over its functions
+  (nested functions and methods count as functions of their own);
+- **lines of code**: non-blank lines that are not comment-only;
+- **variable count**: distinct identifiers bound in the program: ``Name`` in Store context (assignments, loop,
+  comprehension, ``with … as`` and walrus targets), function parameters, ``except … as`` names and ``match``
+  captures; function and class names excluded.
+
+Distribution metrics (cumulative, kept by :class:`CoverageTracker`):
+
+- **programs**: distinct canonical fingerprints: the AST after α-renaming every identifier the program binds
+  (free names such as builtins and attributes are kept), with docstrings dropped and constants replaced by
+  their type;
+- **signatures**: distinct ``(input types) -> output type`` signatures of valid tasks.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+_DECISIONS = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.IfExp, ast.ExceptHandler, ast.match_case)
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+
+
+def _parse(program: str) -> ast.Module | None:
+    try:
+        return ast.parse(program)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+
+
+def ast_depth(program: str) -> int:
+    """Maximum node depth of the program's AST (Module = 1); 0 if it does not parse."""
+    tree = _parse(program)
+    if tree is None:
+        return 0
+    best = 0
+    stack: list[tuple[ast.AST, int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        best = max(best, depth)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return best
+
+
+def _decisions(node: ast.AST) -> int:
+    """Decision points inside ``node``, not descending into nested functions."""
+    count = 0
+    stack = list(ast.iter_child_nodes(node))
+    while stack:
+        child = stack.pop()
+        if isinstance(child, _FUNCTIONS):
+            continue
+        if isinstance(child, _DECISIONS):
+            count += 1
+        elif isinstance(child, ast.comprehension):
+            count += 1 + len(child.ifs)
+        elif isinstance(child, ast.BoolOp):
+            count += len(child.values) - 1
+        stack.extend(ast.iter_child_nodes(child))
+    return count
+
+
+def cyclomatic_complexity(program: str) -> int:
+    """Sum over functions of McCabe complexity (see the module docstring); 0 if it does not parse."""
+    tree = _parse(program)
+    if tree is None:
+        return 0
+    return sum(1 + _decisions(node) for node in ast.walk(tree) if isinstance(node, _FUNCTIONS))
+
+
+def lines_of_code(program: str) -> int:
+    """Non-blank lines that are not comment-only."""
+    return sum(1 for line in program.splitlines() if line.strip() and not line.strip().startswith("#"))
+
+
+def bound_variables(tree: ast.AST) -> set[str]:
+    """Identifiers bound as variables (see the module docstring)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.MatchAs | ast.MatchStar) and node.name:
+            names.add(node.name)
+    return names
+
+
+def variable_count(program: str) -> int:
+    """Number of distinct bound variable names; 0 if it does not parse."""
+    tree = _parse(program)
+    return 0 if tree is None else len(bound_variables(tree))
+
+
+class _AlphaRenamer(ast.NodeTransformer):
+    def __init__(self, bound: set[str]) -> None:
+        self.bound = bound
+        self.names: dict[str, str] = {}
+
+    def _rename(self, name: str) -> str:
+        if name not in self.bound:
+            return name
+        return self.names.setdefault(name, f"v{len(self.names)}")
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        node.id = self._rename(node.id)
+        return node
+
+    def visit_arg(self, node: ast.arg) -> ast.AST:
+        node.arg = self._rename(node.arg)
+        node.annotation = None
+        return node
+
+    def _visit_def(self, node: Any) -> ast.AST:
+        node.name = self._rename(node.name)
+        body = node.body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            if isinstance(body[0].value.value, str) and len(body) > 1:
+                node.body = body[1:]
+        self.generic_visit(node)
+        return node
+
+    visit_FunctionDef = _visit_def
+    visit_AsyncFunctionDef = _visit_def
+    visit_ClassDef = _visit_def
+
+    def visit_Constant(self, node: ast.Constant) -> ast.AST:
+        return ast.Constant(value=f"<{type(node.value).__name__}>")
+
+
+def program_fingerprint(program: str) -> str | None:
+    """Canonical fingerprint (16 hex chars) of a program after α-renaming, docstring and constant removal."""
+    tree = _parse(program)
+    if tree is None:
+        return None
+    tree = copy.deepcopy(tree)
+    bound = bound_variables(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+    body = tree.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        if isinstance(body[0].value.value, str):
+            tree.body = body[1:]
+    try:
+        renamed = _AlphaRenamer(bound).visit(tree)
+        dump = ast.dump(renamed, annotate_fields=False, include_attributes=False)
+    except RecursionError:
+        return None
+    return hashlib.sha1(dump.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ProgramMetrics:
+    """The four structural metrics of one program."""
+
+    ast_depth: int
+    cyclomatic: int
+    loc: int
+    variables: int
+
+
+def program_metrics(program: str) -> ProgramMetrics:
+    """All structural metrics of ``program``."""
+    return ProgramMetrics(
+        ast_depth=ast_depth(program),
+        cyclomatic=cyclomatic_complexity(program),
+        loc=lines_of_code(program),
+        variables=variable_count(program),
+    )
+
+
+def summarize(programs: Iterable[str]) -> dict[str, float | int]:
+    """Means (and maxima) of the metrics over ``programs`` (zeros when there are none)."""
+    metrics = [program_metrics(p) for p in programs]
+    n = len(metrics)
+    out: dict[str, float | int] = {"n_programs": n}
+    for field in ("ast_depth", "cyclomatic", "loc", "variables"):
+        values = [getattr(m, field) for m in metrics]
+        out[f"{field}_mean"] = (sum(values) / n) if n else 0.0
+        out[f"{field}_max"] = max(values) if n else 0
+    return out
+
+
+class CoverageTracker:
+    """Cumulative distinct program fingerprints and type signatures of valid proposed tasks."""
+
+    def __init__(self) -> None:
+        self._programs: list[str] = []
+        self._signatures: list[str] = []
+        self._program_set: set[str] = set()
+        self._signature_set: set[str] = set()
+
+    @property
+    def n_programs(self) -> int:
+        """Distinct program fingerprints seen so far."""
+        return len(self._programs)
+
+    @property
+    def n_signatures(self) -> int:
+        """Distinct type signatures seen so far."""
+        return len(self._signatures)
+
+    def update(self, programs: Iterable[str], signatures: Iterable[str]) -> dict[str, int]:
+        """Add a round's valid programs and signatures; return round-level and cumulative counts."""
+        round_programs: list[str] = []
+        new_programs = 0
+        for program in programs:
+            fp = program_fingerprint(program)
+            if fp is None:
+                continue
+            round_programs.append(fp)
+            if fp not in self._program_set:
+                self._program_set.add(fp)
+                self._programs.append(fp)
+                new_programs += 1
+        round_signatures: list[str] = []
+        new_signatures = 0
+        for sig in signatures:
+            round_signatures.append(sig)
+            if sig not in self._signature_set:
+                self._signature_set.add(sig)
+                self._signatures.append(sig)
+                new_signatures += 1
+        return {
+            "distinct_programs_round": len(set(round_programs)),
+            "new_programs": new_programs,
+            "coverage_programs": self.n_programs,
+            "distinct_signatures_round": len(set(round_signatures)),
+            "new_signatures": new_signatures,
+            "coverage_signatures": self.n_signatures,
+        }
+
+    def state_dict(self) -> dict[str, list[str]]:
+        """JSON-serialisable state."""
+        return {"programs": list(self._programs), "signatures": list(self._signatures)}
+
+    def load_state_dict(self, state: dict[str, list[str]]) -> None:
+        """Inverse of :meth:`state_dict`."""
+        self._programs = [str(x) for x in state.get("programs", [])]
+        self._signatures = [str(x) for x in state.get("signatures", [])]
+        self._program_set = set(self._programs)
+        self._signature_set = set(self._signatures)

@@ -1,0 +1,148 @@
+"""Format check and answer extraction for completions (AZR's rules, robust to any input).
+
+Format rule (azr.md §3): a completion is well formatted iff it matches ``<think>…</think>`` then optional
+whitespace then ``<answer>…</answer>`` (DOTALL, non-greedy, at the start; leading whitespace allowed, trailing
+text ignored). One documented leniency: with ``require_think=False`` (for instruct models that do not emit
+``<think>``), a ``<answer>…</answer>`` pair anywhere suffices. The answer is the text after the **last**
+``<answer>`` up to the next ``</answer>``.
+
+Inside the answer, payloads live in fenced blocks: ```` ```python ````, ```` ```input ````, ```` ```output ````,
+```` ```message ````. Every function here accepts any object and never raises: garbage yields ``None`` /
+empty results, which the callers turn into format penalties.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from dataclasses import dataclass
+
+_THINK_ANSWER = re.compile(r"\s*<think>.*?</think>\s*<answer>.*?</answer>", re.S)
+_ANSWER_PAIR = re.compile(r"<answer>.*?</answer>", re.S)
+_FENCE = re.compile(r"```[ \t]*([A-Za-z_][\w\-]*)?[ \t]*\r?\n(.*?)```", re.S)
+_MESSAGE_TAG = re.compile(r"<message>(.*?)</message>", re.S)
+
+
+@dataclass(frozen=True)
+class FormattedAnswer:
+    """Result of the format check.
+
+    Attributes:
+        format_ok: the completion has the required tag structure.
+        answer: the extracted answer text (``""`` when ``format_ok`` is false).
+    """
+
+    format_ok: bool
+    answer: str
+
+
+def extract_answer(completion: object, *, require_think: bool = True, prefix: str = "") -> FormattedAnswer:
+    """Check the tag structure of ``prefix + completion`` and extract the answer.
+
+    Args:
+        completion: the model's text; non-strings are format errors.
+        require_think: require ``<think>…</think>`` before ``<answer>`` (AZR); ``False`` accepts a bare
+            ``<answer>…</answer>``.
+        prefix: text the prompt already ended with (e.g. ``"<think>"`` for the R1 base-model wrapper),
+            prepended before checking.
+    """
+    if not isinstance(completion, str):
+        return FormattedAnswer(False, "")
+    text = prefix + completion
+    pattern_ok = (
+        _THINK_ANSWER.match(text) is not None if require_think else _ANSWER_PAIR.search(text) is not None
+    )
+    if not pattern_ok:
+        return FormattedAnswer(False, "")
+    start = text.rfind("<answer>") + len("<answer>")
+    end = text.find("</answer>", start)
+    answer = text[start:] if end == -1 else text[start:end]
+    return FormattedAnswer(True, answer)
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """All fenced blocks of ``text`` as ``(tag, content)``; ``tag`` is lower-cased, ``""`` when absent."""
+    blocks = []
+    for match in _FENCE.finditer(text):
+        tag = (match.group(1) or "").lower()
+        blocks.append((tag, match.group(2)))
+    return blocks
+
+
+def clean_code(content: str) -> str:
+    """Normalise a code block: dedent, strip surrounding blank lines and trailing spaces."""
+    return textwrap.dedent(content).strip("\n").rstrip() + "\n"
+
+
+_PYTHON_TAGS = ("python", "py", "python3")
+
+
+def first_block(text: str, tags: tuple[str, ...]) -> str | None:
+    """Content of the first fenced block whose tag is in ``tags``."""
+    for tag, content in fenced_blocks(text):
+        if tag in tags:
+            return content
+    return None
+
+
+def last_block(text: str, tags: tuple[str, ...] | None) -> str | None:
+    """Content of the last fenced block whose tag is in ``tags`` (any tag if ``tags`` is ``None``)."""
+    found = None
+    for tag, content in fenced_blocks(text):
+        if tags is None or tag in tags:
+            found = content
+    return found
+
+
+@dataclass(frozen=True)
+class ProposalPayload:
+    """What a teacher's answer contains (fields are ``None`` when missing)."""
+
+    program: str | None = None
+    inputs: tuple[str, ...] = ()
+    message: str | None = None
+
+
+def parse_program_proposal(answer: str) -> ProposalPayload:
+    """Deduction/abduction proposal: the first ```` ```python ```` block and the first ```` ```input ```` block."""
+    program = first_block(answer, _PYTHON_TAGS)
+    given = first_block(answer, ("input",))
+    return ProposalPayload(
+        program=None if program is None else clean_code(program),
+        inputs=() if given is None else (given.strip(),),
+    )
+
+
+def parse_induction_proposal(answer: str) -> ProposalPayload:
+    """Induction proposal: every ```` ```input ```` block (in order) and the ```` ```message ```` block
+    (fallback ``<message>…</message>``)."""
+    blocks = fenced_blocks(answer)
+    inputs = tuple(content.strip() for tag, content in blocks if tag == "input")
+    message = None
+    for tag, content in blocks:
+        if tag == "message":
+            message = content.strip()
+            break
+    if message is None:
+        tagged = _MESSAGE_TAG.search(answer)
+        if tagged is not None:
+            message = tagged.group(1).strip()
+    return ProposalPayload(inputs=inputs, message=message)
+
+
+def parse_output_answer(answer: str) -> str:
+    """Deduction answer: the last ```` ```output ```` block, else the whole answer text (AZR's fallback)."""
+    block = last_block(answer, ("output",))
+    return (answer if block is None else block).strip()
+
+
+def parse_input_answer(answer: str) -> str:
+    """Abduction answer: the last ```` ```input ```` block, else the whole answer text (AZR's fallback)."""
+    block = last_block(answer, ("input",))
+    return (answer if block is None else block).strip()
+
+
+def parse_program_answer(answer: str) -> str | None:
+    """Induction answer: the last fenced block of any tag (AZR), ``None`` if there is none."""
+    block = last_block(answer, None)
+    return None if block is None else clean_code(block)

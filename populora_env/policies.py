@@ -1,0 +1,133 @@
+"""Scripted policies for tests, smoke runs and baselines of the game.
+
+Each has ``act(observation, info) -> tuple[str, ...]`` with one completion per prompt of ``observation`` (the
+env's ``obs[agent]``), guided by ``info["requests"]``:
+
+- :class:`SeedTeacher` proposes valid tasks built from the shipped seed programs with fresh inputs, formatted
+  like a model would answer;
+- :class:`OracleStudent` answers every task correctly from the env's ground truth (a test tool);
+- :class:`RandomPolicy` emits random printable strings (seeded): every completion is a format error.
+"""
+
+from __future__ import annotations
+
+import ast
+import string
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from populora_env.seeds import SEED_PROGRAMS, SeedProgram, generate_args
+
+
+def format_answer(answer: str, thought: str = "Let me work it out.") -> str:
+    """Wrap ``answer`` in the ``<think>…</think><answer>…</answer>`` structure."""
+    return f"<think>{thought}</think>\n<answer>\n{answer}\n</answer>"
+
+
+def _block(tag: str, content: str) -> str:
+    return f"```{tag}\n{content.rstrip(chr(10))}\n```"
+
+
+def _canonical(program: str) -> str:
+    try:
+        return ast.unparse(ast.parse(program))
+    except (SyntaxError, ValueError, RecursionError):
+        return program
+
+
+class SeedTeacher:
+    """Proposes tasks from the seed programs with freshly generated inputs (never repeating itself).
+
+    Deduction/abduction: a random seed program and a new input. Induction: the given program must be a seed
+    program (true when the buffers hold only seed programs, e.g. when every teacher is a ``SeedTeacher``);
+    it writes ``n_inputs`` new distinct inputs and the seed's message. An unknown program gets an answer without
+    inputs (an invalid proposal).
+    """
+
+    def __init__(self, seed: int | None = None, programs: tuple[SeedProgram, ...] = SEED_PROGRAMS) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.programs = programs
+        self._by_program = {_canonical(p.program): p for p in programs}
+        self._used: set[tuple[str, str, str]] = set()
+
+    def _fresh_args(self, seed: SeedProgram, tag: str, avoid: set[str] | None = None) -> str:
+        avoid = avoid or set()
+        args = generate_args(seed.arg_kinds, self.rng)
+        for _ in range(100):
+            if (tag, seed.name, args) not in self._used and args not in avoid:
+                break
+            args = generate_args(seed.arg_kinds, self.rng)
+        self._used.add((tag, seed.name, args))
+        return args
+
+    def act(self, observation: tuple[str, ...], info: Mapping[str, Any]) -> tuple[str, ...]:
+        """One proposal per request of ``info["requests"]``."""
+        out: list[str] = []
+        for request in list(info.get("requests", []))[: len(observation)]:
+            task_type = request.get("task_type")
+            if task_type == "induction":
+                out.append(self._induction(request))
+            else:
+                seed = self.programs[int(self.rng.integers(len(self.programs)))]
+                args = self._fresh_args(seed, str(task_type))
+                answer = _block("python", seed.program) + "\n" + _block("input", args)
+                out.append(format_answer(answer, f"I reuse the {seed.name} program with a new input."))
+        return tuple(out) + ("",) * (len(observation) - len(out))
+
+    def _induction(self, request: Mapping[str, Any]) -> str:
+        seed = self._by_program.get(_canonical(str(request.get("program", ""))))
+        if seed is None:
+            return format_answer(_block("message", "unknown program"), "I do not know this program.")
+        n = int(request.get("n_inputs", 6))
+        inputs: list[str] = []
+        while len(inputs) < n:
+            inputs.append(self._fresh_args(seed, "induction", set(inputs)))
+        blocks = [_block("input", i) for i in inputs] + [_block("message", seed.message)]
+        return format_answer("\n".join(blocks), "Inputs that show what the program does.")
+
+
+class OracleStudent:
+    """Answers every assigned task correctly using the env's ground truth (``env.current_tasks``)."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+
+    def answer(self, task: Any) -> str:
+        """The correct completion for ``task``."""
+        kind = task.task_type.value
+        if kind == "deduction":
+            return format_answer(_block("output", task.output))
+        if kind == "abduction":
+            return format_answer(_block("input", task.input))
+        return format_answer(_block("python", task.program))
+
+    def act(self, observation: tuple[str, ...], info: Mapping[str, Any]) -> tuple[str, ...]:
+        """One correct answer per request."""
+        tasks = self.env.current_tasks
+        out = []
+        for request in list(info.get("requests", []))[: len(observation)]:
+            task = tasks.get(request.get("task_id"))
+            out.append("" if task is None else self.answer(task))
+        return tuple(out) + ("",) * (len(observation) - len(out))
+
+
+class RandomPolicy:
+    """Random printable strings of random length (seeded). Never well formatted in practice."""
+
+    def __init__(self, seed: int | None = None, max_length: int = 256, charset: str = string.printable) -> None:
+        if max_length < 0:
+            raise ValueError(f"max_length must be >= 0, got {max_length}")
+        self.rng = np.random.default_rng(seed)
+        self.max_length = max_length
+        self._chars = np.array(list(charset))
+
+    def sample(self) -> str:
+        """One random string."""
+        n = int(self.rng.integers(0, self.max_length + 1))
+        return "".join(self._chars[self.rng.integers(0, len(self._chars), size=n)])
+
+    def act(self, observation: tuple[str, ...], info: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+        """One random string per prompt."""
+        return tuple(self.sample() for _ in observation)

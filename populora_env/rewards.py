@@ -1,0 +1,150 @@
+"""Reward schemes: one registered function turns a round's results into per-completion rewards.
+
+A scheme is any function ``scheme(results: RoundResults, **kwargs) -> {agent: [float, ...]}`` where each list
+is aligned with that agent's completions of the episode (teachers: their proposals; students: their attempts).
+Register it under a name and select it with ``parallel_env(reward_scheme="name", reward_kwargs={...})``::
+
+    from populora_env import register_reward_scheme, student_reward
+
+    @register_reward_scheme("my_scheme")
+    def my_scheme(results, bonus=0.1):
+        rewards = {a: [student_reward(x) for x in results.attempts_of(a)] for a in results.students}
+        for t in results.teachers:
+            rewards[t] = [bonus if p.valid else -1.0 for p in results.proposals_of(t)]
+        return rewards
+
+Built-ins:
+
+- ``populora`` (populora-method.md §4): teacher per task −1 invalid, 0 if the matched student never solves it
+  (p̂ = 0), else 1 − p̂ (so p̂ = 1 gives 0); student per attempt +1 correct, −0.5 wrong but well formatted,
+  −1 format error.
+- ``azr`` (azr.md §6): the proposer's learnability: per valid task 1 − p̂ if 0 < p̂ < 1, else ``extreme_reward``
+  (default 0 as in the AZR paper; AZR's code used −0.5); invalid −1; the same student rewards. In the AZR
+  baseline the teacher and the student are one adapter, so p̂ is the proposer's own solve rate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from populora_env.results import AttemptResult, RoundResults
+
+
+class RewardScheme(Protocol):
+    """A reward scheme: ``(results, **kwargs) -> {agent: per-completion rewards}``."""
+
+    def __call__(self, results: RoundResults, /, **kwargs: Any) -> Mapping[str, Sequence[float]]: ...
+
+
+_REGISTRY: dict[str, RewardScheme] = {}
+
+
+def register_reward_scheme(name: str) -> Callable[[RewardScheme], RewardScheme]:
+    """Decorator registering a scheme under ``name``; re-registering a name raises ``ValueError``."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"reward scheme name must be a non-empty str, got {name!r}")
+
+    def decorator(fn: RewardScheme) -> RewardScheme:
+        if name in _REGISTRY:
+            raise ValueError(f"reward scheme {name!r} is already registered")
+        if not callable(fn):
+            raise TypeError(f"reward scheme {name!r} must be callable")
+        _REGISTRY[name] = fn
+        return fn
+
+    return decorator
+
+
+def unregister_reward_scheme(name: str) -> None:
+    """Remove a registered scheme (``KeyError`` if unknown)."""
+    del _REGISTRY[name]
+
+
+def get_reward_scheme(name: str) -> RewardScheme:
+    """The scheme registered under ``name``; ``ValueError`` listing the known names otherwise."""
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown reward scheme {name!r}; registered: {list_reward_schemes()}") from None
+
+
+def list_reward_schemes() -> list[str]:
+    """Names of the registered schemes, sorted."""
+    return sorted(_REGISTRY)
+
+
+def student_reward(
+    attempt: AttemptResult, correct: float = 1.0, wrong: float = -0.5, format_error: float = -1.0
+) -> float:
+    """AZR's solver reward: +1 correct, −0.5 wrong but well formatted, −1 format error."""
+    if attempt.correct:
+        return correct
+    return wrong if attempt.format_ok else format_error
+
+
+@register_reward_scheme("populora")
+def populora_rewards(results: RoundResults) -> dict[str, list[float]]:
+    """PopuLoRA: teachers are paid by their matched student's failure rate, if the student solves it at all."""
+    rewards: dict[str, list[float]] = {}
+    for teacher in results.teachers:
+        values = []
+        for p in results.proposals_of(teacher):
+            if not p.valid:
+                values.append(-1.0)
+                continue
+            p_hat = results.solve_rate(p.task_id)
+            values.append(0.0 if not p_hat else 1.0 - p_hat)
+        rewards[teacher] = values
+    for student in results.students:
+        rewards[student] = [student_reward(a) for a in results.attempts_of(student)]
+    return rewards
+
+
+@register_reward_scheme("azr")
+def azr_rewards(results: RoundResults, extreme_reward: float = 0.0) -> dict[str, list[float]]:
+    """AZR: learnability 1 − p̂ for 0 < p̂ < 1, ``extreme_reward`` for p̂ ∈ {0, 1}, −1 for invalid proposals."""
+    rewards: dict[str, list[float]] = {}
+    for teacher in results.teachers:
+        values = []
+        for p in results.proposals_of(teacher):
+            if not p.valid:
+                values.append(-1.0)
+                continue
+            p_hat = results.solve_rate(p.task_id) or 0.0
+            values.append(1.0 - p_hat if 0.0 < p_hat < 1.0 else float(extreme_reward))
+        rewards[teacher] = values
+    for student in results.students:
+        rewards[student] = [student_reward(a) for a in results.attempts_of(student)]
+    return rewards
+
+
+def compute_rewards(
+    scheme: RewardScheme, results: RoundResults, kwargs: Mapping[str, Any] | None = None
+) -> dict[str, list[float]]:
+    """Run ``scheme`` and check its answer: one finite float per completion for every agent.
+
+    Raises:
+        ValueError: the scheme returned an unknown agent, a list of the wrong length or a non-finite value
+            (a bug in the scheme: it must fail loudly, not train on garbage).
+    """
+    raw = scheme(results, **dict(kwargs or {}))
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"reward scheme returned {type(raw).__name__}, expected a mapping agent -> list")
+    unknown = set(raw) - set(results.agents)
+    if unknown:
+        raise ValueError(f"reward scheme returned rewards for unknown agents {sorted(unknown)}")
+    out: dict[str, list[float]] = {}
+    for agent in results.agents:
+        expected = results.n_completions(agent)
+        values = list(raw.get(agent, []))
+        if len(values) != expected:
+            raise ValueError(
+                f"reward scheme returned {len(values)} rewards for {agent}, which has {expected} completions"
+            )
+        floats = [float(v) for v in values]
+        if not all(math.isfinite(v) for v in floats):
+            raise ValueError(f"reward scheme returned a non-finite reward for {agent}: {floats}")
+        out[agent] = floats
+    return out

@@ -1,0 +1,361 @@
+"""Validation of teacher proposals: a proposal becomes a task only if it survives every check here.
+
+A deduction/abduction proposal is valid iff (in this order; the first failure is the rejection reason):
+
+1. the completion has the ``<think>``/``<answer>`` structure and the answer holds a ```` ```python ```` and an
+   ```` ```input ```` block (``format``);
+2. the program is at most ``max_program_chars`` long and the input at most ``max_input_chars`` (``too_long``);
+3. the program parses (``parse_error``) and defines a top-level ``def f`` with at least one parameter
+   (``no_f``; auxiliary functions and classes are allowed);
+4. it passes the AST safety policy of :mod:`populora_env.safety` (``banned``);
+5. the input is a comma-separated list of Python literals (``parse_error`` / ``not_literal``);
+6. the (type, program, input) key is new: not in the buffers and not proposed earlier this round
+   (``duplicate``; can be switched off);
+7. in the sandbox, two **separate** runs of ``f(input)`` (the second with the heap shifted, so address-dependent
+   values change) both finish without any exception (``error`` / ``timeout`` / ``memory``), return the same
+   value (``nondeterministic``; any run failing while the other succeeds is also ``nondeterministic``), whose
+   ``repr`` is at most ``max_output_chars`` long (``output_too_large``: rejected, never truncated), built only
+   from builtin literal types and round-tripping through ``ast.literal_eval`` on the host (``not_literal``).
+
+An induction proposal (the program is given from the buffers) is valid iff its answer holds at least
+``induction_inputs`` distinct literal ```` ```input ```` blocks (``too_few_inputs``; the last
+``induction_inputs`` distinct ones are kept, as AZR keeps the last 10), the message is at most
+``max_message_chars`` (``too_long``), the key is new (``duplicate``), and every input passes step 7.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from populora_env.literals import (
+    NOT_LITERAL_MARKER,
+    PLAIN_GUARD,
+    PLAIN_HELPER,
+    ArgsError,
+    literal_value,
+    parse_call_args,
+    same_value,
+    type_signature,
+    with_heap_padding,
+)
+from populora_env.parsing import extract_answer, parse_induction_proposal, parse_program_proposal
+from populora_env.safety import check_safety
+from populora_env.sandbox import ExecJob, ExecResult
+from populora_env.tasks import Task, TaskType
+
+
+class Reason(StrEnum):
+    """Why a proposal was rejected, or why a student's attempt was not counted correct."""
+
+    FORMAT = "format"
+    TOO_LONG = "too_long"
+    PARSE_ERROR = "parse_error"
+    NO_F = "no_f"
+    BANNED = "banned"
+    NOT_LITERAL = "not_literal"
+    DUPLICATE = "duplicate"
+    TOO_FEW_INPUTS = "too_few_inputs"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    MEMORY = "memory"
+    NONDETERMINISTIC = "nondeterministic"
+    OUTPUT_TOO_LARGE = "output_too_large"
+    WRONG = "wrong"  # students only: ran fine, value differs
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    """Limits of proposal validation (see the module docstring)."""
+
+    max_program_chars: int = 4000
+    max_input_chars: int = 1000
+    max_message_chars: int = 1000
+    max_output_chars: int = 1000
+    induction_inputs: int = 6
+    reject_duplicates: bool = True
+    require_think: bool = True
+    response_prefix: str = ""
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ProposalRequest:
+    """One proposer prompt of this round: who answers it, which task it asks for, the id the task will get."""
+
+    agent: str
+    index: int
+    task_type: TaskType
+    task_id: str
+    round: int
+    source: Task | None = None  # induction: the given program's task
+
+
+@dataclass(frozen=True)
+class ProposalOutcome:
+    """Validation result of one teacher completion.
+
+    Attributes:
+        format_ok: the tag structure and required blocks were present.
+        valid: the proposal became ``task``.
+        reason: rejection reason (``None`` when valid).
+        detail: short human-readable explanation of the reason.
+        signature: type signature ``(args) -> output`` of the first I/O pair (valid tasks).
+    """
+
+    request: ProposalRequest
+    format_ok: bool
+    valid: bool
+    reason: Reason | None
+    detail: str
+    task: Task | None = None
+    signature: str | None = None
+
+
+@dataclass(frozen=True)
+class ProgramCheck:
+    """Static (host-side) check of a program: ``reason`` is ``None`` when it passed."""
+
+    reason: Reason | None
+    detail: str
+    tree: ast.Module | None = None
+
+
+def check_program(program: str, max_chars: int, *, require_params: bool = True) -> ProgramCheck:
+    """Length, syntax, entry function ``f`` and safety policy of ``program`` (no execution)."""
+    if len(program) > max_chars:
+        return ProgramCheck(Reason.TOO_LONG, f"program longer than {max_chars} characters")
+    try:
+        tree = ast.parse(program)
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
+        return ProgramCheck(Reason.PARSE_ERROR, f"program does not parse: {type(exc).__name__}")
+    entries = [s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name == "f"]
+    if not entries:
+        return ProgramCheck(Reason.NO_F, "no top-level `def f`")
+    if require_params:
+        args = entries[-1].args
+        if not (args.posonlyargs or args.args or args.vararg):
+            return ProgramCheck(Reason.NO_F, "f takes no positional parameter")
+    try:
+        unsafe = check_safety(tree)
+    except RecursionError:
+        unsafe = "program too deeply nested"
+    if unsafe:
+        return ProgramCheck(Reason.BANNED, unsafe)
+    return ProgramCheck(None, "", tree)
+
+
+def canonical_program(tree: ast.Module) -> str:
+    """Formatting- and comment-insensitive form of a program (``ast.unparse``), used in dedup keys."""
+    return ast.unparse(tree)
+
+
+def task_key(task_type: TaskType, program: str, inputs: Sequence[str]) -> str:
+    """Dedup key of a task: type, canonical program, canonical inputs."""
+    try:
+        prog = ast.unparse(ast.parse(program))
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        prog = program
+    return "\x1f".join([task_type.value, prog, *inputs])
+
+
+def execution_jobs(program: str, call_args: str, timeout_s: float | None) -> tuple[ExecJob, ExecJob]:
+    """The two separate runs of the determinism check for ``f(call_args)``."""
+    call = f"{PLAIN_GUARD}(f({call_args}))"
+    first = ExecJob(code=program + PLAIN_HELPER, call=call, timeout_s=timeout_s)
+    second = ExecJob(code=with_heap_padding(program) + PLAIN_HELPER, call=call, timeout_s=timeout_s)
+    return first, second
+
+
+def failure_reason(result: ExecResult) -> tuple[Reason, str] | None:
+    """Map a failed sandbox result to a reason (``None`` if the run succeeded with a value)."""
+    status = result.status
+    if status == "ok" and result.value is not None:
+        return None
+    error = (result.error or "").strip()
+    last = error.splitlines()[-1][:200] if error else status
+    if status == "timeout":
+        return Reason.TIMEOUT, "time limit exceeded"
+    if status == "memory_limit" or (status == "error" and "MemoryError" in error):
+        return Reason.MEMORY, "memory limit exceeded"
+    if status == "output_limit":
+        return Reason.OUTPUT_TOO_LARGE, "output over the sandbox's limit"
+    if NOT_LITERAL_MARKER in error:
+        return Reason.NOT_LITERAL, last.replace(NOT_LITERAL_MARKER + ": ", "value is not plain data: ")
+    if status == "ok":
+        return Reason.ERROR, "no value returned by the sandbox"
+    return Reason.ERROR, last
+
+
+def interpret_pair(first: ExecResult, second: ExecResult, max_output_chars: int) -> tuple[Reason | None, str, Any]:
+    """Verdict of the two determinism runs: ``(reason, detail, literal value)``; ``reason`` ``None`` = valid."""
+    fail_a, fail_b = failure_reason(first), failure_reason(second)
+    if fail_a and fail_b:
+        return fail_a[0], fail_a[1], None
+    if fail_a or fail_b:
+        which = fail_a or fail_b
+        assert which is not None
+        return Reason.NONDETERMINISTIC, f"one of two runs failed ({which[0].value}: {which[1]})", None
+    value_a, value_b = str(first.value), str(second.value)
+    if len(value_a) > max_output_chars or len(value_b) > max_output_chars:
+        return Reason.OUTPUT_TOO_LARGE, f"output repr longer than {max_output_chars} characters", None
+    if not same_value(value_a, value_b):
+        return Reason.NONDETERMINISTIC, "two runs returned different values", None
+    ok, value = literal_value(value_a)
+    if not ok:
+        return Reason.NOT_LITERAL, "output repr is not a Python literal", None
+    return None, "", value
+
+
+@dataclass
+class _Pending:
+    """A proposal that passed the host checks and waits for its sandbox runs."""
+
+    slot: int
+    program: str
+    inputs: list[str]
+    arg_values: list[tuple[Any, ...]]
+    message: str
+    key: str
+    job_start: int = 0
+
+
+class ProposalValidator:
+    """Validates a round's proposals with one batched sandbox call."""
+
+    def __init__(self, config: ValidationConfig) -> None:
+        self.config = config
+
+    def validate(
+        self,
+        requests: Sequence[ProposalRequest],
+        completions: Sequence[object],
+        sandbox: Any,
+        known_keys: set[str] | frozenset[str] = frozenset(),
+    ) -> list[ProposalOutcome]:
+        """Validate ``completions[i]`` as the answer to ``requests[i]``.
+
+        Args:
+            requests: the proposer prompts of the round.
+            completions: aligned completions (anything; non-strings are format errors).
+            sandbox: a :class:`populora_env.sandbox.Sandbox` (only used if some proposal reaches step 7).
+            known_keys: dedup keys of tasks already in the buffers.
+        """
+        cfg = self.config
+        outcomes: list[ProposalOutcome | None] = [None] * len(requests)
+        pending: list[_Pending] = []
+        seen: set[str] = set()
+        for slot, (request, completion) in enumerate(zip(requests, completions, strict=True)):
+            result = self._host_checks(slot, request, completion)
+            if isinstance(result, ProposalOutcome):
+                outcomes[slot] = result
+                continue
+            if cfg.reject_duplicates and (result.key in known_keys or result.key in seen):
+                outcomes[slot] = ProposalOutcome(request, True, False, Reason.DUPLICATE, "task already exists")
+                continue
+            seen.add(result.key)
+            pending.append(result)
+
+        jobs: list[ExecJob] = []
+        for item in pending:
+            item.job_start = len(jobs)
+            for call_args in item.inputs:
+                jobs.extend(execution_jobs(item.program, call_args, cfg.timeout_s))
+        results = sandbox.run(jobs) if jobs else []
+
+        for item in pending:
+            request = requests[item.slot]
+            outputs: list[str] = []
+            verdict: tuple[Reason, str] | None = None
+            out_value: Any = None
+            for k in range(len(item.inputs)):
+                first, second = results[item.job_start + 2 * k], results[item.job_start + 2 * k + 1]
+                reason, detail, value = interpret_pair(first, second, cfg.max_output_chars)
+                if reason is not None:
+                    prefix = f"input {k + 1}: " if len(item.inputs) > 1 else ""
+                    verdict = (reason, prefix + detail)
+                    break
+                outputs.append(str(first.value))
+                if k == 0:
+                    out_value = value
+            if verdict is not None:
+                outcomes[item.slot] = ProposalOutcome(request, True, False, verdict[0], verdict[1])
+                continue
+            task = Task(
+                task_id=request.task_id,
+                task_type=request.task_type,
+                program=item.program,
+                inputs=tuple(item.inputs),
+                outputs=tuple(outputs),
+                message=item.message,
+                teacher=request.agent,
+                round=request.round,
+            )
+            signature = type_signature(item.arg_values[0], out_value)
+            outcomes[item.slot] = ProposalOutcome(request, True, True, None, "", task, signature)
+        assert all(o is not None for o in outcomes)
+        return [o for o in outcomes if o is not None]
+
+    def _host_checks(self, slot: int, request: ProposalRequest, completion: object) -> ProposalOutcome | _Pending:
+        cfg = self.config
+
+        def reject(reason: Reason, detail: str, format_ok: bool = True) -> ProposalOutcome:
+            return ProposalOutcome(request, format_ok, False, reason, detail)
+
+        formatted = extract_answer(completion, require_think=cfg.require_think, prefix=cfg.response_prefix)
+        if not formatted.format_ok:
+            return reject(Reason.FORMAT, "no <think>…</think><answer>…</answer> structure", False)
+
+        if request.task_type is TaskType.INDUCTION:
+            return self._host_checks_induction(slot, request, formatted.answer, reject)
+
+        payload = parse_program_proposal(formatted.answer)
+        if payload.program is None or not payload.inputs:
+            missing = "```python" if payload.program is None else "```input"
+            return reject(Reason.FORMAT, f"answer has no {missing} block", False)
+        if len(payload.inputs[0]) > cfg.max_input_chars:
+            return reject(Reason.TOO_LONG, f"input longer than {cfg.max_input_chars} characters")
+        checked = check_program(payload.program, cfg.max_program_chars)
+        if checked.reason is not None:
+            return reject(checked.reason, checked.detail)
+        try:
+            args = parse_call_args(payload.inputs[0])
+        except ArgsError as exc:
+            return reject(Reason(exc.kind), f"input: {exc.detail}")
+        assert checked.tree is not None
+        key = "\x1f".join([request.task_type.value, canonical_program(checked.tree), args.canonical])
+        return _Pending(slot, payload.program, [args.canonical], [args.values], "", key)
+
+    def _host_checks_induction(self, slot: int, request: ProposalRequest, answer: str, reject: Any) -> Any:
+        cfg = self.config
+        source = request.source
+        assert source is not None, "induction requests carry their program"
+        payload = parse_induction_proposal(answer)
+        if not payload.inputs:
+            return reject(Reason.FORMAT, "answer has no ```input block", False)
+        message = payload.message or ""
+        if len(message) > cfg.max_message_chars:
+            return reject(Reason.TOO_LONG, f"message longer than {cfg.max_message_chars} characters")
+        distinct: dict[str, tuple[Any, ...]] = {}
+        for raw in reversed(payload.inputs):  # keep the last n distinct inputs, as AZR keeps the last 10
+            if len(raw) > cfg.max_input_chars:
+                return reject(Reason.TOO_LONG, f"input longer than {cfg.max_input_chars} characters")
+            try:
+                args = parse_call_args(raw)
+            except ArgsError as exc:
+                return reject(Reason(exc.kind), f"input: {exc.detail}")
+            if args.canonical not in distinct:
+                distinct[args.canonical] = args.values
+            if len(distinct) == cfg.induction_inputs:
+                break
+        if len(distinct) < cfg.induction_inputs:
+            return reject(
+                Reason.TOO_FEW_INPUTS, f"{len(distinct)} distinct inputs, {cfg.induction_inputs} required"
+            )
+        inputs = list(reversed(distinct))
+        values = [distinct[i] for i in inputs]
+        key = task_key(TaskType.INDUCTION, source.program, inputs)
+        return _Pending(slot, source.program, inputs, values, message, key)

@@ -1,0 +1,89 @@
+"""Checking of student answers in the sandbox: semantics per task type and resistance to reward hacking."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from populora_env.checking import AnswerChecker, AttemptOutcome, CheckConfig
+from populora_env.tasks import Task, TaskType
+from populora_env.validation import Reason
+
+from .helpers import think
+
+PROGRAM = "def f(a, b):\n    return [x * b for x in a]\n"
+DEDUCTION = Task("d", TaskType.DEDUCTION, PROGRAM, ("[1, 2], 3",), ("[3, 6]",))
+ABDUCTION = Task("a", TaskType.ABDUCTION, PROGRAM, ("[1, 2], 3",), ("[3, 6]",))
+INDUCTION = Task(
+    "i", TaskType.INDUCTION, "def f(x):\n    return x * 2\n", ("1", "2", "3", "4"), ("2", "4", "6", "8"), "doubles"
+)
+
+
+def check(sandbox: Any, task: Task, completion: object, **config: Any) -> AttemptOutcome:
+    return AnswerChecker(CheckConfig(**config)).check([task], [completion], sandbox)[0]
+
+
+def test_deduction(sandbox: Any) -> None:
+    assert check(sandbox, DEDUCTION, think("```output\n[3, 6]\n```")).correct
+    assert check(sandbox, DEDUCTION, think("[3.0, 6]")).correct  # Python value equality, fallback to the text
+    wrong = check(sandbox, DEDUCTION, think("```output\n[3, 7]\n```"))
+    assert wrong.format_ok and not wrong.correct and wrong.reason is Reason.WRONG
+    unparsable = check(sandbox, DEDUCTION, think("the output is [3, 6]"))
+    assert not unparsable.format_ok and unparsable.reason is Reason.FORMAT
+    expression = check(sandbox, DEDUCTION, think("```output\n[3] + [6]\n```"))
+    assert expression.format_ok and expression.reason is Reason.NOT_LITERAL
+
+
+def test_abduction_accepts_any_preimage(sandbox: Any) -> None:
+    assert check(sandbox, ABDUCTION, think("```input\n[1, 2], 3\n```")).correct
+    assert check(sandbox, ABDUCTION, think("```input\n[3, 6], 1\n```")).correct
+    assert check(sandbox, ABDUCTION, think("```input\na=[1, 2], b=3\n```")).correct
+    assert check(sandbox, ABDUCTION, think("```input\n[1], 3\n```")).reason is Reason.WRONG
+    assert check(sandbox, ABDUCTION, think("```input\n1, 3\n```")).reason is Reason.ERROR
+    assert check(sandbox, ABDUCTION, think("```input\n1, 2)\n```")).reason is Reason.FORMAT
+
+
+def test_induction_must_reproduce_all_hidden_outputs(sandbox: Any) -> None:
+    assert check(sandbox, INDUCTION, think("```python\ndef f(x):\n    return x + x\n```")).correct
+    # matches the shown pairs only
+    partial = "```python\ndef f(x):\n    return {1: 2, 2: 4}.get(x, 0)\n```"
+    assert check(sandbox, INDUCTION, think(partial)).reason is Reason.WRONG
+    # structural failures of the student's program
+    assert check(sandbox, INDUCTION, think("```python\ndef g(x):\n    return x\n```")).reason is Reason.NO_F
+    assert check(sandbox, INDUCTION, think("```python\ndef f(x) return x\n```")).reason is Reason.FORMAT
+    assert check(sandbox, INDUCTION, think("no code")).reason is Reason.FORMAT
+    banned = "```python\nimport os\ndef f(x):\n    return x * 2\n```"
+    assert check(sandbox, INDUCTION, think(banned)).reason is Reason.BANNED
+    loop = "```python\ndef f(x):\n    while True:\n        pass\n```"
+    assert check(sandbox, INDUCTION, think(loop), timeout_s=0.3).reason is Reason.TIMEOUT
+
+
+def test_always_equal_objects_do_not_fool_the_check(sandbox: Any) -> None:
+    hack = "class Yes:\n    def __eq__(self, other):\n        return True\n"
+    program = "```python\n" + hack + "def f(x):\n    return Yes()\n```"
+    assert not check(sandbox, INDUCTION, think(program)).correct
+    sneaky_int = "```python\nclass I(int):\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return I(0)\n```"
+    assert not check(sandbox, INDUCTION, think(sneaky_int)).correct
+    out = check(sandbox, DEDUCTION, think("```output\ntype('Y', (), {'__eq__': lambda s, o: True})()\n```"))
+    assert not out.correct and out.reason is Reason.NOT_LITERAL
+
+
+def test_identical_answers_are_checked_once_but_reported_per_attempt(sandbox: Any) -> None:
+    class CountingSandbox:
+        def __init__(self, inner: Any) -> None:
+            self.inner, self.jobs = inner, 0
+
+        def run(self, jobs: list[Any]) -> list[Any]:
+            self.jobs += len(jobs)
+            return self.inner.run(jobs)
+
+    counting = CountingSandbox(sandbox)
+    answers = [think("```output\n[3, 6]\n```")] * 5 + [think("```output\n[0]\n```")]
+    outs = AnswerChecker(CheckConfig()).check([DEDUCTION] * 6, answers, counting)
+    assert [o.correct for o in outs] == [True] * 5 + [False]
+    assert counting.jobs == 2
+
+
+def test_require_think_false(sandbox: Any) -> None:
+    bare = "<answer>\n```output\n[3, 6]\n```\n</answer>"
+    assert not check(sandbox, DEDUCTION, bare).format_ok
+    assert check(sandbox, DEDUCTION, bare, require_think=False).correct

@@ -1,0 +1,123 @@
+"""Format check and answer extraction (azr.md §3), including robustness to garbage."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from populora_env.literals import ArgsError, parse_call_args, same_value, with_heap_padding
+from populora_env.parsing import (
+    extract_answer,
+    parse_induction_proposal,
+    parse_input_answer,
+    parse_output_answer,
+    parse_program_answer,
+    parse_program_proposal,
+)
+from populora_env.policies import RandomPolicy
+
+
+def test_think_answer_structure_required() -> None:
+    ok = extract_answer("<think>plan</think>\n<answer>42</answer>")
+    assert ok.format_ok and ok.answer == "42"
+    assert extract_answer("  <think>a</think><answer>x</answer> trailing text").format_ok
+    assert not extract_answer("<answer>42</answer>").format_ok
+    assert not extract_answer("text <think>a</think><answer>x</answer>").format_ok
+    assert not extract_answer("<think>a</think> words <answer>x</answer>").format_ok
+    assert not extract_answer("<think>a</think><answer>x").format_ok
+
+
+def test_require_think_false_accepts_bare_answer() -> None:
+    lenient = extract_answer("Sure! <answer>42</answer>", require_think=False)
+    assert lenient.format_ok and lenient.answer == "42"
+    assert not extract_answer("no tags at all", require_think=False).format_ok
+
+
+def test_prefix_is_prepended_for_r1_prompts() -> None:
+    assert extract_answer("plan</think><answer>1</answer>", prefix="<think>").format_ok
+    assert not extract_answer("plan</think><answer>1</answer>").format_ok
+
+
+def test_last_answer_wins() -> None:
+    got = extract_answer("<think>t</think><answer>first</answer><answer>second</answer>")
+    assert got.answer == "second"
+
+
+@pytest.mark.parametrize("bad", [None, 3, b"<think></think><answer></answer>", ["x"], object()])
+def test_non_strings_are_format_errors(bad: object) -> None:
+    assert not extract_answer(bad).format_ok
+
+
+def test_random_strings_never_raise_and_never_pass() -> None:
+    policy = RandomPolicy(seed=1, max_length=2000)
+    for _ in range(300):
+        text = policy.sample()
+        assert not extract_answer(text).format_ok
+        assert not extract_answer(text, require_think=False).format_ok
+        parse_program_proposal(text)
+        parse_induction_proposal(text)
+        parse_output_answer(text)
+        parse_input_answer(text)
+        parse_program_answer(text)
+
+
+def test_proposal_blocks() -> None:
+    answer = "```python\ndef f(x):\n    return x\n```\n```input\n[1, 2]\n```\n```input\n3\n```"
+    payload = parse_program_proposal(answer)
+    assert payload.program == "def f(x):\n    return x\n"
+    assert payload.inputs == ("[1, 2]",)
+    induction = parse_induction_proposal(answer + "\n```message\nidentity\n```")
+    assert induction.inputs == ("[1, 2]", "3") and induction.message == "identity"
+    assert parse_induction_proposal("```input\n1\n```<message>hi</message>").message == "hi"
+
+
+def test_solver_answers_use_last_block_with_fallback() -> None:
+    assert parse_output_answer("```output\n1\n```\n```output\n2\n```") == "2"
+    assert parse_output_answer("  [1, 2] ") == "[1, 2]"
+    assert parse_input_answer("```input\n'a', 3\n```") == "'a', 3"
+    assert parse_program_answer("no code") is None
+    assert parse_program_answer("```\ndef f(x):\n    return 1\n```") == "def f(x):\n    return 1\n"
+
+
+def test_call_args_literals_only() -> None:
+    assert parse_call_args("[1,2],  'a' ").canonical == "[1, 2], 'a'"
+    assert parse_call_args("x=1, y={'a': (1, 2)}").values == (1, {"a": (1, 2)})
+    for kind, text in [
+        ("parse_error", "1, 2)"),
+        ("parse_error", "1) + f(2"),
+        ("parse_error", "1)(2"),
+        ("parse_error", "def"),
+        ("not_literal", "[1] * 10"),
+        ("not_literal", "__import__('os')"),
+        ("not_literal", "*[1, 2]"),
+        ("not_literal", "**{'a': 1}"),
+    ]:
+        with pytest.raises(ArgsError) as info:
+            parse_call_args(text)
+        assert info.value.kind == kind, text
+
+
+def test_same_value_normalises_set_and_dict_order_only() -> None:
+    assert same_value("{'b', 'a'}", "{'a', 'b'}")
+    assert same_value("{'a': 1, 'b': 2}", "{'b': 2, 'a': 1}")
+    assert not same_value("[1, 2]", "[2, 1]")
+    assert not same_value("1", "True")
+    assert not same_value("<object at 0x1>", "<object at 0x2>")
+
+
+def test_heap_padding_keeps_future_imports_first() -> None:
+    program = '"""doc"""\nfrom __future__ import annotations\ndef f(x):\n    return x\n'
+    padded = with_heap_padding(program)
+    lines = padded.splitlines()
+    assert lines[1] == "from __future__ import annotations" and lines[2].startswith("__populora_pad__")
+    compile(padded, "<test>", "exec")  # compiles (not executed)
+
+
+def test_random_bytes_as_arguments_never_raise() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        text = "".join(chr(int(c)) for c in rng.integers(32, 127, size=int(rng.integers(0, 40))))
+        try:
+            parse_call_args(text)
+        except ArgsError:
+            pass
