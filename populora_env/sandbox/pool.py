@@ -8,6 +8,7 @@ reply (strings only, never evaluated here), enforces a hard per-job deadline on 
 from __future__ import annotations
 
 import ast
+import fcntl
 import json
 import logging
 import math
@@ -35,11 +36,13 @@ _WORKER_SOURCE = (Path(__file__).with_name("_worker.py")).read_text()
 _WARNED: set[str] = set()
 _WARN_LOCK = threading.Lock()
 
-#: Modules imported once in each warm worker, so jobs importing them pay nothing.
+#: Modules imported once in each warm worker, so jobs importing them pay nothing. Kept small on purpose:
+#: every MiB the worker maps makes each fork slower (e.g. ``hashlib`` alone adds 4 MiB). Pass
+#: ``preload=DEFAULT_PRELOAD + ("numpy",)`` when jobs need numpy.
 DEFAULT_PRELOAD: tuple[str, ...] = (
     "math", "cmath", "collections", "itertools", "functools", "operator", "re", "string", "heapq",
     "bisect", "random", "typing", "dataclasses", "json", "fractions", "decimal", "copy", "datetime",
-    "statistics", "array", "enum", "abc", "numbers", "textwrap", "unicodedata", "hashlib", "struct",
+    "statistics",
 )
 
 _PROBE_CODE = '''
@@ -81,6 +84,31 @@ def _warn_once(key: str, message: str) -> None:
             return
         _WARNED.add(key)
     logger.warning(message)
+
+
+_UID_LOCK_DIR = "/run/populora-sandbox-uids"
+_UID_SPAN = 4096
+
+
+def _claim_uid(base_uid: int, held: dict[int, int]) -> int:
+    """Claim a uid no other live Sandbox on this host uses (flock on a per-uid lock file, root only).
+
+    Distinct uids keep NPROC accounting per worker and stop jobs of different workers (even of different
+    Sandbox objects or processes) from signalling each other. The lock dies with the holding process.
+    """
+    os.makedirs(_UID_LOCK_DIR, mode=0o755, exist_ok=True)
+    for uid in range(base_uid, base_uid + _UID_SPAN):
+        if uid in held:
+            continue
+        fd = os.open(os.path.join(_UID_LOCK_DIR, f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        held[uid] = fd
+        return uid
+    raise SandboxError(f"no free sandbox uid in [{base_uid}, {base_uid + _UID_SPAN})")
 
 
 def _effective_limits(limits: Limits, timeout_s: float) -> dict:
@@ -191,7 +219,8 @@ class Sandbox:
             ``None`` accepts whatever this host offers (missing layers are logged once as warnings and
             listed in :attr:`isolation`).
         mode: ``"auto"`` (strongest available), or force ``"bwrap"`` / ``"plain"`` (mainly for tests).
-        base_uid: worker *i* runs jobs as uid/gid ``base_uid + i`` when the host is root.
+        base_uid: when the host is root, each worker runs jobs as its own uid/gid, the first ones from
+            ``base_uid`` up that no other live Sandbox on this host holds (claimed with flock).
         start_timeout_s: how long a worker may take to start.
 
     Thread safety: calls to :meth:`run` from several threads are serialised.
@@ -224,7 +253,9 @@ class Sandbox:
         self._mode = "plain"
         self.isolation: list[str] = []
         self.missing: list[str] = []
-        self._finalizer = weakref.finalize(self, Sandbox._finalize, self._workers, self._tmpdir)
+        self._uid_locks: dict[int, int] = {}  # uid -> fd holding its flock
+        self._uids: list[int] = []
+        self._finalizer = weakref.finalize(self, Sandbox._finalize, self._workers, self._tmpdir, self._uid_locks)
         try:
             self._start(mode, require)
         except BaseException:
@@ -233,8 +264,12 @@ class Sandbox:
 
     # ------------------------------------------------------------------ start-up and detection
     def _argv(self, index: int, mode: str) -> list[str]:
-        uid = self.base_uid + index if self._is_root else os.getuid()
-        gid = self.base_uid + index if self._is_root else os.getgid()
+        if self._is_root:
+            while len(self._uids) <= index:
+                self._uids.append(_claim_uid(self.base_uid, self._uid_locks))
+            uid = gid = self._uids[index]
+        else:
+            uid, gid = os.getuid(), os.getgid()
         cfg = {
             "uid": uid, "gid": gid,
             "setuid_at_boot": mode == "bwrap-root",
@@ -426,12 +461,14 @@ class Sandbox:
         self.close()
 
     @staticmethod
-    def _finalize(workers: list[_Worker | None], tmpdir: str) -> None:
+    def _finalize(workers: list[_Worker | None], tmpdir: str, uid_locks: dict[int, int]) -> None:
         for i, w in enumerate(workers):
             if w is not None:
                 w.close()
                 workers[i] = None
         shutil.rmtree(tmpdir, ignore_errors=True)
+        for uid in list(uid_locks):  # only after the workers (and so every job of those uids) are gone
+            os.close(uid_locks.pop(uid))
 
     # ------------------------------------------------------------------ dispatch
     def _restart(self, index: int) -> None:

@@ -1,0 +1,1 @@
+"""Tests of populora_env.sandbox (hostile corpus, API semantics, soak)."""
