@@ -50,7 +50,10 @@ class SeedTeacher:
         self.rng = np.random.default_rng(seed)
         self.programs = programs
         self._by_program = {_canonical(p.program): p for p in programs}
-        self._used: set[tuple[str, str, str]] = set()
+        # never re-propose a seed's own example inputs (they are in the buffers already)
+        self._used: set[tuple[str, str, str]] = {
+            (tag, p.name, given) for p in programs for given in p.inputs for tag in ("deduction", "abduction")
+        }
 
     def _fresh_args(self, seed: SeedProgram, tag: str, avoid: set[str] | None = None) -> str:
         avoid = avoid or set()

@@ -43,8 +43,8 @@ def _word(rng: np.random.Generator, lo: int, hi: int) -> str:
 
 def _runs(rng: np.random.Generator) -> str:
     out = ""
-    while len(out) < 6:
-        out += "abc"[int(rng.integers(3))] * int(rng.integers(1, 5))
+    while len(out) < 10:
+        out += "abcd"[int(rng.integers(4))] * int(rng.integers(1, 5))
     return out
 
 

@@ -1,0 +1,198 @@
+"""PettingZoo conformance, the obs/action/infos contract, argument validation and robustness to bad actions."""
+
+from __future__ import annotations
+
+import string
+import warnings
+from typing import Any
+
+import pettingzoo
+import pytest
+from pettingzoo.test import parallel_api_test
+
+from populora_env import ENV_ID, OracleStudent, PopuLoRAParallelEnv, RandomPolicy, SeedTeacher, parallel_env
+from populora_env import env as aec_env
+
+from .helpers import play_round
+
+
+def test_parallel_api_test_with_zero_warnings(make_env: Any) -> None:
+    env = make_env(num_teachers=3, num_students=2, tasks_per_teacher=2, samples_per_task=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        parallel_api_test(env, num_cycles=50)
+
+
+def test_aec_conversion_plays_a_round(make_env: Any, sandbox: Any) -> None:
+    aec = aec_env(num_teachers=1, num_students=1, tasks_per_teacher=1, samples_per_task=1, seed=0, sandbox=sandbox)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        aec.reset(seed=0)
+        steps = 0
+        for agent in aec.agent_iter(max_iter=20):
+            _obs, _reward, terminated, truncated, _info = aec.last()
+            aec.step(None if terminated or truncated else aec.action_space(agent).sample())
+            steps += 1
+    assert steps >= 4  # two phases × two agents, then the terminal steps
+
+
+def test_registered_with_pettingzoo(sandbox: Any) -> None:
+    env = pettingzoo.make("parallel", ENV_ID, num_teachers=1, num_students=1, sandbox=sandbox)
+    assert isinstance(env.unwrapped, PopuLoRAParallelEnv)
+    env.close()
+
+
+def test_spaces_are_memoised_text_sequences(make_env: Any) -> None:
+    env = make_env()
+    for agent in env.possible_agents:
+        assert env.observation_space(agent) is env.observation_space(agent)
+        assert env.action_space(agent) is env.action_space(agent)
+        text = env.action_space(agent).feature_space
+        assert text.min_length == 0 and set(text.character_set) == set(string.printable)
+
+
+def test_contract_of_a_round(make_env: Any) -> None:
+    env = make_env(num_teachers=2, num_students=2, tasks_per_teacher=3, samples_per_task=2)
+    teachers = {a: SeedTeacher(seed=i) for i, a in enumerate(env.teachers)}
+    students = {a: OracleStudent(env) for a in env.students}
+    out = play_round(env, teachers, students)
+
+    obs, infos = out["reset"]["obs"], out["reset"]["infos"]
+    assert set(obs) == set(infos) == set(env.possible_agents)
+    for agent in env.possible_agents:
+        info = infos[agent]
+        assert info["phase"] == "propose" and len(info["requests"]) == len(obs[agent])
+        assert env.observation_space(agent).contains(obs[agent])
+    for teacher in env.teachers:
+        assert infos[teacher]["active"] and len(obs[teacher]) == 3
+        assert [r["task_type"] for r in infos[teacher]["requests"]] != []
+        groups = [r["group"] for r in infos[teacher]["requests"]]
+        assert len(set(groups)) == len(groups)
+    for student in env.students:
+        assert obs[student] == () and not infos[student]["active"]
+
+    obs1, rew1, term1, trunc1, infos1 = out["step1"]
+    assert rew1 == dict.fromkeys(env.possible_agents, 0.0)
+    assert not any(term1.values()) and not any(trunc1.values())
+    for teacher in env.teachers:
+        assert obs1[teacher] == () and infos1[teacher]["phase"] == "solve" and not infos1[teacher]["active"]
+        assert [p["valid"] for p in infos1[teacher]["proposals"]] == [True] * 3
+    for student in env.students:
+        reqs = infos1[student]["requests"]
+        assert len(reqs) == len(obs1[student]) > 0 and infos1[student]["active"]
+        assert env.observation_space(student).contains(obs1[student])
+        for k in range(0, len(reqs), 2):  # samples of one task are consecutive and share prompt and group
+            assert obs1[student][k] == obs1[student][k + 1]
+            assert reqs[k]["group"] == reqs[k + 1]["group"] and reqs[k]["task_id"] == reqs[k + 1]["task_id"]
+        assert len({r["group"] for r in reqs}) == len(reqs) // 2
+
+    obs2, rew2, term2, trunc2, infos2 = out["step2"]
+    assert all(term2.values()) and not any(trunc2.values()) and env.agents == []
+    assert set(obs2) == set(rew2) == set(infos2) == set(env.possible_agents)
+    for agent in env.possible_agents:
+        info = infos2[agent]
+        assert info["phase"] == "done"
+        n = len(out["reset"]["obs"][agent]) if agent in env.teachers else len(obs1[agent])
+        assert len(info["completion_rewards"]) == len(info["completion_info"]) == n
+        assert rew2[agent] == pytest.approx(sum(info["completion_rewards"]) / n)
+        assert info["round"] is infos2["teacher_0"]["round"]
+    summary = infos2["teacher_0"]["round"]
+    assert {p["teacher"] for p in summary["pairs"]} == set(env.teachers)
+    assert all({"p_ts", "p_hat", "outcome"} <= set(p) for p in summary["pairs"])
+    assert set(summary["ratings"]) == set(env.possible_agents)
+    assert {"ast_depth_mean", "cyclomatic_mean", "loc_mean", "variables_mean", "coverage_programs",
+            "coverage_signatures"} <= set(summary["metrics"])
+
+    with pytest.raises(RuntimeError):
+        env.step({})
+
+
+def test_step_before_reset_raises(make_env: Any) -> None:
+    with pytest.raises(RuntimeError):
+        make_env().step({})
+
+
+@pytest.mark.parametrize(
+    "actions",
+    [
+        {},
+        None,
+        "not a dict",
+        {"teacher_0": None, "teacher_1": 5},
+        {"teacher_0": "one bare string", "teacher_1": [None, b"bytes", 3.0, ["nested"]]},
+        {"teacher_0": ("",) * 100, "student_0": ("x",), "ghost": ("y",)},
+    ],
+)
+def test_bad_actions_become_format_errors(make_env: Any, actions: Any) -> None:
+    env = make_env(num_teachers=2, num_students=2, tasks_per_teacher=2, samples_per_task=2)
+    env.reset()
+    _, _, _, _, infos = env.step(actions)
+    for teacher in env.teachers:
+        assert [p["reason"] for p in infos[teacher]["proposals"]] == ["format", "format"]
+    _, rewards, _, _, infos = env.step(actions)
+    assert all(v == -1.0 for a in env.possible_agents for v in infos[a]["completion_rewards"])
+    assert all(r == -1.0 for r in rewards.values())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"num_teachers": 0}, "num_teachers"),
+        ({"num_students": "4"}, "num_students"),
+        ({"tasks_per_teacher": 0}, "tasks_per_teacher"),
+        ({"samples_per_task": 1.5}, "samples_per_task"),
+        ({"task_types": ()}, "task_types"),
+        ({"task_types": "deduction"}, "task_types"),
+        ({"task_types": ("deduction", "sorting")}, "task_types"),
+        ({"task_types": ("deduction", "deduction")}, "task_types"),
+        ({"reward_scheme": "nope"}, "reward_scheme"),
+        ({"reward_scheme": 3}, "reward_scheme"),
+        ({"reward_kwargs": [1]}, "reward_kwargs"),
+        ({"references_k": -1}, "references_k"),
+        ({"induction_inputs": 1}, "induction_inputs"),
+        ({"buffer_cap": 0}, "buffer_cap"),
+        ({"student_fill": 1}, "student_fill"),
+        ({"require_think": "yes"}, "require_think"),
+        ({"max_output_chars": 0}, "max_output_chars"),
+        ({"render_mode": "human"}, "render_mode"),
+        ({"seed": -1}, "seed"),
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"memory_mb": 1}, "memory_mb"),
+        ({"limits": {"timeout_s": -1}}, "limits"),
+        ({"limits": 5}, "limits"),
+        ({"sandbox": object()}, "sandbox"),
+        ({"trueskill": {"bogus": 1}}, "trueskill"),
+        ({"prompts": "text"}, "prompts"),
+    ],
+)
+def test_arguments_are_validated(kwargs: dict[str, Any], name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        parallel_env(**kwargs)
+
+
+def test_render_ansi(make_env: Any) -> None:
+    env = make_env(render_mode="ansi")
+    env.reset()
+    env.step({})
+    text = env.render()
+    assert isinstance(text, str) and "round 0" in text and "teacher_0" in text
+    assert make_env().render() is None
+
+
+def test_own_sandbox_is_started_lazily_and_closed() -> None:
+    env = parallel_env(num_teachers=1, num_students=1, tasks_per_teacher=1, samples_per_task=1, seed=0)
+    random_policy = RandomPolicy(seed=0)
+    obs, infos = env.reset()
+    env.step({a: random_policy.act(obs[a]) for a in env.agents})
+    assert env._own_sandbox is None  # garbage needs no execution
+    obs, infos = env.reset()
+    env.step({"teacher_0": SeedTeacher(seed=0).act(obs["teacher_0"], infos["teacher_0"])})
+    assert env._own_sandbox is not None
+    env.close()
+    assert env._own_sandbox is None
+
+
+def test_shared_sandbox_is_not_closed(sandbox: Any) -> None:
+    env = parallel_env(num_teachers=1, num_students=1, sandbox=sandbox)
+    env.close()
+    assert sandbox.run_one("def f(x):\n    return x", call="f(2)").value == "2"

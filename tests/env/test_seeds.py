@@ -1,0 +1,56 @@
+"""The shipped seed tasks: outputs re-verified in the sandbox, and every seed is a valid proposal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from populora_env.literals import parse_call_args
+from populora_env.seeds import ARG_GENERATORS, SEED_PROGRAMS, generate_args
+from populora_env.tasks import TaskType
+from populora_env.validation import ProposalRequest, ProposalValidator, ValidationConfig, execution_jobs
+
+from .helpers import think
+
+
+def test_a_dozen_seeds_starting_with_azr_identity() -> None:
+    assert len(SEED_PROGRAMS) >= 12
+    identity = SEED_PROGRAMS[0]
+    assert identity.program == "def f(a):\n    return a\n"
+    assert identity.inputs[0] == identity.outputs[0] == "'Hello world'"
+    for seed in SEED_PROGRAMS:
+        assert len(seed.inputs) == len(seed.outputs) == 10 and len(set(seed.inputs)) == 10
+
+
+def test_stored_outputs_match_the_sandbox(sandbox: Any) -> None:
+    jobs, expected = [], []
+    for seed in SEED_PROGRAMS:
+        for given, output in zip(seed.inputs, seed.outputs, strict=True):
+            jobs.extend(execution_jobs(seed.program, given, None))
+            expected.append(output)
+    results = sandbox.run(jobs)
+    for k, output in enumerate(expected):
+        first, second = results[2 * k], results[2 * k + 1]
+        assert first.status == second.status == "ok", (first, second)
+        assert first.value == second.value == output
+
+
+def test_seeds_with_generated_inputs_are_valid_proposals(sandbox: Any) -> None:
+    rng = np.random.default_rng(0)
+    requests, completions = [], []
+    for k, seed in enumerate(SEED_PROGRAMS):
+        given = generate_args(seed.arg_kinds, rng)
+        parse_call_args(given)
+        requests.append(ProposalRequest("t", k, TaskType.ABDUCTION, f"t{k}", 0))
+        completions.append(think(f"```python\n{seed.program}```\n```input\n{given}\n```"))
+    outs = ProposalValidator(ValidationConfig()).validate(requests, completions, sandbox)
+    assert all(o.valid for o in outs), [(o.reason, o.detail) for o in outs if not o.valid]
+
+
+def test_every_generator_is_used_and_yields_literals() -> None:
+    used = {kind for seed in SEED_PROGRAMS for kind in seed.arg_kinds}
+    assert used == set(ARG_GENERATORS)
+    rng = np.random.default_rng(1)
+    for kind in ARG_GENERATORS:
+        parse_call_args(generate_args((kind,), rng))
