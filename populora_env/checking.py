@@ -18,7 +18,6 @@ Identical answers to the same task are checked once (students often repeat thems
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -106,10 +105,9 @@ class AnswerChecker:
         timeout = cfg.timeout_s
         if task.task_type is TaskType.DEDUCTION:
             text = parse_output_answer(answer)
-            node = parse_expression(text)
-            if node is None:
+            canonical = parse_expression(text)
+            if canonical is None:
                 return AttemptOutcome(False, False, Reason.FORMAT, "answer is not a Python expression")
-            canonical = ast.unparse(node)
             ok, _ = literal_value(canonical)
             if not ok:
                 return AttemptOutcome(True, False, Reason.NOT_LITERAL, "answer is not a Python literal")

@@ -9,6 +9,7 @@ inside the sandbox.
 from __future__ import annotations
 
 import ast
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,14 @@ HEAP_PADDING = (
 )
 
 
+def quiet_parse(source: str, mode: str = "exec") -> Any:
+    """``ast.parse`` with compiler warnings (``SyntaxWarning`` for ``1if``, ``x is 1``, bad escapes...)
+    silenced: model text must neither spam the log nor parse differently under ``-W error``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.parse(source, mode=mode)
+
+
 class ArgsError(ValueError):
     """Call arguments that are not a comma-separated list of Python literals.
 
@@ -90,11 +99,18 @@ def parse_call_args(text: str) -> CallArgs:
     Raises:
         ArgsError: with ``kind="parse_error"`` or ``kind="not_literal"``.
     """
+    try:
+        return _parse_call_args(text)
+    except (RecursionError, MemoryError):
+        raise ArgsError("parse_error", "arguments nested too deeply") from None
+
+
+def _parse_call_args(text: str) -> CallArgs:
     if not isinstance(text, str):
         raise ArgsError("parse_error", "arguments are not a string")
     src = text.strip()
     try:
-        tree = ast.parse(f"f({src}\n)", mode="eval")
+        tree = quiet_parse(f"f({src}\n)", mode="eval")
     except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
         raise ArgsError("parse_error", f"not an argument list: {type(exc).__name__}") from None
     call = tree.body
@@ -122,12 +138,13 @@ def _literal(node: ast.expr) -> Any:
         raise ArgsError("not_literal", f"argument is not a literal: {_short(ast.unparse(node))}") from None
 
 
-def parse_expression(text: str) -> ast.expr | None:
-    """Return the AST of ``text`` as one Python expression, or ``None`` if it is not one."""
+def parse_expression(text: str) -> str | None:
+    """The canonical text (``ast.unparse``) of ``text`` as one Python expression, or ``None`` if it is not one
+    (or is nested too deeply to handle)."""
     if not isinstance(text, str):
         return None
     try:
-        return ast.parse(text.strip(), mode="eval").body
+        return ast.unparse(quiet_parse(text.strip(), mode="eval").body)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return None
 
@@ -135,7 +152,7 @@ def parse_expression(text: str) -> ast.expr | None:
 def literal_value(text: str) -> tuple[bool, Any]:
     """``(True, value)`` if ``text`` is a Python literal (``ast.literal_eval``), else ``(False, None)``."""
     try:
-        return True, ast.literal_eval(text.strip())
+        return True, ast.literal_eval(quiet_parse(text.strip(), mode="eval"))
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, AttributeError):
         return False, None
 
@@ -199,7 +216,7 @@ def with_heap_padding(program: str) -> str:
     """``program`` with :data:`HEAP_PADDING` inserted before its first statement that is not a docstring or a
     ``from __future__`` import (those must stay first). The program is assumed to parse."""
     try:
-        tree = ast.parse(program)
+        tree = quiet_parse(program)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return HEAP_PADDING + program
     insert_after = 0

@@ -30,13 +30,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from populora_env.literals import quiet_parse
+
 _DECISIONS = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.IfExp, ast.ExceptHandler, ast.match_case)
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
 
 def _parse(program: str) -> ast.Module | None:
     try:
-        return ast.parse(program)
+        return quiet_parse(program)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return None
 
@@ -148,6 +150,13 @@ def program_fingerprint(program: str) -> str | None:
     tree = _parse(program)
     if tree is None:
         return None
+    try:
+        return _fingerprint(tree)
+    except RecursionError:
+        return None
+
+
+def _fingerprint(tree: ast.Module) -> str:
     tree = copy.deepcopy(tree)
     bound = bound_variables(tree)
     for node in ast.walk(tree):
@@ -157,11 +166,8 @@ def program_fingerprint(program: str) -> str | None:
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         if isinstance(body[0].value.value, str):
             tree.body = body[1:]
-    try:
-        renamed = _AlphaRenamer(bound).visit(tree)
-        dump = ast.dump(renamed, annotate_fields=False, include_attributes=False)
-    except RecursionError:
-        return None
+    renamed = _AlphaRenamer(bound).visit(tree)
+    dump = ast.dump(renamed, annotate_fields=False, include_attributes=False)
     return hashlib.sha1(dump.encode()).hexdigest()[:16]
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from populora_env.literals import quiet_parse
 from populora_env.seeds import SEED_PROGRAMS, SeedProgram, generate_args
 
 
@@ -32,7 +33,7 @@ def _block(tag: str, content: str) -> str:
 
 def _canonical(program: str) -> str:
     try:
-        return ast.unparse(ast.parse(program))
+        return ast.unparse(quiet_parse(program))
     except (SyntaxError, ValueError, RecursionError):
         return program
 

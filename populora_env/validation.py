@@ -8,6 +8,7 @@ A deduction/abduction proposal is valid iff (in this order; the first failure is
 3. the program parses (``parse_error``) and defines a top-level ``def f`` with at least one parameter
    (``no_f``; auxiliary functions and classes are allowed);
 4. it passes the AST safety policy of :mod:`populora_env.safety` (``banned``);
+   (a program deeper than ``MAX_AST_DEPTH`` AST levels is ``too_long`` too);
 5. the input is a comma-separated list of Python literals (``parse_error`` / ``not_literal``);
 6. the (type, program, input) key is new: not in the buffers and not proposed earlier this round
    (``duplicate``; can be switched off);
@@ -38,6 +39,7 @@ from populora_env.literals import (
     ArgsError,
     literal_value,
     parse_call_args,
+    quiet_parse,
     same_value,
     type_signature,
     with_heap_padding,
@@ -124,14 +126,32 @@ class ProgramCheck:
     tree: ast.Module | None = None
 
 
+#: Deepest AST a program may have: deeper trees (e.g. ``x+x+…+x`` a thousand times) would overflow the
+#: recursion of ``ast.unparse`` / ``ast.literal_eval`` on the host. Real programs are 10–30 levels deep.
+MAX_AST_DEPTH = 100
+
+
+def tree_depth(tree: ast.AST) -> int:
+    """Maximum node depth of ``tree`` (root = 1), computed without recursion."""
+    best = 0
+    stack: list[tuple[ast.AST, int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        best = max(best, depth)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return best
+
+
 def check_program(program: str, max_chars: int, *, require_params: bool = True) -> ProgramCheck:
-    """Length, syntax, entry function ``f`` and safety policy of ``program`` (no execution)."""
+    """Length, syntax, nesting depth, entry function ``f`` and safety policy of ``program`` (no execution)."""
     if len(program) > max_chars:
         return ProgramCheck(Reason.TOO_LONG, f"program longer than {max_chars} characters")
     try:
-        tree = ast.parse(program)
+        tree = quiet_parse(program)
     except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
         return ProgramCheck(Reason.PARSE_ERROR, f"program does not parse: {type(exc).__name__}")
+    if tree_depth(tree) > MAX_AST_DEPTH:
+        return ProgramCheck(Reason.TOO_LONG, f"program nested deeper than {MAX_AST_DEPTH} AST levels")
     entries = [s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name == "f"]
     if not entries:
         return ProgramCheck(Reason.NO_F, "no top-level `def f`")
@@ -150,13 +170,16 @@ def check_program(program: str, max_chars: int, *, require_params: bool = True) 
 
 def canonical_program(tree: ast.Module) -> str:
     """Formatting- and comment-insensitive form of a program (``ast.unparse``), used in dedup keys."""
-    return ast.unparse(tree)
+    try:
+        return ast.unparse(tree)
+    except RecursionError:  # unreachable after check_program's depth limit; kept as a guard
+        return ast.dump(tree)
 
 
 def task_key(task_type: TaskType, program: str, inputs: Sequence[str]) -> str:
     """Dedup key of a task: type, canonical program, canonical inputs."""
     try:
-        prog = ast.unparse(ast.parse(program))
+        prog = ast.unparse(quiet_parse(program))
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         prog = program
     return "\x1f".join([task_type.value, prog, *inputs])

@@ -162,3 +162,40 @@ def test_one_thousand_random_rounds(make_env: Any) -> None:
             assert infos[agent]["completion_rewards"] and set(infos[agent]["completion_rewards"]) == {-1.0}
             assert rewards[agent] == -1.0
     assert time.perf_counter() - start < 60
+
+
+class StructuredGarbage:
+    """Well-tagged completions with random Python-ish fragments inside the blocks: reaches parsing,
+    the safety policy and sometimes the sandbox."""
+
+    FRAGMENTS = ["def f(x):\n    return ", "x", "(", ")", "[", "]", "{", "}", ":", ",", " + ", " * ", "1", "'a'",
+                 "\n    ", "import os\n", "lambda y: y", "for i in x:", "while True:", "yield", "None", "f(x)",
+                 "class A:", "__import__", "**", "-", ".real", "if x else", "0.5", "b'\\x00'", "\\", "```", "'''"]
+
+    def __init__(self, seed: int) -> None:
+        import numpy as np
+
+        self.rng = np.random.default_rng(seed)
+
+    def junk(self) -> str:
+        n = int(self.rng.integers(0, 25))
+        return "".join(self.FRAGMENTS[int(i)] for i in self.rng.integers(0, len(self.FRAGMENTS), size=n))
+
+    def act(self, observation: tuple[str, ...], info: Mapping[str, Any]) -> tuple[str, ...]:
+        out = []
+        for _ in observation:
+            blocks = [f"```{tag}\n{self.junk()}\n```" for tag in
+                      self.rng.choice(["python", "input", "output", "message", ""], size=int(self.rng.integers(0, 8)))]
+            out.append(format_answer("\n".join(blocks)))
+        return tuple(out)
+
+
+def test_structured_garbage_never_raises(make_env: Any) -> None:
+    env = make_env(num_teachers=2, num_students=2, tasks_per_teacher=3, samples_per_task=2, timeout_s=0.5)
+    policies = {a: StructuredGarbage(seed=i) for i, a in enumerate(env.possible_agents)}
+    for _ in range(40):
+        out = play_round(env, policies, policies)
+        _, _, terminations, _, infos = out["step2"]
+        assert all(terminations.values())
+        for agent in env.possible_agents:
+            assert all(r in (-1.0, -0.5, 0.0, 1.0) or 0.0 <= r <= 1.0 for r in infos[agent]["completion_rewards"])

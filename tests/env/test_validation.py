@@ -147,3 +147,24 @@ def test_garbage_completions_never_raise(sandbox: Any) -> None:
     requests = [ProposalRequest("t", k, TaskType.DEDUCTION, f"t-{k}", 0) for k in range(50)]
     outs = ProposalValidator(ValidationConfig()).validate(requests, [policy.sample() for _ in range(50)], sandbox)
     assert all(o.reason is Reason.FORMAT for o in outs)
+
+
+def test_deeply_nested_programs_and_answers_never_crash(make_env: Any) -> None:
+    env = make_env(num_teachers=1, num_students=1, tasks_per_teacher=3, samples_per_task=1,
+                   task_types=("deduction",))
+    programs = [
+        "def f(x):\n    return " + "+".join(["x"] * 1300),
+        "def f(x):\n    return x" + ".real" * 700,
+        "def f(x):\n    return x\n",
+    ]
+    inputs = ["1", "1", "-" * 900 + "1"]
+    obs, _ = env.reset()
+    teacher = tuple(proposal(p, i) for p, i in zip(programs, inputs, strict=True))
+    obs, _, _, _, infos = env.step({"teacher_0": teacher})
+    reasons = [p["reason"] for p in infos["teacher_0"]["proposals"]]
+    assert reasons[:2] == ["too_long", "too_long"] and reasons[2] in ("parse_error", "not_literal")
+    deep = think("```output\n" + "+".join(["1"] * 1500) + "\n```")
+    nested = think("```output\n" + "-" * 1500 + "1\n```")
+    answers = (deep, nested) + ("",) * max(0, len(obs["student_0"]) - 2)
+    _, rewards, _, _, infos = env.step({"student_0": answers[: len(obs["student_0"])]})
+    assert all(r in (-1.0, -0.5) for r in infos["student_0"]["completion_rewards"])
