@@ -65,7 +65,9 @@ class CheckConfig:
 
 
 class AnswerChecker:
-    """Checks a round's student completions with one batched sandbox call."""
+    """Checks a round's student completions in (at most) two batched sandbox calls: the first job of every
+    distinct answer, then the remaining hidden pairs of induction programs that passed their first pair (a
+    wrong or looping program costs one execution, not one per hidden pair)."""
 
     def __init__(self, config: CheckConfig) -> None:
         self.config = config
@@ -73,8 +75,7 @@ class AnswerChecker:
     def check(self, tasks: Sequence[Task], completions: Sequence[object], sandbox: Any) -> list[AttemptOutcome]:
         """Verdicts for ``completions[i]`` as answers to ``tasks[i]``."""
         outcomes: list[AttemptOutcome | None] = [None] * len(tasks)
-        jobs: list[ExecJob] = []
-        groups: dict[tuple[str, str], tuple[int, int]] = {}  # (task_id, answer key) -> (first job, n jobs)
+        groups: dict[tuple[str, str], list[ExecJob]] = {}  # (task_id, answer key) -> its jobs
         waiting: list[tuple[int, tuple[str, str]]] = []
         for slot, (task, completion) in enumerate(zip(tasks, completions, strict=True)):
             prepared = self._prepare(task, completion)
@@ -83,14 +84,24 @@ class AnswerChecker:
                 continue
             answer_key, task_jobs = prepared
             key = (task.task_id, answer_key)
-            if key not in groups:
-                groups[key] = (len(jobs), len(task_jobs))
-                jobs.extend(task_jobs)
+            groups.setdefault(key, task_jobs)
             waiting.append((slot, key))
-        results: list[ExecResult] = sandbox.run(jobs) if jobs else []
+        keys = list(groups)
+        first: list[ExecResult] = sandbox.run([groups[k][0] for k in keys]) if keys else []
         verdicts: dict[tuple[str, str], AttemptOutcome] = {}
-        for key, (start, count) in groups.items():
-            verdicts[key] = _verdict(results[start : start + count])
+        rest_jobs: list[ExecJob] = []
+        rest_of: dict[tuple[str, str], tuple[int, int]] = {}
+        for key, result in zip(keys, first, strict=True):
+            verdict = _verdict([result])
+            jobs = groups[key]
+            if verdict.correct and len(jobs) > 1:
+                rest_of[key] = (len(rest_jobs), len(jobs) - 1)
+                rest_jobs.extend(jobs[1:])
+            else:
+                verdicts[key] = verdict
+        rest: list[ExecResult] = sandbox.run(rest_jobs) if rest_jobs else []
+        for key, (start, count) in rest_of.items():
+            verdicts[key] = _verdict(rest[start : start + count])
         for slot, key in waiting:
             outcomes[slot] = verdicts[key]
         assert all(o is not None for o in outcomes)

@@ -38,7 +38,8 @@ _RULES = (
 
 @dataclass(frozen=True)
 class PromptTemplates:
-    """Prompt templates (``str.format`` fields in braces; each field lists the placeholders it must use).
+    """Prompt templates (``str.format`` fields in braces, literal braces doubled as ``{{ }}``; each field lists
+    the placeholders it may use; :meth:`validate` checks them).
 
     Attributes:
         wrapper: wraps every prompt; ``{prompt}``.

@@ -12,11 +12,11 @@ A deduction/abduction proposal is valid iff (in this order; the first failure is
 5. the input is a comma-separated list of Python literals (``parse_error`` / ``not_literal``);
 6. the (type, program, input) key is new: not in the buffers and not proposed earlier this round
    (``duplicate``; can be switched off);
-7. in the sandbox, two **separate** runs of ``f(input)`` (the second with the heap shifted, so address-dependent
-   values change) both finish without any exception (``error`` / ``timeout`` / ``memory``), return the same
-   value (``nondeterministic``; any run failing while the other succeeds is also ``nondeterministic``), whose
-   ``repr`` is at most ``max_output_chars`` long (``output_too_large``: rejected, never truncated), built only
-   from builtin literal types and round-tripping through ``ast.literal_eval`` on the host (``not_literal``).
+7. in the sandbox, the first run of ``f(input)`` finishes without any exception (``error`` / ``timeout`` /
+   ``memory``) and returns a value whose ``repr`` is at most ``max_output_chars`` long (``output_too_large``:
+   rejected, never truncated), built only from builtin literal types and parsed by ``ast.literal_eval`` on the
+   host (``not_literal``); then a second, **separate** run (a fresh process, with the heap shifted so that
+   address-dependent values change) must succeed too and return the same value (``nondeterministic``).
 
 An induction proposal (the program is given from the buffers) is valid iff its answer holds at least
 ``induction_inputs`` distinct literal ```` ```input ```` blocks (``too_few_inputs``; the last
@@ -213,24 +213,28 @@ def failure_reason(result: ExecResult) -> tuple[Reason, str] | None:
     return Reason.ERROR, last
 
 
-def interpret_pair(first: ExecResult, second: ExecResult, max_output_chars: int) -> tuple[Reason | None, str, Any]:
-    """Verdict of the two determinism runs: ``(reason, detail, literal value)``; ``reason`` ``None`` = valid."""
-    fail_a, fail_b = failure_reason(first), failure_reason(second)
-    if fail_a and fail_b:
-        return fail_a[0], fail_a[1], None
-    if fail_a or fail_b:
-        which = fail_a or fail_b
-        assert which is not None
-        return Reason.NONDETERMINISTIC, f"one of two runs failed ({which[0].value}: {which[1]})", None
-    value_a, value_b = str(first.value), str(second.value)
-    if len(value_a) > max_output_chars or len(value_b) > max_output_chars:
+def interpret_first(result: ExecResult, max_output_chars: int) -> tuple[Reason | None, str, Any]:
+    """Verdict of the first run: ``(reason, detail, literal value)``; ``reason`` ``None`` = it may be valid."""
+    failed = failure_reason(result)
+    if failed is not None:
+        return failed[0], failed[1], None
+    value = str(result.value)
+    if len(value) > max_output_chars:
         return Reason.OUTPUT_TOO_LARGE, f"output repr longer than {max_output_chars} characters", None
-    if not same_value(value_a, value_b):
-        return Reason.NONDETERMINISTIC, "two runs returned different values", None
-    ok, value = literal_value(value_a)
+    ok, literal = literal_value(value)
     if not ok:
         return Reason.NOT_LITERAL, "output repr is not a Python literal", None
-    return None, "", value
+    return None, "", literal
+
+
+def interpret_second(first: ExecResult, second: ExecResult) -> tuple[Reason, str] | None:
+    """Verdict of the second (heap-shifted) run of a first run that succeeded: ``None`` = same value."""
+    failed = failure_reason(second)
+    if failed is not None:
+        return Reason.NONDETERMINISTIC, f"the second run failed ({failed[0].value}: {failed[1]})"
+    if not same_value(str(first.value), str(second.value)):
+        return Reason.NONDETERMINISTIC, "two runs returned different values"
+    return None
 
 
 @dataclass
@@ -244,6 +248,12 @@ class _Pending:
     message: str
     key: str
     job_start: int = 0
+    second_start: int = 0
+    out_value: Any = None
+
+
+def _input_prefix(item: _Pending, k: int) -> str:
+    return f"input {k + 1}: " if len(item.inputs) > 1 else ""
 
 
 class ProposalValidator:
@@ -282,31 +292,44 @@ class ProposalValidator:
             seen.add(result.key)
             pending.append(result)
 
-        jobs: list[ExecJob] = []
-        for item in pending:
-            item.job_start = len(jobs)
-            for call_args in item.inputs:
-                jobs.extend(execution_jobs(item.program, call_args, cfg.timeout_s))
-        results = sandbox.run(jobs) if jobs else []
-
-        for item in pending:
-            request = requests[item.slot]
-            outputs: list[str] = []
-            verdict: tuple[Reason, str] | None = None
-            out_value: Any = None
+        # phase 1: the first run of every input; phase 2: the heap-shifted second run, only for proposals
+        # whose first runs all succeeded (a failing proposal is invalid either way; this halves the cost of
+        # timeouts). Each phase is one batched sandbox call.
+        pairs = [execution_jobs(item.program, call_args, cfg.timeout_s) for item in pending for call_args in item.inputs]
+        first_results = sandbox.run([p[0] for p in pairs]) if pairs else []
+        verdicts: dict[int, tuple[Reason, str]] = {}
+        second_jobs: list[ExecJob] = []
+        start = 0
+        for n, item in enumerate(pending):
+            item.job_start = start
+            start += len(item.inputs)
             for k in range(len(item.inputs)):
-                first, second = results[item.job_start + 2 * k], results[item.job_start + 2 * k + 1]
-                reason, detail, value = interpret_pair(first, second, cfg.max_output_chars)
+                reason, detail, value = interpret_first(first_results[item.job_start + k], cfg.max_output_chars)
                 if reason is not None:
-                    prefix = f"input {k + 1}: " if len(item.inputs) > 1 else ""
-                    verdict = (reason, prefix + detail)
+                    verdicts[n] = (reason, _input_prefix(item, k) + detail)
                     break
-                outputs.append(str(first.value))
                 if k == 0:
-                    out_value = value
-            if verdict is not None:
-                outcomes[item.slot] = ProposalOutcome(request, True, False, verdict[0], verdict[1])
+                    item.out_value = value
+            if n not in verdicts:
+                item.second_start = len(second_jobs)
+                second_jobs.extend(pairs[item.job_start + k][1] for k in range(len(item.inputs)))
+        second_results = sandbox.run(second_jobs) if second_jobs else []
+        for n, item in enumerate(pending):
+            if n in verdicts:
                 continue
+            for k in range(len(item.inputs)):
+                mismatch = interpret_second(first_results[item.job_start + k], second_results[item.second_start + k])
+                if mismatch is not None:
+                    verdicts[n] = (mismatch[0], _input_prefix(item, k) + mismatch[1])
+                    break
+
+        for n, item in enumerate(pending):
+            request = requests[item.slot]
+            if n in verdicts:
+                reason, detail = verdicts[n]
+                outcomes[item.slot] = ProposalOutcome(request, True, False, reason, detail)
+                continue
+            outputs = [str(first_results[item.job_start + k].value) for k in range(len(item.inputs))]
             task = Task(
                 task_id=request.task_id,
                 task_type=request.task_type,
@@ -317,7 +340,7 @@ class ProposalValidator:
                 teacher=request.agent,
                 round=request.round,
             )
-            signature = type_signature(item.arg_values[0], out_value)
+            signature = type_signature(item.arg_values[0], item.out_value)
             outcomes[item.slot] = ProposalOutcome(request, True, True, None, "", task, signature)
         assert all(o is not None for o in outcomes)
         return [o for o in outcomes if o is not None]

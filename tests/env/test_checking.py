@@ -87,3 +87,24 @@ def test_require_think_false(sandbox: Any) -> None:
     bare = "<answer>\n```output\n[3, 6]\n```\n</answer>"
     assert not check(sandbox, DEDUCTION, bare).format_ok
     assert check(sandbox, DEDUCTION, bare, require_think=False).correct
+
+
+class CountingSandbox:
+    """Counts jobs and batches sent to a real sandbox."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.jobs, self.batches = inner, 0, 0
+
+    def run(self, jobs: list[Any]) -> list[Any]:
+        self.jobs += len(jobs)
+        self.batches += 1
+        return self.inner.run(jobs)
+
+
+def test_wrong_induction_programs_cost_one_execution(sandbox: Any) -> None:
+    counting = CountingSandbox(sandbox)
+    right = think("```python\ndef f(x):\n    return 2 * x\n```")
+    wrong = think("```python\ndef f(x):\n    return x\n```")
+    outs = AnswerChecker(CheckConfig()).check([INDUCTION, INDUCTION], [right, wrong], counting)
+    assert [o.correct for o in outs] == [True, False]
+    assert counting.batches == 2 and counting.jobs == 2 + 1  # both first pairs, then the right one's last pair

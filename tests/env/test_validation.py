@@ -168,3 +168,20 @@ def test_deeply_nested_programs_and_answers_never_crash(make_env: Any) -> None:
     answers = (deep, nested) + ("",) * max(0, len(obs["student_0"]) - 2)
     _, rewards, _, _, infos = env.step({"student_0": answers[: len(obs["student_0"])]})
     assert all(r in (-1.0, -0.5) for r in infos["student_0"]["completion_rewards"])
+
+
+def test_failing_first_runs_skip_the_second_run(sandbox: Any) -> None:
+    class Counting:
+        def __init__(self) -> None:
+            self.jobs = 0
+
+        def run(self, jobs: list[Any]) -> list[Any]:
+            self.jobs += len(jobs)
+            return sandbox.run(jobs)
+
+    counting = Counting()
+    requests = [ProposalRequest("t", k, TaskType.DEDUCTION, f"t-{k}", 0) for k in range(2)]
+    completions = [proposal("def f(x):\n    return 1 / x", "0"), proposal("def f(x):\n    return x", "5")]
+    outs = ProposalValidator(ValidationConfig()).validate(requests, completions, counting)
+    assert [o.reason for o in outs] == [Reason.ERROR, None]
+    assert counting.jobs == 3  # two first runs, one second run
