@@ -22,30 +22,43 @@ PLAIN_GUARD = "__populora_plain__"
 
 #: Sandbox-side guard appended *after* the model's program: returns its argument unchanged if it is built only
 #: from builtin literal types (exact types, no subclasses, no cycles), raises otherwise. It stops a program from
-#: returning an object whose ``__eq__`` always answers ``True`` (reward hacking of the equality check).
+#: returning an object whose ``__eq__`` always answers ``True`` (reward hacking of the equality check). Every
+#: builtin it uses is taken from ``__builtins__`` (which the safety policy forbids programs to touch), so a
+#: program that shadows ``type``, ``list``... at module level cannot fool it.
 PLAIN_HELPER = f'''
 
 def {PLAIN_GUARD}(value):
-    atoms = (int, float, complex, str, bytes, bool, type(None))
-    containers = (list, tuple, set, frozenset)
+    b = __builtins__
+    b = b if b.__class__ is {{}}.__class__ else b.__dict__
+    kind_of = b["type"]
+    atoms = (b["int"], b["float"], b["complex"], b["str"], b["bytes"], b["bool"], kind_of(None))
+    containers = (b["list"], b["tuple"], b["set"], b["frozenset"])
+    mapping = b["dict"]
     stack = [value]
     count = 0
     while stack:
         item = stack.pop()
         count += 1
         if count > 200000:
-            raise ValueError("{NOT_LITERAL_MARKER}: value too large or cyclic")
-        kind = type(item)
-        if any(kind is atom for atom in atoms):
+            raise b["ValueError"]("{NOT_LITERAL_MARKER}: value too large or cyclic")
+        kind = kind_of(item)
+        plain = False
+        for atom in atoms:
+            if kind is atom:
+                plain = True
+        if plain:
             continue
-        if any(kind is c for c in containers):
+        for container in containers:
+            if kind is container:
+                plain = True
+        if plain:
             stack.extend(item)
             continue
-        if kind is dict:
+        if kind is mapping:
             stack.extend(item.keys())
             stack.extend(item.values())
             continue
-        raise TypeError("{NOT_LITERAL_MARKER}: " + kind.__name__)
+        raise b["TypeError"]("{NOT_LITERAL_MARKER}: " + kind.__name__)
     return value
 '''
 

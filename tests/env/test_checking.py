@@ -108,3 +108,12 @@ def test_wrong_induction_programs_cost_one_execution(sandbox: Any) -> None:
     outs = AnswerChecker(CheckConfig()).check([INDUCTION, INDUCTION], [right, wrong], counting)
     assert [o.correct for o in outs] == [True, False]
     assert counting.batches == 2 and counting.jobs == 2 + 1  # both first pairs, then the right one's last pair
+
+
+def test_shadowed_builtins_do_not_fool_the_plain_data_guard(sandbox: Any) -> None:
+    hack = (
+        "```python\nclass Yes:\n    def __eq__(self, other):\n        return True\n"
+        "type = lambda v: int\nlist = Yes\nany = lambda xs: True\n\ndef f(x):\n    return Yes()\n```"
+    )
+    out = check(sandbox, INDUCTION, think(hack))
+    assert not out.correct and out.reason is Reason.NOT_LITERAL
