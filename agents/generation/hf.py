@@ -37,7 +37,48 @@ import torch
 from agents.generation.base import Completion, GenerationRequest
 from agents.population import BASE_ADAPTER, LoRAPopulation
 
-__all__ = ["HFGenerator", "row_seed"]
+__all__ = ["HFGenerator", "check_request", "encode_prompt", "row_seed", "stop_token_ids"]
+
+
+def encode_prompt(tokenizer, request: GenerationRequest) -> list[int]:
+    """Prompt token ids of a request: the chat template with ``add_generation_prompt=True`` when the tokenizer
+    has one and ``request.chat`` (a string prompt becomes one user message), else the plain encoding.
+    Every backend uses this, so prompt ids are identical across backends."""
+    prompt = request.prompt
+    if request.chat and getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if not isinstance(prompt, str):
+        raise ValueError(
+            "a list-of-messages prompt needs a tokenizer with a chat template and chat=True; "
+            "pass a string prompt instead"
+        )
+    return list(tokenizer(prompt)["input_ids"])
+
+
+def stop_token_ids(population: LoRAPopulation, tokenizer) -> list[int]:
+    """The token ids that end a completion: the model's generation-config EOS id(s) plus the tokenizer's."""
+    model_eos = population.model.generation_config.eos_token_id
+    eos = set(model_eos if isinstance(model_eos, list) else [model_eos] if model_eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    if not eos:
+        raise ValueError("neither the model nor the tokenizer defines an EOS token")
+    return sorted(eos)
+
+
+def check_request(index: int, request: GenerationRequest, population: LoRAPopulation) -> None:
+    """Validate one request against the population (shared by the backends)."""
+    if request.adapter is not None and request.adapter not in population:
+        raise KeyError(f"request {index} names adapter {request.adapter!r}, not a member: {population.names}")
+    if request.max_new_tokens < 1:
+        raise ValueError(f"request {index}: max_new_tokens must be >= 1, got {request.max_new_tokens}")
+    if request.temperature < 0 or not 0 < request.top_p <= 1 or request.n < 1:
+        raise ValueError(
+            f"request {index}: need temperature >= 0, 0 < top_p <= 1, n >= 1 "
+            f"(got {request.temperature}, {request.top_p}, {request.n})"
+        )
 
 
 def row_seed(seed: int, sample_index: int) -> int:
@@ -137,13 +178,7 @@ class HFGenerator:
         self.batch_size = batch_size
         self.lora_impl = lora_impl
         self._rng = random.Random(seed)
-        model_eos = population.model.generation_config.eos_token_id
-        eos = set(model_eos if isinstance(model_eos, list) else [model_eos] if model_eos is not None else [])
-        if tokenizer.eos_token_id is not None:
-            eos.add(tokenizer.eos_token_id)
-        if not eos:
-            raise ValueError("neither the model nor the tokenizer defines an EOS token")
-        self.stop_token_ids = sorted(eos)
+        self.stop_token_ids = stop_token_ids(population, tokenizer)
 
     def refresh(self, names: Sequence[str] | None = None) -> None:
         """No-op: this backend reads the population's live weights."""
@@ -151,35 +186,13 @@ class HFGenerator:
     # ------------------------------------------------------------------ prompts
 
     def encode_prompt(self, request: GenerationRequest) -> list[int]:
-        """Prompt token ids of a request (chat template with ``add_generation_prompt=True`` when the tokenizer
-        has one and ``request.chat``)."""
-        prompt = request.prompt
-        tok = self.tokenizer
-        if request.chat and getattr(tok, "chat_template", None):
-            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            return list(tok(text, add_special_tokens=False)["input_ids"])
-        if not isinstance(prompt, str):
-            raise ValueError(
-                "a list-of-messages prompt needs a tokenizer with a chat template and chat=True; "
-                "pass a string prompt instead"
-            )
-        return list(tok(prompt)["input_ids"])
+        """Prompt token ids of a request (see :func:`encode_prompt`)."""
+        return encode_prompt(self.tokenizer, request)
 
     def _rows(self, requests: Sequence[GenerationRequest]) -> list[_Row]:
         rows = []
         for index, req in enumerate(requests):
-            if req.adapter is not None and req.adapter not in self.population:
-                raise KeyError(
-                    f"request {index} names adapter {req.adapter!r}, not a member: {self.population.names}"
-                )
-            if req.max_new_tokens < 1:
-                raise ValueError(f"request {index}: max_new_tokens must be >= 1, got {req.max_new_tokens}")
-            if req.temperature < 0 or not 0 < req.top_p <= 1 or req.n < 1:
-                raise ValueError(
-                    f"request {index}: need temperature >= 0, 0 < top_p <= 1, n >= 1 "
-                    f"(got {req.temperature}, {req.top_p}, {req.n})"
-                )
+            check_request(index, req, self.population)
             prompt_ids = self.encode_prompt(req)
             if not prompt_ids:
                 raise ValueError(f"request {index}: the prompt encodes to no tokens")

@@ -1,0 +1,307 @@
+"""vLLM multi-LoRA backend: one engine, every population member a LoRA, mixed adapters in one ``generate``.
+
+UNVALIDATED ON HARDWARE: written against the vLLM >= 0.10 (V1 engine) API without a GPU to run it on; the
+engine-free logic (request expansion, seeds, adapter versioning, output conversion) is unit-tested with a
+fake engine, and ``benchmarks/vllm_check.py`` is the one-shot script a GPU session runs to validate it.
+
+Design (see notes/anchors.md section 5):
+
+* one ``LLM(model, enable_lora=True, max_loras >= population size, max_lora_rank >= rank,
+  max_cpu_loras >= max_loras)``; the engine's dtype is the adapters' dtype (adapters are saved in it);
+* every request carries its member's ``LoRARequest`` (``None`` for the base), so one ``generate`` call
+  mixes adapters; prompts are passed as token ids produced by :func:`agents.generation.hf.encode_prompt`
+  (identical prompt ids across backends);
+* every sample is its own vLLM request with ``n=1`` and ``seed=row_seed(request.seed, k)`` (the HF backend's
+  seeding scheme: reproducible, independent of batch composition; the two backends' RNG streams differ,
+  so their samples differ);
+* log-probs: ``SamplingParams(logprobs=0)`` returns the sampled token's log-prob; the engine is created with
+  ``logprobs_mode="raw_logprobs"`` (the V1 default) = before temperature / top-p, as the contract requires;
+* ``refresh(names)`` after every update: saves each member under ``<adapter_dir>/<member>/v<version>``
+  (``/dev/shm`` when available) and gives the new version a FRESH ``lora_int_id`` (re-submitting an id with a
+  new path is silently ignored by vLLM), then removes the old id from the engine and deletes its files.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import shutil
+import tempfile
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from agents.generation.base import Completion, GenerationRequest
+from agents.generation.hf import check_request, encode_prompt, row_seed, stop_token_ids
+from agents.population import LoRAPopulation
+
+__all__ = ["VLLMGenerator", "VLLM_INSTALL_HINT", "supported_max_lora_rank"]
+
+VLLM_INSTALL_HINT = (
+    "the vLLM backend needs the optional extra: pip install '.[vllm]' (or pip install -c constraints.txt "
+    "'vllm>=0.10'), normally on a CUDA GPU machine; use the 'hf' backend otherwise"
+)
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the values vLLM accepts for max_lora_rank
+
+
+def supported_max_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that is >= ``rank``."""
+    for allowed in _LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} exceeds vLLM's largest max_lora_rank {_LORA_RANKS[-1]}")
+
+
+def _import_vllm():
+    try:
+        from vllm import LLM, SamplingParams
+        from vllm.lora.request import LoRARequest
+    except ImportError as err:
+        raise ImportError(f"{VLLM_INSTALL_HINT} (import failed: {err})") from err
+    try:
+        from vllm.inputs import TokensPrompt
+    except ImportError:  # very old vLLM: a plain dict is accepted as well
+
+        def TokensPrompt(prompt_token_ids):  # noqa: N802 - mirrors vLLM's TypedDict constructor
+            return {"prompt_token_ids": prompt_token_ids}
+
+    return LLM, SamplingParams, LoRARequest, TokensPrompt
+
+
+def _default_adapter_root() -> Path:
+    shm = Path("/dev/shm")
+    parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix="populora-lora-", dir=parent))
+
+
+@dataclass
+class _Registered:
+    version: int
+    lora_int_id: int
+    path: Path
+    request: object  # vllm LoRARequest
+
+
+class VLLMGenerator:
+    """The :class:`~agents.generation.base.Generator` on a vLLM engine with every member as a LoRA.
+
+    Args:
+        population: the members (their weights are copied to the engine by :meth:`refresh`).
+        model_path: the base model for the engine: anything :func:`agents.models.resolve_base` accepts
+            (``"smollm2-135m"``, a local HF dir, a ``.gguf`` file...); default: the directory the population's
+            base was loaded from.
+        tokenizer: the base's tokenizer (chat template, EOS ids); default: the engine's tokenizer.
+        dtype: engine dtype, also the dtype adapters are saved in (mismatches broke other projects' syncs).
+        max_loras: most distinct adapters in one batch (default: the population size; the scheduler handles
+            more, in several steps).
+        max_cpu_loras: adapters cached in host memory (default: ``max_loras``).
+        gpu_memory_utilization, max_model_len, enforce_eager, seed: passed to ``vllm.LLM``.
+        adapter_dir: where adapter versions are written (default: a new directory in ``/dev/shm`` if
+            writable, else the temp dir; deleted by :meth:`close`).
+        llm: an already-built engine to use instead of creating one (must have LoRA enabled).
+        **engine_kwargs: more ``vllm.LLM`` arguments.
+    """
+
+    def __init__(
+        self,
+        population: LoRAPopulation,
+        model_path: str | os.PathLike | None = None,
+        tokenizer=None,
+        *,
+        dtype: str = "bfloat16",
+        max_loras: int | None = None,
+        max_cpu_loras: int | None = None,
+        gpu_memory_utilization: float = 0.5,
+        max_model_len: int | None = None,
+        enforce_eager: bool = False,
+        seed: int = 0,
+        adapter_dir: str | os.PathLike | None = None,
+        llm=None,
+        **engine_kwargs,
+    ) -> None:
+        self._LLM, self._SamplingParams, self._LoRARequest, self._TokensPrompt = _import_vllm()
+        self.population = population
+        self.dtype = dtype
+        self.torch_dtype = _torch_dtype(dtype)
+        if model_path is None:
+            model_path = getattr(population.model.base_model.model.config, "_name_or_path", None)
+            if not model_path or not Path(model_path).is_dir():
+                raise ValueError(
+                    "model_path is required: the population's base has no local directory to hand to vLLM"
+                )
+        from agents.models import resolve_base
+
+        self.model_path = resolve_base(model_path)
+        self.max_loras = max(1, max_loras if max_loras is not None else len(population))
+        self.max_cpu_loras = max(self.max_loras, max_cpu_loras or self.max_loras)
+        if llm is None:
+            kwargs = dict(
+                model=self.model_path,
+                dtype=dtype,
+                enable_lora=True,
+                max_loras=self.max_loras,
+                max_lora_rank=supported_max_lora_rank(population.rank),
+                max_cpu_loras=self.max_cpu_loras,
+                gpu_memory_utilization=gpu_memory_utilization,
+                enforce_eager=enforce_eager,
+                seed=seed,
+            )
+            if max_model_len is not None:
+                kwargs["max_model_len"] = max_model_len
+            if _engine_accepts("logprobs_mode"):
+                kwargs["logprobs_mode"] = "raw_logprobs"
+            kwargs.update(engine_kwargs)
+            llm = self._LLM(**kwargs)
+        self.llm = llm
+        engine_dtype = getattr(getattr(getattr(llm, "llm_engine", None), "model_config", None), "dtype", None)
+        if isinstance(engine_dtype, torch.dtype):
+            self.torch_dtype = engine_dtype  # the engine's actual dtype ("auto" resolved)
+        self.tokenizer = tokenizer if tokenizer is not None else llm.get_tokenizer()
+        self.stop_token_ids = stop_token_ids(population, self.tokenizer)
+        self._rng = random.Random(seed)
+        self._ids = itertools.count(1)  # lora_int_id must be > 0 and never reused
+        self._registered: dict[str, _Registered] = {}
+        self._own_dir = adapter_dir is None
+        self.adapter_dir = Path(adapter_dir) if adapter_dir is not None else _default_adapter_root()
+        self.adapter_dir.mkdir(parents=True, exist_ok=True)
+        self._finalizer = (
+            weakref.finalize(self, shutil.rmtree, str(self.adapter_dir), True) if self._own_dir else None
+        )
+
+    # ------------------------------------------------------------------ adapters
+
+    def refresh(self, names: Sequence[str] | None = None) -> None:
+        """Push the current weights of members ``names`` (default: all) to the engine as new adapter versions,
+        and drop engine adapters of members that left the population."""
+        for gone in [n for n in self._registered if n not in self.population]:
+            self._unregister(gone)
+        for name in self.population.names if names is None else names:
+            if name not in self.population:
+                raise KeyError(f"cannot refresh {name!r}: not a member ({self.population.names})")
+            self._register(name)
+
+    def _register(self, name: str) -> None:
+        old = self._registered.get(name)
+        version = old.version + 1 if old else 1
+        path = self.adapter_dir / name / f"v{version}"
+        if path.exists():
+            shutil.rmtree(path)
+        self.population.save(name, path, dtype=self.torch_dtype)
+        lora_id = next(self._ids)
+        request = self._LoRARequest(lora_name=f"{name}@v{version}", lora_int_id=lora_id, lora_path=str(path))
+        self._registered[name] = _Registered(version, lora_id, path, request)
+        if old is not None:
+            self._drop(old)
+
+    def _unregister(self, name: str) -> None:
+        self._drop(self._registered.pop(name))
+
+    def _drop(self, entry: _Registered) -> None:
+        engine = getattr(self.llm, "llm_engine", None)
+        if engine is not None and hasattr(engine, "remove_lora"):
+            try:
+                engine.remove_lora(entry.lora_int_id)
+            except Exception:  # noqa: BLE001 - not loaded yet / already evicted: nothing to free
+                pass
+        shutil.rmtree(entry.path, ignore_errors=True)
+
+    def lora_request(self, name: str | None):
+        """The engine ``LoRARequest`` of member ``name`` (saved on first use), ``None`` for the base."""
+        if name is None:
+            return None
+        if name not in self._registered:
+            self._register(name)
+        return self._registered[name].request
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        """Complete every request (``n`` samples each) in one engine call; ordered by (request, sample)."""
+        prompts, params, loras, meta = [], [], [], []
+        for index, req in enumerate(requests):
+            check_request(index, req, self.population)
+            prompt_ids = encode_prompt(self.tokenizer, req)
+            lora = self.lora_request(req.adapter)
+            for k in range(req.n):
+                seed = row_seed(req.seed if req.seed is not None else self._rng.getrandbits(62), k)
+                prompts.append(self._TokensPrompt(prompt_token_ids=prompt_ids))
+                params.append(
+                    self._SamplingParams(
+                        n=1,
+                        temperature=req.temperature,
+                        top_p=req.top_p,
+                        max_tokens=req.max_new_tokens,
+                        seed=seed,
+                        logprobs=0,
+                        stop_token_ids=self.stop_token_ids,
+                        skip_special_tokens=True,
+                    )
+                )
+                loras.append(lora)
+                meta.append((index, k, req.adapter, prompt_ids, seed))
+        if not prompts:
+            return []
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
+        if len(outputs) != len(prompts):
+            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
+        return [self._completion(out, *m) for out, m in zip(outputs, meta, strict=True)]
+
+    def _completion(
+        self, output, index: int, k: int, adapter, prompt_ids: list[int], seed: int
+    ) -> Completion:
+        sample = output.outputs[0]
+        token_ids = list(sample.token_ids)
+        if sample.logprobs is None or len(sample.logprobs) < len(token_ids):
+            raise RuntimeError(
+                "vLLM returned no log-prob for some sampled tokens (SamplingParams.logprobs=0)"
+            )
+        logprobs = [float(sample.logprobs[j][t].logprob) for j, t in enumerate(token_ids)]
+        finish = "stop" if sample.finish_reason == "stop" else "length"
+        return Completion(
+            request_index=index,
+            sample_index=k,
+            adapter=adapter,
+            text=sample.text,
+            prompt_token_ids=list(prompt_ids),
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=finish,
+            extra={"seed": seed, "vllm_finish_reason": sample.finish_reason},
+        )
+
+    def close(self) -> None:
+        """Delete the adapter files this backend wrote (the engine itself is freed with the object)."""
+        for name in list(self._registered):
+            self._unregister(name)
+        if self._finalizer is not None:
+            self._finalizer()
+
+
+def _torch_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16  # replaced by the engine's resolved dtype once it exists
+    aliases = {
+        "half": "float16",
+        "float": "float32",
+        "bf16": "bfloat16",
+        "fp16": "float16",
+        "fp32": "float32",
+    }
+    parsed = getattr(torch, aliases.get(dtype, dtype), None)
+    if not isinstance(parsed, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}")
+    return parsed
+
+
+def _engine_accepts(field: str) -> bool:
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError:
+        return False
+    return field in getattr(EngineArgs, "__dataclass_fields__", {})
