@@ -14,8 +14,24 @@ One episode is one round of two steps (DESIGN.md "One episode"):
     Students' completions are checked in the sandbox (one batch); the reward scheme gives per-completion
     rewards to everyone; TrueSkill ratings are updated once per pair; all agents terminate.
 
-Observation and action of agent ``a`` are tuples of strings aligned with each other (see ``infos[a]``
-``"requests"``). Bad actions never raise: missing, non-string or garbage completions are format errors.
+Contract (what a training loop may rely on):
+
+- ``obs[a]``: a tuple of prompt strings, one per completion expected from ``a`` in this phase (``()`` when
+  inactive). ``action[a]``: a tuple/list of completion strings aligned with ``obs[a]``; missing entries, an
+  agent missing from the dict, non-string entries and garbage are format errors; extras and inactive agents'
+  actions are ignored. Nothing an agent sends raises.
+- ``infos[a]`` always has ``"phase"`` (``"propose"``/``"solve"``/``"done"``), ``"active"``, ``"round_index"``
+  and ``"requests"`` (aligned with ``obs[a]``: ``task_type``, ``task_id``, ``group``; teachers' induction
+  requests also carry ``program``/``n_inputs``; students' carry ``teacher`` (``None`` for filler), ``source``
+  (``"match"``/``"fill"``) and ``sample``). ``group`` is unique per teacher prompt and shared by the samples of
+  one task of one student.
+- After step 1: teachers' ``"proposals"`` (per completion: ``format_ok``, ``valid``, ``reason``, ``detail``,
+  ``task_id``, ``task_type``) and ``"matched_student"``; students' ``"matched_teachers"``.
+- After step 2 (all terminated, ``agents == []``): ``"completion_rewards"`` and ``"completion_info"`` aligned with
+  the agent's completions of the episode (teachers: step 1, students: step 2) and ``"round"``, a summary shared
+  by all agents (pairs with ``p_ts``/``p_hat``/``outcome``, ratings, proposal and attempt counts by reason and
+  type, program metrics and coverage, buffer sizes, mean reward per role). ``rewards[a]`` is the mean of
+  ``a``'s completion rewards (0.0 if none); rewards after step 1 are 0.0.
 """
 
 from __future__ import annotations

@@ -17,10 +17,7 @@ import re
 import textwrap
 from dataclasses import dataclass
 
-_THINK_ANSWER = re.compile(r"\s*<think>.*?</think>\s*<answer>.*?</answer>", re.S)
-_ANSWER_PAIR = re.compile(r"<answer>.*?</answer>", re.S)
 _FENCE = re.compile(r"```[ \t]*([A-Za-z_][\w\-]*)?[ \t]*\r?\n(.*?)```", re.S)
-_MESSAGE_TAG = re.compile(r"<message>(.*?)</message>", re.S)
 
 
 @dataclass(frozen=True)
@@ -49,15 +46,43 @@ def extract_answer(completion: object, *, require_think: bool = True, prefix: st
     if not isinstance(completion, str):
         return FormattedAnswer(False, "")
     text = prefix + completion
-    pattern_ok = (
-        _THINK_ANSWER.match(text) is not None if require_think else _ANSWER_PAIR.search(text) is not None
-    )
-    if not pattern_ok:
+    if not (_has_think_answer(text) if require_think else _has_answer_pair(text, 0)):
         return FormattedAnswer(False, "")
     start = text.rfind("<answer>") + len("<answer>")
     end = text.find("</answer>", start)
     answer = text[start:] if end == -1 else text[start:end]
     return FormattedAnswer(True, answer)
+
+
+def _has_answer_pair(text: str, start: int) -> bool:
+    """``<answer>…</answer>`` somewhere at or after ``start``."""
+    opening = text.find("<answer>", start)
+    return opening != -1 and text.find("</answer>", opening + len("<answer>")) != -1
+
+
+def _has_think_answer(text: str) -> bool:
+    """AZR's ``\\s*<think>.*?</think>\\s*<answer>.*?</answer>`` (DOTALL, at the start), in linear time.
+
+    The regex engine would backtrack quadratically on degenerate completions such as
+    ``"</think><answer>" * 10_000``; this scan gives the same answer: the first ``</think>`` that is followed
+    (after optional whitespace) by ``<answer>`` is tried, and if no ``</answer>`` follows it, none follows a
+    later one either.
+    """
+    body = text.lstrip()
+    if not body.startswith("<think>"):
+        return False
+    position = len("<think>")
+    while True:
+        close = body.find("</think>", position)
+        if close == -1:
+            return False
+        after = close + len("</think>")
+        rest = after
+        while rest < len(body) and body[rest].isspace():
+            rest += 1
+        if body.startswith("<answer>", rest):
+            return body.find("</answer>", rest + len("<answer>")) != -1
+        position = after
 
 
 def fenced_blocks(text: str) -> list[tuple[str, str]]:
@@ -124,9 +149,10 @@ def parse_induction_proposal(answer: str) -> ProposalPayload:
             message = content.strip()
             break
     if message is None:
-        tagged = _MESSAGE_TAG.search(answer)
-        if tagged is not None:
-            message = tagged.group(1).strip()
+        opening = answer.find("<message>")
+        closing = answer.find("</message>", opening + len("<message>")) if opening != -1 else -1
+        if closing != -1:
+            message = answer[opening + len("<message>") : closing].strip()
     return ProposalPayload(inputs=inputs, message=message)
 
 

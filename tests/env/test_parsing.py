@@ -121,3 +121,32 @@ def test_random_bytes_as_arguments_never_raise() -> None:
             parse_call_args(text)
         except ArgsError:
             pass
+
+
+def test_format_check_matches_azr_regex_on_random_tag_soup() -> None:
+    import re
+
+    azr = re.compile(r"\s*<think>.*?</think>\s*<answer>.*?</answer>", re.S)
+    tokens = ["<think>", "</think>", "<answer>", "</answer>", " ", "\n", "x", "<", ">", "think"]
+    rng = np.random.default_rng(0)
+    for _ in range(5000):
+        text = "".join(tokens[int(i)] for i in rng.integers(0, len(tokens), size=int(rng.integers(0, 14))))
+        assert extract_answer(text).format_ok == (azr.match(text) is not None), repr(text)
+
+
+def test_degenerate_long_completions_are_linear_time() -> None:
+    import time
+
+    texts = [
+        "<think>" + "</think><answer>" * 20000,  # quadratic for a backtracking regex
+        "<message>" * 30000,
+        "```" * 60000,
+        "<think>x</think><answer>" + "```input\n" * 20000,
+    ]
+    start = time.perf_counter()
+    for text in texts:
+        extract_answer(text)
+        parse_induction_proposal(text)
+        parse_program_proposal(text)
+        parse_program_answer(text)
+    assert time.perf_counter() - start < 2.0
