@@ -386,7 +386,8 @@ class ProposalValidator:
         if len(message) > cfg.max_message_chars:
             return reject(Reason.TOO_LONG, f"message longer than {cfg.max_message_chars} characters")
         distinct: dict[str, tuple[Any, ...]] = {}
-        for raw in reversed(payload.inputs):  # keep the last n distinct inputs, as AZR keeps the last 10
+        # keep the last n distinct inputs, as AZR keeps the last 10 (looking at most 8n blocks back)
+        for raw in list(reversed(payload.inputs))[: 8 * cfg.induction_inputs]:
             if len(raw) > cfg.max_input_chars:
                 return reject(Reason.TOO_LONG, f"input longer than {cfg.max_input_chars} characters")
             try:
