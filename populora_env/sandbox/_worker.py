@@ -76,6 +76,12 @@ _ZERO_ONLY = ("prlimit64", "setpriority", "sched_setaffinity", "sched_setschedul
               "migrate_pages", "move_pages", "ioprio_set")
 
 
+class _SockFprog(ctypes.Structure):
+    """``struct sock_fprog`` for seccomp(2)."""
+
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
 def _write_frame(fd: int, obj: object) -> None:
     data = json.dumps(obj).encode("utf-8", "surrogatepass")
     data = _HEADER.pack(len(data)) + data
@@ -236,6 +242,11 @@ class Worker:
             raise RuntimeError("pid placeholder not found in the compiled filter")
         self.bpf = bpf
         self.bpf_pid_offsets = offsets
+        # A mutable copy plus the sock_fprog pointing at it; children inherit both at the same address.
+        self.bpf_prog = bytearray(bpf)
+        self._bpf_buf = (ctypes.c_ubyte * len(bpf)).from_buffer(self.bpf_prog)
+        self._bpf_fprog = _SockFprog(len(bpf) // 8, ctypes.addressof(self._bpf_buf))
+        self.bpf_fprog_ref = ctypes.byref(self._bpf_fprog)
 
     def _reach_runtime_after_drop(self) -> None:
         """Fallback mode only (no namespaces, root host): keep the Python runtime importable after the uid drop.
@@ -266,19 +277,17 @@ class Worker:
                             break
 
     def _load_filter(self, pid: int) -> None:
-        """In the child: patch the compiled filter with our pid, set no_new_privs, load it."""
-        prog = bytearray(self.bpf)
+        """In the child: patch our pid into the compiled filter, set no_new_privs, load it.
+
+        Everything (buffer, ctypes structure, bound functions) was prepared in the worker, so the child
+        only patches a few bytes and makes three system calls.
+        """
+        prog = self.bpf_prog
         for off in self.bpf_pid_offsets:
             struct.pack_into("=I", prog, off, pid)
-        buf = (ctypes.c_ubyte * len(prog)).from_buffer(prog)
-
-        class SockFprog(ctypes.Structure):
-            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-        fprog = SockFprog(len(prog) // 8, ctypes.addressof(buf))
         if self.libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-        if self.libc.syscall(self.seccomp_nr, _SECCOMP_SET_MODE_FILTER, 0, ctypes.byref(fprog)) != 0:
+        if self.libc.syscall(self.seccomp_nr, _SECCOMP_SET_MODE_FILTER, 0, self.bpf_fprog_ref) != 0:
             raise OSError(ctypes.get_errno(), "seccomp(SECCOMP_SET_MODE_FILTER) failed")
 
     def _build_filter(self, pid: int):
@@ -566,10 +575,9 @@ class Worker:
                                      "error": f"sandbox setup failed: {type(exc).__name__}: {exc}"})
             finally:
                 os._exit(70)
+        # sys.stdin/stdout/stderr already wrap fds 0/1/2 (now /dev/null, the stdout pipe, /dev/null) and the
+        # worker never wrote to them, so their buffers are empty.
         sys.argv = ["<job>"]
-        sys.stdin = open(0, closefd=False)  # noqa: SIM115
-        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
         # Each job sees fresh randomness (a fork would otherwise repeat the worker's random state).
         if "random" in sys.modules:
             sys.modules["random"].seed()

@@ -1,0 +1,159 @@
+"""Throughput of the sandbox against the two designs it replaces, on the same self-play-like jobs.
+
+(a) ``populora_env.sandbox.Sandbox``: warm workers in bubblewrap, fork per job, uid drop, rlimits, seccomp;
+(b) a fresh ``python3 -c`` process per job with rlimits (the human-eval / evalplus style);
+(c) an unprotected in-process ``exec`` pool (the AZR style: no isolation at all, state leaks between jobs).
+
+Jobs are small pure functions applied to an input with an expected output (AZR's deduction check), e.g.
+``f([3, 1, 2])`` compared with ``[1, 2, 3]``. Run: ``python benchmarks/sandbox.py [--jobs 2000] [--workers 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from populora_env.sandbox import ExecJob, Limits, Sandbox
+
+_PROGRAMS = [
+    ("def f(xs):\n    return sorted(xs)[::-1]", lambda r: [r.randint(-50, 50) for _ in range(r.randint(1, 8))]),
+    ("def f(s):\n    return ''.join(c.upper() if i % 2 else c for i, c in enumerate(s))",
+     lambda r: "".join(r.choice("abcdefgh") for _ in range(r.randint(1, 12)))),
+    ("def f(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a",
+     lambda r: r.randint(0, 60)),
+    ("from collections import Counter\ndef f(s):\n    return Counter(s).most_common(2)",
+     lambda r: "".join(r.choice("aabbbc") for _ in range(r.randint(1, 10)))),
+    ("def f(d):\n    return {v: k for k, v in d.items()}", lambda r: {f"k{i}": r.randint(0, 9) for i in range(4)}),
+    ("def f(xs):\n    out = []\n    for x in xs:\n        if x % 2 == 0:\n            out.append(x * x)\n"
+     "    return sum(out)", lambda r: [r.randint(0, 20) for _ in range(r.randint(0, 10))]),
+    ("import math\ndef f(n):\n    return [i for i in range(2, n) if all(i % p for p in range(2, math.isqrt(i) + 1))]",
+     lambda r: r.randint(2, 80)),
+    ("def f(s):\n    stack = []\n    for c in s:\n        if c == '(':\n            stack.append(c)\n"
+     "        elif stack:\n            stack.pop()\n        else:\n            return False\n    return not stack",
+     lambda r: "".join(r.choice("()") for _ in range(r.randint(0, 10)))),
+]
+
+
+def make_jobs(n: int, seed: int = 0) -> list[ExecJob]:
+    """``n`` AZR-like deduction checks: program + input, compared with the true output."""
+    rng = random.Random(seed)
+    jobs = []
+    for _ in range(n):
+        code, gen = rng.choice(_PROGRAMS)
+        arg = gen(rng)
+        ns: dict = {}
+        exec(code, ns)  # our own fixed programs, to know the expected output
+        jobs.append(ExecJob(code=code, call=f"f({arg!r})", compare_to=repr(ns["f"](arg))))
+    return jobs
+
+
+# ---------------------------------------------------------------------------------------------- (b)
+_SPAWN_TEMPLATE = """
+import json, sys
+job = json.loads(sys.argv[1])
+ns = {"__name__": "__main__"}
+exec(job["code"], ns)
+value = eval(job["call"], ns)
+print(json.dumps({"value": repr(value), "match": value == eval(job["compare_to"], ns)}))
+"""
+
+
+def _rlimits() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+    resource.setrlimit(resource.RLIMIT_CPU, (3, 4))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, 16 << 20))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _spawn_one(job: ExecJob) -> tuple[str | None, bool | None]:
+    payload = json.dumps({"code": job.code, "call": job.call, "compare_to": job.compare_to})
+    try:
+        out = subprocess.run([sys.executable, "-I", "-c", _SPAWN_TEMPLATE, payload], capture_output=True,
+                             text=True, timeout=5, preexec_fn=_rlimits, stdin=subprocess.DEVNULL)
+        res = json.loads(out.stdout)
+        return res["value"], res["match"]
+    except (subprocess.TimeoutExpired, ValueError):
+        return None, None
+
+
+def run_spawn(jobs: list[ExecJob], workers: int) -> list[tuple[str | None, bool | None]]:
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(_spawn_one, jobs))
+
+
+# ---------------------------------------------------------------------------------------------- (c)
+def _exec_one(job: tuple[str, str, str]) -> tuple[str | None, bool | None]:
+    code, call, compare_to = job
+    try:
+        ns: dict = {"__name__": "__main__"}
+        exec(code, ns)  # unprotected, in the pool process: what the sandbox exists to avoid
+        value = eval(call, ns)
+        return repr(value), value == eval(compare_to, ns)
+    except Exception:
+        return None, None
+
+
+def run_exec_pool(pool, jobs: list[ExecJob]) -> list[tuple[str | None, bool | None]]:
+    return list(pool.imap(_exec_one, [(j.code, j.call, j.compare_to) for j in jobs], chunksize=1))
+
+
+# ---------------------------------------------------------------------------------------------- main
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=2000, help="jobs per measurement (default 2000)")
+    ap.add_argument("--workers", type=int, default=2, help="parallel workers for each design (default 2)")
+    ap.add_argument("--repeats", type=int, default=3, help="repeats of (a) and (c); medians are printed")
+    ap.add_argument("--spawn-repeats", type=int, default=1, help="repeats of (b), the slow one (default 1)")
+    args = ap.parse_args()
+    jobs = make_jobs(args.jobs)
+    print(f"{args.jobs} jobs, {args.workers} workers, {os.cpu_count()} CPUs, "
+          f"load average before: {os.getloadavg()[0]:.2f}")
+
+    def timed(fn) -> tuple[float, list]:
+        t0 = time.perf_counter()
+        out = fn()
+        return len(jobs) / (time.perf_counter() - t0), out
+
+    rates_a, rates_b, rates_c = [], [], []
+    t0 = time.perf_counter()
+    with Sandbox(workers=args.workers, limits=Limits(timeout_s=5.0, memory_mb=512)) as sb:
+        start_s = time.perf_counter() - t0
+        for _ in range(args.repeats):
+            rate, res_a = timed(lambda: sb.run(jobs))
+            rates_a.append(rate)
+        layers = [layer.split(":")[0] for layer in sb.isolation]
+    bad_a = sum(1 for r in res_a if not (r.status == "ok" and r.match is True))
+    for _ in range(args.spawn_repeats):
+        rate, res_b = timed(lambda: run_spawn(jobs, args.workers))
+        rates_b.append(rate)
+    bad_b = sum(1 for v, m in res_b if m is not True)
+    ctx = mp.get_context("fork")
+    with ctx.Pool(args.workers) as pool:
+        for _ in range(args.repeats):
+            rate, res_c = timed(lambda: run_exec_pool(pool, jobs))
+            rates_c.append(rate)
+    bad_c = sum(1 for v, m in res_c if m is not True)
+    same = sum(1 for r, (v, _m) in zip(res_a, res_b, strict=True) if r.value == v)
+    a, b, c = (statistics.median(x) for x in (rates_a, rates_b, rates_c))
+    print(f"(a) populora sandbox          : {a:8.1f} jobs/s (median of {rates_a and len(rates_a)}: "
+          f"{', '.join(f'{x:.0f}' for x in rates_a)}); start-up {start_s:.2f} s; layers: {', '.join(layers)}")
+    print(f"(b) python3 -c per job+rlimits: {b:8.1f} jobs/s (median of {len(rates_b)}: "
+          f"{', '.join(f'{x:.0f}' for x in rates_b)})")
+    print(f"(c) in-process exec pool      : {c:8.1f} jobs/s (median of {len(rates_c)}: "
+          f"{', '.join(f'{x:.0f}' for x in rates_c)}) -- no isolation")
+    print(f"ratio a/b = {a / b:.2f}x   ratio a/c = {a / c:.3f}x")
+    print(f"wrong or failed results: a={bad_a} b={bad_b} c={bad_c}; a and b agree on {same}/{len(jobs)} values")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
