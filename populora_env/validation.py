@@ -257,7 +257,7 @@ def _input_prefix(item: _Pending, k: int) -> str:
 
 
 class ProposalValidator:
-    """Validates a round's proposals with one batched sandbox call."""
+    """Validates a round's proposals with at most two batched sandbox calls (first runs, then second runs)."""
 
     def __init__(self, config: ValidationConfig) -> None:
         self.config = config
