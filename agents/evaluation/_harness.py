@@ -1,0 +1,416 @@
+"""Test harness that runs INSIDE the sandbox (evalplus 0.3.1 scoring semantics).
+
+This module is self-contained (standard library only, no project imports): :mod:`agents.evaluation.code`
+embeds its source text at the top of every checker program it sends to the sandbox. The host imports it only
+for the pure helpers that never execute model code (:func:`mbpp_deserialize_inputs`, and
+:func:`outputs_match` / :func:`allclose` in unit tests on trusted values).
+
+Semantics follow evalplus 0.3.1 (``evalplus/eval/__init__.py::unsafe_execute``, ``_special_oracle.py``,
+``data/mbpp.py::mbpp_deserialize_inputs``; Apache-2.0), re-implemented here:
+
+* expected outputs = the canonical solution's outputs on ``base_input + plus_input`` (MBPP's "not None"
+  tasks store ``out is not None``);
+* a test passes on exact equality, or, when ``atol`` is non-zero (1e-6 is enforced when the expected output
+  is a float or a non-empty list/tuple of floats), on same type + same length + ``allclose(rtol=1e-7, atol)``
+  (pure Python here instead of ``numpy.allclose``: same formula ``|a - b| <= atol + rtol * |b|``, NaN never
+  close);
+* special oracles: HumanEval ``find_zero`` (``|poly(xs, out)| <= atol``), MBPP ``are_equivalent`` (always
+  true), ``sum_div`` (or 0), ``surface_Area`` and ``digit_distance_nums`` (alternative readings),
+  set-equality tasks, not-None tasks;
+* every call gets a deep copy of its input and its own time limit ``max(1 s, 4 x canonical runtime)``
+  (``signal.setitimer``; the sandbox's wall-clock kill backs it up), stdout/stderr are swallowed;
+* (not in evalplus) the program's top-level code gets its own limit, :data:`LOAD_LIMIT_S`, so a program
+  that hangs while being defined fails in seconds rather than at the per-task limit;
+* the run stops at the first failing test (evalplus' default ``fast_check``); "base" passes if every
+  ``base_input`` test passes, "plus" if every base and plus test passes.
+"""
+
+import copy
+import io
+import json
+import math
+import signal
+import sys
+import time
+from collections import Counter, OrderedDict, defaultdict, deque
+
+MBPP_OUTPUT_NOT_NONE_TASKS = ("check_str", "text_match_three", "text_starta_endb")
+MBPP_OUTPUT_SET_EQ_TASKS = (
+    "similar_elements",  # Mbpp/2
+    "find_char_long",  # Mbpp/7
+    "common_in_nested_lists",  # Mbpp/111
+    "extract_singly",  # Mbpp/140
+    "larg_nnum",  # Mbpp/232
+    "intersection_array",  # Mbpp/249
+    "find_dissimilar",  # Mbpp/579
+    "Diff",  # Mbpp/769
+)
+EVAL_NAMESPACE = {
+    "inf": float("inf"),
+    "nan": float("nan"),
+    "Counter": Counter,
+    "OrderedDict": OrderedDict,
+    "defaultdict": defaultdict,
+    "deque": deque,
+}
+"""Names a ``repr`` of an expected output may use (``eval`` of these reprs happens only in the sandbox)."""
+
+
+# --- MBPP+ input types ------------------------------------------------------------------------------------
+# MBPP+ stores tuples, sets and complex numbers as JSON lists / strings; task numbers per evalplus 0.3.1,
+# including its quirk for Mbpp/115 (an empty member becomes ``{}``, an empty dict).
+_ARGS_TO_TUPLES = {
+    2,
+    116,
+    132,
+    143,
+    222,
+    261,
+    273,
+    394,
+    399,
+    421,
+    424,
+    429,
+    470,
+    560,
+    579,
+    596,
+    616,
+    630,
+    726,
+    740,
+    744,
+    809,
+}
+_NESTED_TO_TUPLES = {63, 64, 70, 94, 120, 237, 272, 299, 400, 409, 417, 438, 473, 614, 780}
+_FIRST_ARG_ITEMS_TO_TUPLES = {75, 413, 444, 753}
+_SECOND_ARG_TO_TUPLE = {106, 750}
+_FIRST_ARG_TO_TUPLE = {250, 405, 446, 617, 720, 763, 808}
+_NESTED_THEN_ARGS_TO_TUPLES = {259, 401, 445}
+_EVERYTHING_TO_TUPLES = {580, 615, 791}
+
+
+def _deep_tuple(value):
+    return tuple(_deep_tuple(v) for v in value) if isinstance(value, list) else value
+
+
+def mbpp_deserialize_inputs(task_id, inputs):
+    """Restore the Python types of MBPP+ inputs that JSON cannot hold."""
+    n = int(str(task_id).rsplit("/", 1)[-1])
+    if n in _ARGS_TO_TUPLES:
+        return [[tuple(a) for a in inp] for inp in inputs]
+    if n in _NESTED_TO_TUPLES:
+        return [[[tuple(x) for x in a] for a in inp] for inp in inputs]
+    if n in _FIRST_ARG_ITEMS_TO_TUPLES:
+        return [[[tuple(x) for x in inp[0]], inp[1]] for inp in inputs]
+    if n in _SECOND_ARG_TO_TUPLE:
+        return [[inp[0], tuple(inp[1])] for inp in inputs]
+    if n == 115:
+        return [[[set(x) if isinstance(x, list) and x else {} for x in inp[0]]] for inp in inputs]
+    if n == 124:
+        return [(float(inp[0]), complex(inp[1])) for inp in inputs]
+    if n in _FIRST_ARG_TO_TUPLE:
+        return [[tuple(inp[0]), inp[1]] for inp in inputs]
+    if n in _NESTED_THEN_ARGS_TO_TUPLES:
+        return [[tuple(tuple(x) for x in a) for a in inp] for inp in inputs]
+    if n == 278:
+        return [[tuple(tuple(x) if isinstance(x, list) else x for x in inp[0])] for inp in inputs]
+    if n == 307:
+        return [[tuple(inp[0]), inp[1], inp[2]] for inp in inputs]
+    if n == 722:
+        return [[{k: tuple(v) for k, v in inp[0].items()}, *inp[1:]] for inp in inputs]
+    if n == 252:
+        return [[complex(inp[0])] for inp in inputs]
+    if n in _EVERYTHING_TO_TUPLES:
+        return [_deep_tuple(inp) for inp in inputs]
+    return inputs
+
+
+# --- special oracles --------------------------------------------------------------------------------------
+
+
+def _poly(xs, x):
+    """HumanEval/32 oracle: the polynomial with coefficients ``xs`` at ``x``."""
+    return sum(coeff * math.pow(x, i) for i, coeff in enumerate(xs))
+
+
+def _surface_Area(base_edge, height):  # noqa: N802 - the MBPP entry point's own name
+    """Mbpp/581 oracle: ``height`` read as the perpendicular height of the pyramid."""
+    slant_height = math.sqrt((base_edge / 2) ** 2 + height**2)
+    return round(base_edge**2 + 4 * (base_edge * slant_height) / 2)
+
+
+def _digit_distance_nums(num1, num2):
+    """Mbpp/558 oracle: numbers zero-padded to the same length."""
+    a, b = str(num1), str(num2)
+    width = max(len(a), len(b))
+    return sum(abs(int(x) - int(y)) for x, y in zip(a.zfill(width), b.zfill(width), strict=True))
+
+
+def is_floats(x):
+    """A float, or a non-empty list/tuple of floats (evalplus: these get atol 1e-6 when atol is 0)."""
+    if isinstance(x, float):
+        return True
+    if isinstance(x, (list, tuple)) and x:
+        return all(isinstance(i, float) for i in x)
+    return type(x).__name__ == "ndarray" and str(getattr(x, "dtype", "")) in ("float64", "float32")
+
+
+def _is_number(x):
+    return isinstance(x, (int, float, complex))  # bool is an int, as for numpy
+
+
+def allclose(out, exp, atol, rtol=1e-7):
+    """``numpy.allclose`` for numbers and (nested) lists/tuples of equal shape; anything else: ``False``."""
+    if isinstance(exp, (list, tuple)):
+        if not isinstance(out, (list, tuple)) or len(out) != len(exp):
+            return False
+        return all(allclose(o, e, atol, rtol) for o, e in zip(out, exp, strict=True))
+    if not (_is_number(out) and _is_number(exp)):
+        return False
+    if out == exp:  # equal infinities
+        return True
+    try:
+        return abs(out - exp) <= atol + rtol * abs(exp)  # NaN compares False
+    except (OverflowError, TypeError):
+        return False
+
+
+def outputs_match(dataset, entry_point, inp, out, exp, atol):
+    """Whether ``out`` (candidate) matches ``exp`` (canonical) on input ``inp`` (evalplus rules)."""
+    exact = bool(out == exp)
+    if dataset == "mbpp":
+        if entry_point == "are_equivalent":
+            exact = True
+        elif entry_point == "sum_div":
+            exact = exact or bool(out == 0)
+        elif entry_point == "surface_Area":
+            exact = exact or abs(out - _surface_Area(*inp)) <= atol
+        elif entry_point == "digit_distance_nums":
+            exact = exact or bool(out == _digit_distance_nums(*inp))
+        elif entry_point in MBPP_OUTPUT_SET_EQ_TASKS:
+            exact = set(out) == set(exp)
+        elif entry_point in MBPP_OUTPUT_NOT_NONE_TASKS:
+            exact = bool(out == exp) if isinstance(out, bool) else exp == (out is not None)
+    if dataset == "humaneval" and entry_point == "find_zero":
+        return abs(_poly(*inp, out)) <= atol
+    if atol == 0 and is_floats(exp):
+        atol = 1e-6
+    if not exact and atol != 0:
+        if type(out) is not type(exp):
+            return False
+        if isinstance(exp, (list, tuple)) and len(out) != len(exp):
+            return False
+        return allclose(out, exp, atol)
+    return exact
+
+
+# --- execution --------------------------------------------------------------------------------------------
+
+
+class _TestTimeout(BaseException):
+    """Raised by the interval timer when one test call overruns its limit."""
+
+
+class _Sink(io.TextIOBase):
+    """A write-only stream that drops everything (evalplus' ``swallow_io``)."""
+
+    def write(self, s):
+        return len(s)
+
+    def readable(self):
+        return False
+
+    def writable(self):
+        return True
+
+
+def _on_alarm(signum, frame):
+    raise _TestTimeout()
+
+
+class _Quiet:
+    def __enter__(self):
+        self._saved = sys.stdout, sys.stderr, sys.stdin
+        sys.stdout = sys.stderr = _Sink()
+        sys.stdin = io.StringIO("")
+        return self
+
+    def __exit__(self, *exc):
+        sys.stdout, sys.stderr, sys.stdin = self._saved
+        return False
+
+
+LOAD_LIMIT_S = 4.0
+"""Time limit for executing a program's module-level code (its definitions) before the tests."""
+
+
+def _load(program, entry_point, limit_s=LOAD_LIMIT_S):
+    namespace = {"__name__": "__candidate__"}
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, limit_s)
+    try:
+        with _Quiet():
+            exec(compile(program, "<candidate>", "exec"), namespace)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    fn = namespace.get(entry_point)
+    if not callable(fn):
+        raise NameError(f"no function named {entry_point!r}")
+    return fn
+
+
+def _call(fn, inp, limit_s):
+    args = copy.deepcopy(inp)
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, limit_s)
+    try:
+        with _Quiet():
+            return fn(*args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def run_check_function(program, entry_point):
+    """HumanEval: execute ``program`` (candidate + test code) and call ``check(<entry_point>)``."""
+    namespace = {"__name__": "__candidate__"}
+    with _Quiet():
+        exec(compile(program, "<candidate>", "exec"), namespace)
+        namespace["check"](namespace[entry_point])
+    return "ok"
+
+
+def _inputs(inputs_json, task_id, dataset):
+    inputs = json.loads(inputs_json)
+    return mbpp_deserialize_inputs(task_id, inputs) if dataset == "mbpp" else inputs
+
+
+def _roundtrips(value, text):
+    try:
+        return repr(eval(text, dict(EVAL_NAMESPACE))) == text  # noqa: S307 - runs in the sandbox only
+    except Exception:
+        return False
+
+
+MAX_REPR_CHARS = 100_000
+"""Largest expected-output ``repr`` stored; a task with a larger one is checked in "live" mode."""
+MAX_TOTAL_REPR_CHARS = 2_000_000
+"""Largest total size of a task's stored expected outputs (beyond it: "live" mode)."""
+INT_DIGITS = 50_000
+"""``sys.set_int_max_str_digits`` while solutions run (as evalplus' evaluator sets it)."""
+
+
+def _safe_repr(value):
+    """``repr(value)``, or ``None`` when it needs a huge int conversion (slow: quadratic) or fails."""
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(4300)
+    try:
+        return repr(value)
+    except Exception:
+        return None
+    finally:
+        if hasattr(sys, "set_int_max_str_digits"):
+            sys.set_int_max_str_digits(INT_DIGITS)
+
+
+def ground_truth(program, entry_point, inputs_json, task_id, dataset, not_none, limit_s):
+    """Run the canonical solution on every input.
+
+    Returns JSON ``{"outputs": [repr] | null, "times": [s], "live_reason": str | null}``. ``outputs`` is
+    ``null`` ("live" mode: checks recompute expected outputs from the reference in the same job) when some
+    output has no ``repr`` that evaluates back to an equal ``repr``, or the reprs are too large to embed in
+    every check program.
+    """
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(INT_DIGITS)
+    fn = _load(program, entry_point, 60.0)
+    outputs, times, total, live_reason = [], [], 0, None
+    for inp in _inputs(inputs_json, task_id, dataset):
+        start = time.perf_counter()
+        out = _call(fn, inp, limit_s)
+        times.append(time.perf_counter() - start)
+        if not_none:
+            out = out is not None
+        if live_reason is not None:
+            continue
+        text = _safe_repr(out)
+        if text is None:
+            live_reason = "an output has no usable repr (e.g. a huge int)"
+        elif len(text) > MAX_REPR_CHARS or total + len(text) > MAX_TOTAL_REPR_CHARS:
+            live_reason = "expected outputs too large to embed"
+        elif not _roundtrips(out, text):
+            live_reason = "an output's repr does not evaluate back to it"
+        else:
+            total += len(text)
+            outputs.append(text)
+    return json.dumps(
+        {"outputs": None if live_reason else outputs, "times": times, "live_reason": live_reason}
+    )
+
+
+def check(
+    program,
+    entry_point,
+    inputs_json,
+    task_id,
+    dataset,
+    expected_reprs,
+    reference,
+    not_none,
+    time_limits,
+    atol,
+    n_base,
+):
+    """Run a candidate on every input, stopping at the first failure.
+
+    Returns JSON ``{"base": bool, "plus": bool, "passed": n, "total": n, "failed_at": i | null,
+    "reason": str}``. ``expected_reprs`` (or, when it is ``None``, the ``reference`` program run here) gives
+    the expected outputs.
+    """
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(INT_DIGITS)
+    inputs = _inputs(inputs_json, task_id, dataset)
+    total = len(inputs)
+
+    def result(passed, reason, failed_at=None):
+        return json.dumps(
+            {
+                "base": passed >= n_base,
+                "plus": passed == total,
+                "passed": passed,
+                "total": total,
+                "failed_at": failed_at,
+                "reason": reason,
+            }
+        )
+
+    ref_fn = None
+    if expected_reprs is None:
+        ref_fn = _load(reference, entry_point, 60.0)
+    try:
+        fn = _load(program, entry_point)
+    except _TestTimeout:
+        return result(0, f"load: timeout while executing the program's top level (limit {LOAD_LIMIT_S} s)", 0)
+    except BaseException as exc:  # noqa: BLE001 - any failure to define the function fails the sample
+        return result(0, f"load: {type(exc).__name__}: {str(exc)[:200]}", 0)
+    for i, inp in enumerate(inputs):
+        if expected_reprs is not None:
+            exp = eval(expected_reprs[i], dict(EVAL_NAMESPACE))  # noqa: S307 - sandbox only
+        else:
+            exp = _call(ref_fn, inp, max(time_limits[i], 10.0))
+            if not_none:
+                exp = exp is not None
+        try:
+            out = _call(fn, inp, time_limits[i])
+        except _TestTimeout:
+            return result(i, f"timeout on test {i} (limit {time_limits[i]:.2f} s)", i)
+        except BaseException as exc:  # noqa: BLE001
+            return result(i, f"test {i}: {type(exc).__name__}: {str(exc)[:200]}", i)
+        try:
+            ok = outputs_match(dataset, entry_point, inp, out, exp, atol)
+        except BaseException as exc:  # noqa: BLE001
+            return result(i, f"test {i}: comparison raised {type(exc).__name__}", i)
+        if not ok:
+            return result(i, f"test {i}: wrong output", i)
+    return result(total, "ok")
