@@ -174,5 +174,9 @@ def bwrap_command(bwrap: str, *, privileged: bool, tmp_mb: int, paths: list[str]
         ro_bind(path)
     cmd += ["--proc", "/proc", "--dev", "/dev",
             "--perms", "0755", "--size", str(tmp_mb * 1024 * 1024), "--tmpfs", "/tmp",
+            # The sandbox's own root and /dev are tmpfs mounts owned by the (mapped) user in user-namespace
+            # mode: make them read-only so the private /tmp is the only writable place, which the worker
+            # wipes after every job.
+            "--remount-ro", "/dev", "--remount-ro", "/",
             "--chdir", "/tmp", "--"]
     return cmd

@@ -274,7 +274,10 @@ class Sandbox:
             "uid": uid, "gid": gid,
             "setuid_at_boot": mode == "bwrap-root",
             "drop_in_child": mode == "plain" and self._is_root,
-            "tmp_base": "/tmp/populora" if mode.startswith("bwrap") else os.path.join(self._tmpdir, f"w{index}"),
+            # bwrap-root: /tmp is root's and the worker's uid gets /tmp/populora; bwrap-user: the whole private
+            # /tmp belongs to the worker's uid, so all of it is the job area (wiped after every job).
+            "tmp_base": {"bwrap-root": "/tmp/populora", "bwrap-user": "/tmp"}.get(
+                mode, os.path.join(self._tmpdir, f"w{index}")),
             "sys_path": self._paths, "preload": list(self.preload), "seccomp": True,
             "libs": self._libs, "host_ns": self._host_ns,
         }
@@ -480,6 +483,8 @@ class Sandbox:
 
     # ------------------------------------------------------------------ dispatch
     def _restart(self, index: int) -> None:
+        if self._closed:
+            raise SandboxError("the Sandbox was closed while a batch was running")
         old = self._workers[index]
         if old is not None:
             old.kill()

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import ast
 import logging
 import os
+import shutil
 import signal
+import stat
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +27,7 @@ from populora_env.sandbox import (
     pool,
 )
 
-from .conftest import assert_workers_clean
+from .conftest import assert_workers_clean, sandbox_procs
 
 
 def test_run_one_value_and_types(sb: Sandbox) -> None:
@@ -288,3 +294,67 @@ def test_job_validation() -> None:
         Limits(timeout_s=-1)
     with pytest.raises(ValueError):
         Sandbox(workers=1, require="medium")
+
+
+def test_unresponsive_worker_is_killed_and_replaced() -> None:
+    """A worker that stops answering (here: SIGSTOP) costs its job a 'crashed' result, not a hang."""
+    with Sandbox(workers=1, limits=Limits(timeout_s=0.5)) as box:
+        worker = next(p for p in sandbox_procs(box) if p["uid"] == box.worker_uids[0])
+        before = box.worker_pids
+        threading.Timer(0.2, os.kill, (worker["pid"], signal.SIGSTOP)).start()
+        t0 = time.monotonic()
+        r = box.run_one("import time\ntime.sleep(0.4)")
+        assert r.status == "crashed" and "stopped answering" in r.error
+        assert time.monotonic() - t0 < 5.0  # timeout (0.5 s) + the 2 s grace, not forever
+        assert box.worker_pids != before
+        assert box.run_one("", "'fine'").value == "'fine'"
+
+
+_NON_ROOT_SCRIPT = """
+import sys
+sys.path[:0] = {paths!r}
+from populora_env.sandbox import ExecJob, Sandbox
+with Sandbox(workers=1, require="strong") as sb:
+    assert sb.mode == "bwrap-user", sb.mode
+    rs = sb.run([ExecJob("import os\\nopen('/tmp/leak', 'w').write('x')", "os.getuid()"),
+                 ExecJob("import os", "sorted(n for n in os.listdir('/tmp') if not n.startswith('job-'))"),
+                 ExecJob("import socket\\nsocket.socket()"),
+                 ExecJob("import os\\nos.kill(os.getppid(), 9)"),
+                 ExecJob("open('/x', 'w')"),
+                 ExecJob("def f(x):\\n    return x * 2", "f(21)", "42")])
+    print([(r.status, r.value, r.match) for r in rs])
+    print(sb.missing)
+"""
+
+
+def test_non_root_host_uses_a_user_namespace() -> None:
+    """As an ordinary user (here: nobody) the sandbox runs bubblewrap in an unprivileged user namespace."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to switch to the 'nobody' user for this check")
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    candidates = [sys.executable, shutil.which(version, path="/usr/local/bin:/usr/bin:/bin")]
+    python = next((c for c in candidates if c and _world_executable(c)), None)
+    if python is None:
+        pytest.skip(f"no {version} interpreter that user 'nobody' can run on this host")
+    repo = str(Path(__file__).resolve().parents[2])
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    script = _NON_ROOT_SCRIPT.format(paths=[repo, *site])
+    out = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", python, "-s", "-c",
+                          script], capture_output=True, text=True, timeout=60, env={"HOME": "/nonexistent",
+                                                                                    "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    results = ast.literal_eval(lines[0])
+    assert results[0] == ("ok", "65534", None)
+    assert results[1] == ("ok", "[]", None)  # the file the previous job left in /tmp was wiped
+    assert [r[0] for r in results[2:5]] == ["error", "error", "error"]
+    assert results[5] == ("ok", "42", True)
+    assert lines[1] == "[]"  # every layer in force
+
+
+def _world_executable(path: str) -> bool:
+    """Whether 'other' users can reach and execute ``path`` (every ancestor searchable)."""
+    real = Path(os.path.realpath(path))
+    if not os.stat(real).st_mode & stat.S_IXOTH:
+        return False
+    return all(os.stat(parent).st_mode & stat.S_IXOTH for parent in real.parents)
