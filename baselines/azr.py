@@ -1,0 +1,48 @@
+"""The compute-matched single-agent Absolute Zero Reasoner (AZR) baseline.
+
+One LoRA adapter (``azr``) plays both roles on the same env: it proposes tasks as ``teacher_0`` and solves
+them as ``student_0``. What changes against a PopuLoRA run of the same preset:
+
+- **reward**: the ``azr`` scheme: the proposer is paid the *learnability of its own tasks*,
+  r = 1 − p̂ if 0 < p̂ < 1 else 0 (``extreme_reward``), −1 for an invalid task, where p̂ is its own solve
+  rate over the ``samples_per_task`` attempts; solver rewards are the same (+1 / −0.5 / −1);
+- **advantages**: task-relative REINFORCE++ (TRR++): ``reinforce_pp`` whitened separately within each
+  (role, task type) scope, as AZR's code does (token-weighted statistics);
+- **no evolution**, one adapter, one optimizer.
+
+**Compute matching (per adapter, per role).** Each step the baseline adapter makes exactly one proposer's
+budget — ``tasks_per_teacher`` proposals of ``teacher_max_new_tokens`` at most — and exactly one matched
+student's budget — ``samples_per_task`` attempts at each of its valid tasks, ``student_max_new_tokens`` at
+most — and takes **one** optimizer update per step over both (AZR concatenates its role batches into one
+step). A population member of the same preset also takes one update per step, over its own role's batch of
+the same size (with ``num_teachers == num_students``, every student solves exactly one teacher's tasks). So
+per step, per role, the baseline adapter sees the same number of completions and generation-token budget
+as one population member; the population as a whole spends ``num_teachers + num_students`` adapters' worth
+(the paper's "per-adapter compute-matched" baseline; the total-compute difference is the portfolio effect
+its critics point at).
+
+Difference from AZR kept on purpose: AZR does not train on its 8 learnability rollouts and draws a
+separate solver batch from the buffer; here the solver's learnability attempts are its training samples,
+exactly as a PopuLoRA student's are, so the two arms differ only in who proposes and who judges.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from agents.config import TrainConfig
+from agents.loop import AgentMapping
+
+MEMBER = "azr"
+
+
+def azr_mapping() -> AgentMapping:
+    """``teacher_0`` and ``student_0`` both act with the one ``azr`` adapter."""
+    return AgentMapping({"teacher_0": MEMBER, "student_0": MEMBER}, {"teacher": [MEMBER], "student": [MEMBER]})
+
+
+def azr_config(cfg: TrainConfig) -> TrainConfig:
+    """The baseline's configuration derived from a run configuration (same budgets, AZR's choices)."""
+    env = dataclasses.replace(cfg.env, reward_scheme="azr")
+    trainer = dataclasses.replace(cfg.trainer, advantage="reinforce_pp")
+    return dataclasses.replace(cfg, num_teachers=1, num_students=1, env=env, trainer=trainer, evolution=False)
