@@ -1,0 +1,312 @@
+"""The PBT replacement step of PopuLoRA as a training-loop callback (populora-method.md §7).
+
+Every ``interval`` steps, per role (teachers are replaced by teacher children, students by student children):
+
+1. rank the role's ``N`` members by their conservative rating ``μ − 3σ`` (ascending; ties by name);
+2. cull ``n = min(max(1, round(γN)), ⌊N/2⌋)`` members (``round`` = half up; nothing when ``N < 2``): the lowest
+   ranked members of the bottom half that are not *protected newborns* (children of the previous event are exempt
+   once — without this a fresh rating ``μ₀ − 3σ₀ = 0`` makes the same slot lose at every event, the "revolving
+   slot" hazard); protected members are skipped, never replaced by a member of the top half;
+3. for each culled slot draw, from a per-replacement ``torch.Generator`` seeded from ``(seed, step, role, slot)``:
+   the operator (a family by ``operators`` then uniformly among that family's default pool, or an operator by
+   name) and its parents — uniformly from the top ``max(2, ⌈γN⌉)`` survivors, one for a mutation, two distinct for
+   a crossover (ordered so that parent 2 is the fitter one); a crossover needs two survivors in the pool, else only
+   one-parent operators are drawn;
+4. write the child into the culled member's slot (``population.load_state``), reset its optimizer
+   (``population.reset_optimizer``) and rating (``reset_rating``), and append one JSON line to ``lineage.jsonl``.
+
+The controller only talks to small duck-typed interfaces, so tests use fakes:
+
+* ``population.state(name) -> dict[str, Tensor]``, ``population.load_state(name, state)``,
+  ``population.reset_optimizer(name)`` (as ``agents.population.LoRAPopulation``);
+* ``ratings: Mapping[name, (mu, sigma)]`` and ``reset_rating(name)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from evolution.operators import FAMILIES, Operator, get_operator, list_operators
+
+__all__ = ["PBTConfig", "PBTController", "PopulationLike", "event_seed"]
+
+
+class PopulationLike(Protocol):
+    """What the controller needs from the population (``agents.population.LoRAPopulation`` fits)."""
+
+    def state(self, name: str) -> dict[str, torch.Tensor]: ...
+
+    def load_state(self, name: str, state: dict[str, torch.Tensor]) -> None: ...
+
+    def reset_optimizer(self, name: str) -> None: ...
+
+
+@dataclass
+class PBTConfig:
+    """PBT replacement step (populora-method.md §7; defaults k = 10, γ = 0.25, crossover/mutation 0.5/0.5)."""
+
+    interval: int = 10
+    """Evolve every `interval` training steps (k)."""
+    cull_fraction: float = 0.25
+    """Fraction γ of each role replaced per event: n = min(max(1, round(γN)), floor(N/2)); in (0, 0.5]."""
+    operators: dict[str, float] = field(default_factory=lambda: {"crossover": 0.5, "mutation": 0.5})
+    """Operator distribution: families ('mutation', 'crossover', 'control'; uniform within the family's default
+    pool) or operator names (e.g. {'dare': 1.0} for a single-operator ablation), with probabilities."""
+    operator_params: dict[str, dict[str, float | int | str]] = field(default_factory=dict)
+    """Per-operator parameter overrides, e.g. {'dare': {'p': 0.5}}."""
+    newborn_protection: bool = True
+    """Exempt the children of an event from culling at the next event."""
+    seed: int = 0
+    """Seed of the per-replacement generators (combined with step, role and slot)."""
+
+
+def event_seed(seed: int, step: int, role: str, slot: str) -> int:
+    """Stable 63-bit seed of one replacement from (run seed, step, role, slot) (SHA-256, not Python's ``hash``)."""
+    digest = hashlib.sha256(f"{seed}\x1f{step}\x1f{role}\x1f{slot}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def _score(rating: tuple[float, float]) -> float:
+    mu, sigma = rating
+    return float(mu) - 3.0 * float(sigma)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, tuple | list):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    return value
+
+
+class PBTController:
+    """The replacement step; call :meth:`maybe_evolve` after every training step.
+
+    Args:
+        config: :class:`PBTConfig`.
+        lineage_path: ``lineage.jsonl`` to append one line per replacement to (created with its directory);
+            None keeps no file (the records are still returned).
+    """
+
+    def __init__(self, config: PBTConfig, lineage_path: str | Path | None = None):
+        self.config = config
+        self.lineage_path = None if lineage_path is None else Path(lineage_path)
+        self._validate()
+        self._candidates = self._operator_candidates()
+        self.protected: dict[str, list[str]] = {}
+        self.n_events = 0
+        self.n_replacements = 0
+        self.last_step: int | None = None
+
+    # ------------------------------------------------------------------------------------------ config
+
+    def _validate(self) -> None:
+        c = self.config
+        if not isinstance(c.interval, int) or c.interval < 1:
+            raise ValueError(f"pbt.interval must be an integer >= 1, got {c.interval!r}")
+        if not 0.0 < c.cull_fraction <= 0.5:
+            raise ValueError(f"pbt.cull_fraction must be in (0, 0.5], got {c.cull_fraction!r}")
+        if not c.operators:
+            raise ValueError("pbt.operators is empty")
+        if any(float(p) < 0 or not math.isfinite(float(p)) for p in c.operators.values()):
+            raise ValueError(f"pbt.operators probabilities must be finite and >= 0, got {dict(c.operators)}")
+        if sum(float(p) for p in c.operators.values()) <= 0:
+            raise ValueError(f"pbt.operators probabilities sum to 0: {dict(c.operators)}")
+        kinds = {"family" if k in FAMILIES else "operator" for k in c.operators}
+        if len(kinds) > 1:
+            raise ValueError(
+                f"pbt.operators mixes families and operator names: {sorted(c.operators)}; use one kind"
+            )
+        for name in c.operators:
+            if name not in FAMILIES:
+                get_operator(name)  # raises with the known names
+        for name, params in c.operator_params.items():
+            get_operator(name).resolve_params(params)  # unknown operator / parameter -> clear error
+
+    def _operator_candidates(self) -> list[tuple[Operator, float]]:
+        """Every operator that can be drawn with its probability (sorted by name: a stable order for the RNG)."""
+        probs: dict[str, float] = {}
+        total = sum(float(p) for p in self.config.operators.values())
+        for key, p in self.config.operators.items():
+            p = float(p) / total
+            if key in FAMILIES:
+                ops = [op for op in list_operators(key) if op.default_pool] or list_operators(key)
+                for op in ops:
+                    probs[op.name] = probs.get(op.name, 0.0) + p / len(ops)
+            else:
+                probs[key] = probs.get(key, 0.0) + p
+        return [(get_operator(name), probs[name]) for name in sorted(probs) if probs[name] > 0]
+
+    # ------------------------------------------------------------------------------------------- event
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is an evolution step (a positive multiple of ``interval``, not already done)."""
+        return step > 0 and step % self.config.interval == 0 and step != self.last_step
+
+    def maybe_evolve(
+        self,
+        step: int,
+        roles: Mapping[str, Sequence[str]],
+        population: PopulationLike,
+        ratings: Mapping[str, tuple[float, float]],
+        reset_rating: Callable[[str], None],
+    ) -> list[dict]:
+        """Run the replacement step if ``step`` is due; returns the lineage records written (one per child).
+
+        Args:
+            step: the training step just completed (1-based count).
+            roles: role -> its members, e.g. ``{"teacher": ["t0", "t1"], "student": [...]}``.
+            population: see :class:`PopulationLike`.
+            ratings: member -> ``(mu, sigma)``.
+            reset_rating: called with a member name after its slot was replaced.
+        """
+        if not self.due(step):
+            return []
+        records: list[dict] = []
+        for role in sorted(roles):
+            records.extend(
+                self._evolve_role(step, role, list(roles[role]), population, ratings, reset_rating)
+            )
+        self.last_step = step
+        self.n_events += 1
+        self.n_replacements += len(records)
+        return records
+
+    def plan(
+        self, role: str, members: Sequence[str], ratings: Mapping[str, tuple[float, float]]
+    ) -> tuple[list[str], list[str], list[str]]:
+        """``(culled, parent_pool, protected_skipped)`` for one role at an event (no side effects)."""
+        n_members = len(members)
+        if n_members < 2:
+            return [], [], []
+        missing = [m for m in members if m not in ratings]
+        if missing:
+            raise KeyError(f"no rating for member(s) {missing} of role {role!r}")
+        score = {m: _score(ratings[m]) for m in members}
+        ranked = sorted(members, key=lambda m: (score[m], m))
+        gamma = self.config.cull_fraction
+        n = min(max(1, math.floor(gamma * n_members + 0.5)), n_members // 2)
+        bottom = ranked[: n_members // 2]
+        protected = set(self.protected.get(role, ())) if self.config.newborn_protection else set()
+        culled: list[str] = []
+        skipped: list[str] = []  # protected newborns that would have been culled
+        for m in bottom:
+            if len(culled) == n:
+                break
+            (skipped if m in protected else culled).append(m)
+        culled_set = set(culled)
+        survivors = sorted((m for m in members if m not in culled_set), key=lambda m: (-score[m], m))
+        pool = survivors[: min(len(survivors), max(2, math.ceil(gamma * n_members)))]
+        return culled, pool, skipped
+
+    def _evolve_role(self, step, role, members, population, ratings, reset_rating) -> list[dict]:
+        culled, pool, skipped = self.plan(role, members, ratings)
+        if not culled:
+            self.protected[role] = []
+            return []
+        score = {m: _score(ratings[m]) for m in members}
+        states: dict[str, dict[str, torch.Tensor]] = {}
+        records = []
+        for slot in culled:
+            seed = event_seed(self.config.seed, step, role, slot)
+            choices = [(op, p) for op, p in self._candidates if op.arity <= len(pool)]
+            if not choices:
+                warnings.warn(
+                    f"PBT step {step}, role {role!r}: no operator with arity <= {len(pool)} (parent pool "
+                    f"{pool}) in {dict(self.config.operators)}; slot {slot!r} not replaced",
+                    stacklevel=2,
+                )
+                continue
+            gen = torch.Generator().manual_seed(seed)
+            op = _draw(choices, gen)
+            if op.arity == 1:
+                parents = [pool[int(torch.randint(len(pool), (), generator=gen))]]
+            else:
+                pick = torch.randperm(len(pool), generator=gen)[:2].tolist()
+                parents = sorted((pool[i] for i in pick), key=lambda m: (score[m], m))  # parent 2 = fitter
+            for p in parents:
+                if p not in states:
+                    states[p] = population.state(p)
+            params = op.resolve_params(self.config.operator_params.get(op.name, {}))
+            device = next(iter(states[parents[0]].values())).device
+            op_gen = gen if device.type == "cpu" else torch.Generator(device=device).manual_seed(seed)
+            t0 = time.perf_counter()
+            child = op(*(states[p] for p in parents), generator=op_gen, **params)
+            seconds = time.perf_counter() - t0
+            population.load_state(slot, child)
+            population.reset_optimizer(slot)
+            reset_rating(slot)
+            rec = {
+                "step": step,
+                "role": role,
+                "culled": slot,
+                "culled_rating": _rating_record(ratings[slot]),
+                "parents": parents,
+                "parent_ratings": [_rating_record(ratings[p]) for p in parents],
+                "operator": op.name,
+                "family": op.family,
+                "params": _json_safe(params),
+                "seed": seed,
+                "seconds": round(seconds, 6),
+                "protected_skipped": skipped,
+            }
+            records.append(rec)
+            self._write(rec)
+        self.protected[role] = [r["culled"] for r in records]
+        return records
+
+    def _write(self, record: dict) -> None:
+        if self.lineage_path is None:
+            return
+        self.lineage_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.lineage_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, sort_keys=False) + "\n")
+            fh.flush()
+
+    # -------------------------------------------------------------------------------------- checkpoint
+
+    def state_dict(self) -> dict:
+        """JSON-serialisable state: newborn protection per role, counters, last evolution step."""
+        return {
+            "version": 1,
+            "protected": {role: list(names) for role, names in self.protected.items()},
+            "n_events": self.n_events,
+            "n_replacements": self.n_replacements,
+            "last_step": self.last_step,
+            "seed": self.config.seed,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (the per-event generators are derived, so no RNG state is needed)."""
+        if state.get("version") != 1:
+            raise ValueError(f"unsupported PBT state version {state.get('version')!r}")
+        self.protected = {str(role): list(names) for role, names in state["protected"].items()}
+        self.n_events = int(state["n_events"])
+        self.n_replacements = int(state["n_replacements"])
+        self.last_step = None if state["last_step"] is None else int(state["last_step"])
+
+
+def _rating_record(rating: tuple[float, float]) -> dict[str, float]:
+    mu, sigma = float(rating[0]), float(rating[1])
+    return {"mu": mu, "sigma": sigma, "score": mu - 3.0 * sigma}
+
+
+def _draw(choices: list[tuple[Operator, float]], gen: torch.Generator) -> Operator:
+    total = sum(p for _, p in choices)
+    u = float(torch.rand((), generator=gen, dtype=torch.float64)) * total
+    acc = 0.0
+    for op, p in choices:
+        acc += p
+        if u < acc:
+            return op
+    return choices[-1][0]

@@ -1,0 +1,147 @@
+"""``evolve_dirs`` on real PEFT adapter directories of a tiny Llama: load, check, evolve, save, reload."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from safetensors.torch import load_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from evolution.adapters_io import evolve_dirs, load_adapter_dir, parse_params
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def tiny_llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def save_adapter(path, seed, *, r=4, alpha=8, targets=TARGETS, train_b=True):
+    model = tiny_llama()
+    peft_model = get_peft_model(
+        model, LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0)
+    )
+    if train_b:  # pretend training happened: B != 0
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in peft_model.named_parameters():
+                if "lora_B" in name or "lora_A" in name:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    peft_model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory):
+    root = tmp_path_factory.mktemp("adapters")
+    return save_adapter(root / "a", 1), save_adapter(root / "b", 2), root
+
+
+def lora_out(model_dir, ids):
+    model = PeftModel.from_pretrained(tiny_llama(), model_dir)
+    model.eval()
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.mark.parametrize("op,params", [("ties", {"density": 0.5}), ("dare", {}), ("svd_mutation", {})])
+def test_evolve_dirs_writes_a_loadable_peft_adapter(adapters, op, params, tmp_path):
+    a, b, _ = adapters
+    parents = [a, b] if op != "svd_mutation" else [a]
+    out = evolve_dirs(op, parents, tmp_path / "child", params, seed=3)
+    assert out == tmp_path / "child"
+    assert (out / "adapter_config.json").read_text() == (a / "adapter_config.json").read_text()
+    child = load_file(str(out / "adapter_model.safetensors"))
+    parent = load_file(str(a / "adapter_model.safetensors"))
+    assert child.keys() == parent.keys()
+    assert all(child[k].shape == parent[k].shape and child[k].dtype == parent[k].dtype for k in child)
+    assert any(not torch.equal(child[k], parent[k]) for k in child)
+    # PEFT loads it, and the loaded weights are exactly the child's
+    model = PeftModel.from_pretrained(tiny_llama(), out)
+    sd = {k: v for k, v in model.state_dict().items() if "lora_" in k}
+    for k, v in child.items():
+        loaded = k.replace(".lora_A.weight", ".lora_A.default.weight").replace(
+            ".lora_B.weight", ".lora_B.default.weight"
+        )
+        assert torch.equal(sd[loaded], v)
+    # same seed, same child
+    again = evolve_dirs(op, parents, tmp_path / "again", params, seed=3)
+    child2 = load_file(str(again / "adapter_model.safetensors"))
+    assert all(torch.equal(child[k], child2[k]) for k in child)
+
+
+def test_copy_parent_roundtrip_gives_identical_outputs(adapters, tmp_path):
+    a, _, _ = adapters
+    out = evolve_dirs("copy_parent", [a], tmp_path / "copy", {})
+    ids = torch.arange(10).unsqueeze(0)
+    assert torch.equal(lora_out(out, ids), lora_out(a, ids))
+
+
+def test_mismatches_are_named(adapters, tmp_path):
+    a, b, root = adapters
+    r8 = save_adapter(root / "r8", 3, r=8, alpha=16)
+    with pytest.raises(ValueError, match="parents differ in r: .* 4, .* 8"):
+        evolve_dirs("dare", [a, r8], tmp_path / "x", {})
+    alpha = save_adapter(root / "alpha", 4, alpha=4)
+    with pytest.raises(ValueError, match="lora_alpha"):
+        evolve_dirs("dare", [a, alpha], tmp_path / "x", {})
+    qv = save_adapter(root / "qv", 5, targets=["q_proj", "v_proj"])
+    with pytest.raises(ValueError, match="target_modules"):
+        evolve_dirs("dare", [a, qv], tmp_path / "x", {})
+    with pytest.raises(ValueError, match="takes 2 parent"):
+        evolve_dirs("dare", [a], tmp_path / "x", {})
+    with pytest.raises(ValueError, match="known operators"):
+        evolve_dirs("nope", [a], tmp_path / "x", {})
+    with pytest.raises(ValueError, match="unknown parameter"):
+        evolve_dirs("ties", [a, b], tmp_path / "x", {"dens": 0.5})
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        evolve_dirs("dare", [a, root / "missing"], tmp_path / "x", {})
+    binonly = root / "bin"
+    binonly.mkdir()
+    shutil.copy(a / "adapter_config.json", binonly)
+    (binonly / "adapter_model.bin").write_bytes(b"not read")
+    with pytest.raises(ValueError, match="pickled adapter_model.bin"):
+        load_adapter_dir(binonly)
+    notlora = root / "ia3"
+    notlora.mkdir()
+    (notlora / "adapter_config.json").write_text(json.dumps({"peft_type": "IA3"}))
+    shutil.copy(a / "adapter_model.safetensors", notlora)
+    with pytest.raises(ValueError, match="only LORA"):
+        load_adapter_dir(notlora)
+    assert not (tmp_path / "x").exists()
+
+
+def test_untrained_adapter_is_copied_by_svd_ops(tmp_path):
+    a = save_adapter(tmp_path / "fresh", 0, train_b=False)  # PEFT init: B = 0
+    out = evolve_dirs("svd_mutation", [a], tmp_path / "child", {})
+    parent, child = (
+        load_file(str(a / "adapter_model.safetensors")),
+        load_file(str(out / "adapter_model.safetensors")),
+    )
+    assert all(torch.equal(parent[k], child[k]) for k in parent)
+
+
+def test_parse_params():
+    assert parse_params(["density=0.5", "niter=3", "space=factor", "weights=0.3,0.7", "p = 0.25"]) == {
+        "density": 0.5,
+        "niter": 3,
+        "space": "factor",
+        "weights": "0.3,0.7",
+        "p": 0.25,
+    }
+    for bad in (["density"], ["=1"], ["a=1", "a=2"]):
+        with pytest.raises(ValueError):
+            parse_params(bad)
