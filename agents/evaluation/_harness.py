@@ -314,14 +314,15 @@ def _safe_repr(value):
             sys.set_int_max_str_digits(INT_DIGITS)
 
 
-def ground_truth(program, entry_point, inputs_json, task_id, dataset, not_none, limit_s):
+def ground_truth(program, entry_point, inputs_json, task_id, dataset, not_none, limit_s, max_total=None):
     """Run the canonical solution on every input.
 
     Returns JSON ``{"outputs": [repr] | null, "times": [s], "live_reason": str | null}``. ``outputs`` is
     ``null`` ("live" mode: checks recompute expected outputs from the reference in the same job) when some
     output has no ``repr`` that evaluates back to an equal ``repr``, or the reprs are too large to embed in
-    every check program.
+    every check program (more than ``max_total`` characters, default :data:`MAX_TOTAL_REPR_CHARS`).
     """
+    max_total = MAX_TOTAL_REPR_CHARS if max_total is None else max_total
     if hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(INT_DIGITS)
     fn = _load(program, entry_point, 60.0)
@@ -337,7 +338,7 @@ def ground_truth(program, entry_point, inputs_json, task_id, dataset, not_none, 
         text = _safe_repr(out)
         if text is None:
             live_reason = "an output has no usable repr (e.g. a huge int)"
-        elif len(text) > MAX_REPR_CHARS or total + len(text) > MAX_TOTAL_REPR_CHARS:
+        elif len(text) > MAX_REPR_CHARS or total + len(text) > max_total:
             live_reason = "expected outputs too large to embed"
         elif not _roundtrips(out, text):
             live_reason = "an output's repr does not evaluate back to it"

@@ -147,6 +147,11 @@ class CodeEvaluator:
         humaneval_timeout_s: wall-clock limit of one HumanEval check.
         min_time_limit_s, time_factor: per-test limit ``max(min_time_limit_s, time_factor x canonical)``.
         max_task_s: cap on the sum of a task's per-test limits (evalplus: 60 s).
+        chunk_size: checks sent to the sandbox per batch (each job's text embeds the task's inputs and
+            expected outputs, so batches bound the host's memory).
+
+    A sandbox passed in should allow ``memory_mb >= 4096`` for evalplus parity (a few MBPP+/HumanEval+ tests
+    need more than 2 GiB); its ``max_output_chars`` only decides how many tasks run in "live" mode.
     """
 
     def __init__(
@@ -160,6 +165,7 @@ class CodeEvaluator:
         min_time_limit_s: float = 1.0,
         time_factor: float = 4.0,
         max_task_s: float = 60.0,
+        chunk_size: int = 64,
     ) -> None:
         self._sandbox = sandbox
         self._owned = False
@@ -173,6 +179,7 @@ class CodeEvaluator:
         self.min_time_limit_s = min_time_limit_s
         self.time_factor = time_factor
         self.max_task_s = max_task_s
+        self.chunk_size = max(1, chunk_size)
         self._gt: dict[str, GroundTruth] = {}
         self.gt_failures: dict[str, str] = {}
         """Tasks whose canonical solution failed in the sandbox (task id -> reason)."""
@@ -248,7 +255,7 @@ class CodeEvaluator:
         except OSError as exc:  # a read-only cache dir must not stop an evaluation
             log.warning("could not write ground-truth cache %s: %s", path, exc)
 
-    def _gt_job(self, problem: CodeProblem) -> Any:
+    def _gt_job(self, problem: CodeProblem, max_total: int) -> Any:
         from populora_env.sandbox import ExecJob
 
         args = ", ".join(
@@ -261,6 +268,7 @@ class CodeEvaluator:
                 _dataset(problem),
                 _not_none(problem),
                 60.0,
+                max_total,
             )
         )
         code = f"{HARNESS_SOURCE}\n\ndef __populora_gt__():\n    return ground_truth({args})\n"
@@ -285,7 +293,10 @@ class CodeEvaluator:
             return out
         start = time.perf_counter()
         with self._box() as box:
-            results = box.run([self._gt_job(p) for p in todo])
+            # the reply (times + reprs, JSON inside a repr) must fit the sandbox's reply cap
+            cap = int(getattr(getattr(box, "limits", None), "max_output_chars", MAX_OUTPUT_CHARS))
+            max_total = max(0, min(_harness.MAX_TOTAL_REPR_CHARS, cap // 3 - 64 * 1024))
+            results = box.run([self._gt_job(p, max_total) for p in todo])
         for p, r in zip(todo, results, strict=True):
             if r.status != "ok":
                 self.gt_failures[p.task_id] = f"{r.status}: {(r.error or '')[-300:]}"
@@ -352,20 +363,22 @@ class CodeEvaluator:
         if len(problems) != len(programs):
             raise ValueError(f"{len(problems)} problems but {len(programs)} programs")
         gts = self.ground_truth(problems)
-        jobs, index = [], []
+        index = []
         results: list[CodeResult | None] = [None] * len(problems)
-        for i, (p, prog) in enumerate(zip(problems, programs, strict=True)):
+        for i, p in enumerate(problems):
             if p.benchmark != "humaneval" and p.task_id not in gts:
                 reason = f"no ground truth: {self.gt_failures.get(p.task_id, 'canonical solution failed')}"
                 results[i] = CodeResult(p.task_id, False, False, "skipped", reason)
-                continue
-            jobs.append(self._check_job(p, prog, gts.get(p.task_id)))
-            index.append(i)
-        if jobs:
-            with self._box() as box:
-                outcomes = box.run(jobs)
-            for i, r in zip(index, outcomes, strict=True):
-                results[i] = self._read(problems[i], r, gts.get(problems[i].task_id))
+            else:
+                index.append(i)
+        with self._box() as box:
+            for start in range(0, len(index), self.chunk_size):  # job texts embed inputs: build per chunk
+                chunk = index[start : start + self.chunk_size]
+                jobs = [
+                    self._check_job(problems[i], programs[i], gts.get(problems[i].task_id)) for i in chunk
+                ]
+                for i, r in zip(chunk, box.run(jobs), strict=True):
+                    results[i] = self._read(problems[i], r, gts.get(problems[i].task_id))
         return [r for r in results if r is not None]
 
     def _read(self, problem: CodeProblem, r: Any, gt: GroundTruth | None) -> CodeResult:

@@ -251,3 +251,19 @@ def test_full_canonical_solutions(bench: str, data_dir, evaluator) -> None:
     assert len(failed) <= (1 if bench == "mbpp+" else 0), failed
     empty = evaluator.evaluate(problems, [p.prompt for p in problems])
     assert not any(r.passed for r in empty)
+
+
+def test_callers_sandbox_with_small_reply_cap_uses_live_mode(data_dir, tmp_path: Path) -> None:
+    """With a caller's sandbox whose reply cap is too small to ship expected outputs, every task is checked
+    in "live" mode (the reference runs in the same job) and the verdicts do not change."""
+    from agents.evaluation.code import CodeEvaluator
+    from populora_env.sandbox import Limits, Sandbox
+
+    problems = load_code("humaneval+", data_dir, limit=5)
+    broken = [p.prompt + "    return None\n" for p in problems]
+    with Sandbox(workers=2, limits=Limits(timeout_s=10.0, memory_mb=1024)) as box:  # max_output_chars 100k
+        ev = CodeEvaluator(box, cache_dir=tmp_path)
+        gts = ev.ground_truth(problems)
+        assert all(gt.outputs is None and gt.live_reason for gt in gts.values())
+        assert [r.passed for r in ev.evaluate(problems, canonical_programs(problems))] == [True] * 5
+        assert [r.passed for r in ev.evaluate(problems, broken)] == [False] * 5
