@@ -11,6 +11,23 @@ Public API::
 
 See :mod:`populora_env.sandbox.pool` for the design and :mod:`populora_env.sandbox.isolation` for the
 layers and how each is detected.
+
+Known limits (read before using results as rewards):
+
+* A job reports its own result. The sandbox contains what a job can do to the host, the worker and later
+  jobs; it cannot stop code under test from forging its own reply (e.g. writing a well-formed frame to its
+  reply pipe and calling ``os._exit``), so ``match``/``value`` are the job's claim. Where a reward depends on
+  it, prefer comparing ``value`` on the host against an expected ``repr`` that came from a different job
+  (``ast.literal_eval``, never ``eval``), and keep the untrusted program out of the job that computes the
+  expectation.
+* Every worker runs with ``PYTHONHASHSEED=0`` (str hashing and so set order are the same on every worker);
+  ``random`` (and ``numpy.random`` when preloaded) is reseeded per job. ``id()``-dependent output can repeat
+  between two jobs on the same worker, so run determinism checks as two jobs and do not rely on that alone.
+* Workers are started with bubblewrap's ``--die-with-parent`` (PR_SET_PDEATHSIG), which fires when the
+  *thread* that started them exits: create the Sandbox in a long-lived thread. (Dead workers are restarted
+  on the next batch; a job running at that moment comes back ``"crashed"``.)
+* Without namespaces (``mode == "plain"``, see ``Sandbox.missing``) jobs can read world-readable host files
+  and leave files in world-writable directories such as ``/tmp``.
 """
 
 from populora_env.sandbox.api import (
