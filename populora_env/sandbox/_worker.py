@@ -615,8 +615,9 @@ def _describe(exc: BaseException, tb_limit: int = 5, type=type, str=str) -> str:
     try:
         frames = [fr for fr in traceback.extract_tb(exc.__traceback__)
                   if fr.filename in ("<job>", "<call>", "<compare_to>")][-tb_limit:]
-        head = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        text = head
+        only = "".join(traceback.format_exception_only(type(exc), exc)).rstrip().splitlines()
+        # "Type: message" first; a SyntaxError's location and caret lines follow it
+        text = "\n".join([only[-1], *only[:-1]]) if only else type(exc).__name__
         if frames:
             text += "\nTraceback (most recent call last, job frames only):\n"
             text += "".join(traceback.format_list(frames)).rstrip()

@@ -305,7 +305,11 @@ class Sandbox:
             for w in list(pending):
                 if w.out_fd not in readable:
                     continue
-                frames, eof = w.read_frames(1 << 20)
+                try:
+                    frames, eof = w.read_frames(1 << 20)
+                except ValueError as exc:  # not our protocol: something else wrote to the worker's stdout
+                    raise SandboxError(f"sandbox worker {w.index} sent garbage during start-up: {exc}; "
+                                       f"{w.stderr_tail()}") from exc
                 for frame in frames:
                     if frame.get("type") == "ready":
                         w.ready = frame
