@@ -92,8 +92,8 @@ class AnswerChecker:
         rest_jobs: list[ExecJob] = []
         rest_of: dict[tuple[str, str], tuple[int, int]] = {}
         for key, result in zip(keys, first, strict=True):
-            verdict = _verdict([result])
             jobs = groups[key]
+            verdict = _verdict([result], jobs[:1])
             if verdict.correct and len(jobs) > 1:
                 rest_of[key] = (len(rest_jobs), len(jobs) - 1)
                 rest_jobs.extend(jobs[1:])
@@ -101,7 +101,7 @@ class AnswerChecker:
                 verdicts[key] = verdict
         rest: list[ExecResult] = sandbox.run(rest_jobs) if rest_jobs else []
         for key, (start, count) in rest_of.items():
-            verdicts[key] = _verdict(rest[start : start + count])
+            verdicts[key] = _verdict(rest[start : start + count], groups[key][1:])
         for slot, key in waiting:
             outcomes[slot] = verdicts[key]
         assert all(o is not None for o in outcomes)
@@ -150,11 +150,26 @@ class AnswerChecker:
         return program, jobs
 
 
-def _verdict(results: Sequence[ExecResult]) -> AttemptOutcome:
-    for result in results:
+def _same_value_on_host(result: ExecResult, job: ExecJob) -> bool:
+    """Host-side confirmation of a sandbox ``match``: the reported value and the expected one are both plain
+    literals and equal. Code under test can forge its own reply frame (the sandbox cannot stop a job from
+    writing one), so a forged ``match=True`` alone must not pay; forging the right *value* would require
+    knowing the hidden answer. Literal values are builtins only, so this ``==`` runs no model code."""
+    if result.value is None or job.compare_to is None:
+        return False
+    ok_value, value = literal_value(result.value)
+    ok_expected, expected = literal_value(job.compare_to)
+    try:
+        return bool(ok_value and ok_expected and value == expected)
+    except RecursionError:
+        return False
+
+
+def _verdict(results: Sequence[ExecResult], jobs: Sequence[ExecJob]) -> AttemptOutcome:
+    for result, job in zip(results, jobs, strict=True):
         failed = failure_reason(result)
         if failed is not None:
             return AttemptOutcome(True, False, failed[0], failed[1])
-        if result.match is not True:
+        if result.match is not True or not _same_value_on_host(result, job):
             return AttemptOutcome(True, False, Reason.WRONG, "value differs")
     return AttemptOutcome(True, True, None, "")

@@ -117,3 +117,25 @@ def test_shadowed_builtins_do_not_fool_the_plain_data_guard(sandbox: Any) -> Non
     )
     out = check(sandbox, INDUCTION, think(hack))
     assert not out.correct and out.reason is Reason.NOT_LITERAL
+
+
+class _ForgingSandbox:
+    """Runs the real sandbox, then rewrites every reply as a job that forged its own frame would:
+    ``match=True`` with a value of its choice (code under test can write a reply frame itself)."""
+
+    def __init__(self, inner: Any, value: str | None) -> None:
+        self.inner, self.value = inner, value
+
+    def run(self, jobs: Any) -> list[Any]:
+        import dataclasses
+
+        return [dataclasses.replace(r, status="ok", match=True, value=self.value) for r in self.inner.run(jobs)]
+
+
+def test_a_forged_match_without_the_right_value_does_not_pay(sandbox: Any) -> None:
+    wrong = think("```python\ndef f(x):\n    return 0\n```")
+    assert not check(_ForgingSandbox(sandbox, "0"), INDUCTION, wrong).correct
+    assert not check(_ForgingSandbox(sandbox, None), INDUCTION, wrong).correct
+    assert not check(_ForgingSandbox(sandbox, "[3, 7]"), ABDUCTION, think("```input\n[1], 3\n```")).correct
+    # the honest path still pays: the reported value equals the expected literal on the host
+    assert check(sandbox, INDUCTION, think("```python\ndef f(x):\n    return x + x\n```")).correct
