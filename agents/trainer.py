@@ -1,0 +1,499 @@
+"""Policy-gradient updates of one population member (a LoRA adapter) from its rollouts.
+
+One call ``PolicyGradientTrainer(population, config).update(member, rollouts)``:
+
+1. packs every rollout as a right-padded row ``[prompt | completion]`` and the completion tokens' mask;
+2. computes the advantages over the WHOLE batch with the configured estimator (``agents.advantages``;
+   baseline groups = ``Rollout.group``, whitening scopes = ``Rollout.scope``), after the optional KL-in-reward
+   term ``-beta * KL_est(lp_behaviour - lp_ref)`` per token;
+3. for each epoch and each mini-batch (default: the whole batch, i.e. one optimizer step per epoch) sums the
+   gradients of micro-batches, each loss normalised with the mini-batch's GLOBAL token / sequence counts
+   (so the accumulated gradient equals the full mini-batch gradient for every aggregation mode), clips the
+   gradient norm over the member's parameters, and takes one AdamW step with the member's own optimizer.
+
+The loss is ``agents.losses.policy_loss``: l_t = -min(rho_t A_t, clip(rho_t, 1-eps_low, 1+eps_high) A_t),
+aggregated, minus ``entropy_coef`` * entropy, plus ``kl_coef`` * KL (KL-as-loss mode).
+
+Behaviour log-probs (the rho denominator): with one optimizer step per batch (``epochs == 1`` and one
+mini-batch) the policy being trained IS the policy that sampled (on-policy), so the trainer uses the detached
+log-probs of the same forward pass: rho == 1, clipping inert, exactly AZR's update. With several steps it
+computes the log-probs of the policy before the first step in a no-grad pass. ``use_behaviour_logprobs=True``
+uses ``Rollout.logprobs`` (the generator's, e.g. vLLM's) instead, which also corrects generator/trainer
+numerical mismatch.
+
+Log-probs are taken at the completion positions only: the decoder's hidden states are gathered at the
+positions that predict completion tokens, then the LM head, log-softmax and entropy run over chunks of
+``logprob_chunk_size`` tokens under activation checkpointing, so full-vocabulary logits never exist for the
+whole batch at once (prompts cost no logits at all).
+
+Only the member's parameters require grad (``population.activate``) and only its optimizer steps, so every
+other member stays bitwise unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from agents.advantages import get_advantage, list_advantages
+from agents.losses import KL_ESTIMATORS, get_loss_agg, kl_penalty, list_loss_aggs, policy_loss
+from agents.rollout import Rollout
+
+__all__ = ["TrainerConfig", "PolicyGradientTrainer", "KL_MODES"]
+
+KL_MODES = ("off", "reward", "loss")
+
+
+@dataclass
+class TrainerConfig:
+    """Hyperparameters of a policy-gradient update (one member, one batch of rollouts)."""
+
+    advantage: str = "reinforce_pp_baseline"
+    """Advantage estimator (``agents.advantages.list_advantages()``): grpo, dr_grpo, rloo, reinforce_pp,
+    reinforce_pp_baseline. With singleton groups (one sample per prompt) reinforce_pp_baseline equals
+    reinforce_pp, so the default serves students (n samples per task) and teachers alike."""
+    advantage_kwargs: dict[str, float] = field(default_factory=dict)
+    """Extra keyword arguments of the estimator (e.g. ``{"eps": 1e-4}`` for grpo, ``{"gamma": 0.99}``)."""
+    loss_agg_mode: str = "token-mean"
+    """Loss aggregation (``agents.losses.list_loss_aggs()``): token-mean, seq-mean-token-mean,
+    seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO, divides by the constant ``norm_len`` * G)."""
+    norm_len: int | None = None
+    """The constant L of ``seq-mean-token-sum-norm`` (e.g. max_new_tokens); None: longest completion of the
+    batch."""
+    clip_eps_low: float = 0.2
+    """Ratio clipped below at 1 - clip_eps_low."""
+    clip_eps_high: float = 0.2
+    """Ratio clipped above at 1 + clip_eps_high (DAPO uses 0.28)."""
+    lr: float = 1e-5
+    """AdamW learning rate (LoRA: about 10x a full fine-tuning LR)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay (veRL default)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    max_grad_norm: float | None = 1.0
+    """Clip the member's gradient to this global L2 norm; None: no clipping (the norm is still reported)."""
+    micro_batch_size: int = 8
+    """Rollouts per forward/backward pass (gradients are accumulated); bounds activation memory."""
+    mini_batch_size: int | None = None
+    """Rollouts per optimizer step; None: the whole batch (one step per epoch)."""
+    epochs: int = 1
+    """Passes over the batch. More than one step per batch makes the update off-policy (ratio != 1)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient c_ent (loss -= c_ent * agg(H)); AZR used 0.001. Entropy is always measured."""
+    kl_mode: Literal["off", "reward", "loss"] = "off"
+    """KL to the frozen base (adapters disabled): "off" (no reference pass), "reward" (-kl_coef * KL_est
+    added to the token rewards before the advantage) or "loss" (kl_coef * agg(KL_est) added to the loss)."""
+    kl_estimator: Literal["k1", "k2", "k3"] | None = None
+    """k1, k2 or k3 (``agents.losses.KL_ESTIMATORS``); None: k1 in the reward, k3 as a loss."""
+    kl_coef: float = 0.0
+    """KL coefficient beta (0 with kl_mode != "off" measures the KL without penalising it)."""
+    use_behaviour_logprobs: bool = False
+    """Use ``Rollout.logprobs`` as the ratio denominator (error if missing) instead of the trainer's own."""
+    gradient_checkpointing: bool = False
+    """Recompute decoder activations in the backward pass (less memory, ~30% more compute)."""
+    logprob_chunk_size: int = 1024
+    """Completion tokens per LM-head chunk (bounds the size of the full-vocabulary logits)."""
+    skip_nonfinite_grad: bool = True
+    """Skip the optimizer step (and report it) when the gradient norm is NaN/inf."""
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)  # type: ignore[assignment]
+        problems = []
+        if not self.lr > 0:
+            problems.append(f"lr must be > 0 (got {self.lr})")
+        if self.micro_batch_size < 1:
+            problems.append(f"micro_batch_size must be >= 1 (got {self.micro_batch_size})")
+        if self.mini_batch_size is not None and self.mini_batch_size < 1:
+            problems.append(f"mini_batch_size must be >= 1 or None (got {self.mini_batch_size})")
+        if self.epochs < 1:
+            problems.append(f"epochs must be >= 1 (got {self.epochs})")
+        if not 0 <= self.clip_eps_low < 1 or self.clip_eps_high < 0:
+            problems.append(
+                f"need 0 <= clip_eps_low < 1, clip_eps_high >= 0 (got {self.clip_eps_low}, {self.clip_eps_high})"
+            )
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            problems.append(f"max_grad_norm must be > 0 or None (got {self.max_grad_norm})")
+        if self.kl_mode not in KL_MODES:
+            problems.append(f"kl_mode must be one of {', '.join(KL_MODES)} (got {self.kl_mode!r})")
+        if self.kl_estimator is not None and self.kl_estimator not in KL_ESTIMATORS:
+            problems.append(
+                f"kl_estimator must be one of {', '.join(sorted(KL_ESTIMATORS))} (got {self.kl_estimator!r})"
+            )
+        if self.kl_coef < 0:
+            problems.append(f"kl_coef must be >= 0 (got {self.kl_coef})")
+        if self.kl_mode == "off" and self.kl_coef != 0:
+            problems.append(f"kl_coef = {self.kl_coef} has no effect with kl_mode='off'; set kl_mode")
+        if self.logprob_chunk_size < 1:
+            problems.append(f"logprob_chunk_size must be >= 1 (got {self.logprob_chunk_size})")
+        if self.norm_len is not None and self.norm_len < 1:
+            problems.append(f"norm_len must be >= 1 or None (got {self.norm_len})")
+        if problems:
+            raise ValueError("invalid TrainerConfig: " + "; ".join(problems))
+
+    def check_registries(self) -> None:
+        """Raise KeyError if ``advantage`` or ``loss_agg_mode`` is not registered (checked when a trainer is
+        built, so estimators registered after the config was made are accepted)."""
+        if self.advantage not in list_advantages():
+            raise KeyError(
+                f"unknown advantage estimator {self.advantage!r}; known: {', '.join(list_advantages())}"
+            )
+        get_loss_agg(self.loss_agg_mode)
+        if self.loss_agg_mode not in list_loss_aggs():  # pragma: no cover - get_loss_agg raised already
+            raise KeyError(self.loss_agg_mode)
+
+    @property
+    def resolved_kl_estimator(self) -> str:
+        """The KL estimator in use: ``kl_estimator``, or k1 (reward) / k3 (loss) by default."""
+        if self.kl_estimator is not None:
+            return self.kl_estimator
+        return "k1" if self.kl_mode == "reward" else "k3"
+
+
+@dataclass
+class _Batch:
+    """A packed batch: per-row prompt/completion token lists and [B, Tc] completion-aligned tensors."""
+
+    prompts: list[list[int]]
+    completions: list[list[int]]
+    mask: Tensor  # [B, Tc] float
+    targets: Tensor  # [B, Tc] long (0 on padding)
+
+    @property
+    def size(self) -> int:
+        return len(self.prompts)
+
+
+class PolicyGradientTrainer:
+    """Updates population members with the clipped policy-gradient loss (module docstring for the steps).
+
+    Args:
+        population: an ``agents.population.LoRAPopulation`` (``model``, ``activate``, ``parameters``,
+            ``optimizer``, ``disabled``).
+        config: the hyperparameters; ``TrainerConfig()`` by default.
+    """
+
+    def __init__(self, population, config: TrainerConfig | None = None) -> None:
+        self.population = population
+        self.config = config if config is not None else TrainerConfig()
+        self.config.check_registries()
+        self._advantage = get_advantage(self.config.advantage)
+
+    # ------------------------------------------------------------------------------------ model access
+    @property
+    def _causal_lm(self) -> nn.Module:
+        model = self.population.model
+        return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+    @property
+    def _device(self) -> torch.device:
+        return next(self.population.model.parameters()).device
+
+    def _hidden(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        lm = self._causal_lm
+        backbone = lm.get_decoder() if hasattr(lm, "get_decoder") else lm.model
+        out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+    def _logits(self, h: Tensor) -> Tensor:
+        lm = self._causal_lm
+        logits = lm.get_output_embeddings()(h).float()
+        cfg = getattr(lm, "config", None)
+        # the few architectures whose logits are not lm_head(h): Gemma 2/3 soft-capping, Granite, Cohere
+        softcap = getattr(cfg, "final_logit_softcapping", None)
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        scaling = getattr(cfg, "logits_scaling", None)
+        if scaling:
+            logits = logits / scaling
+        scale = getattr(cfg, "logit_scale", None)
+        if scale:
+            logits = logits * scale
+        return logits
+
+    def _chunk_lp_ent(self, h: Tensor, targets: Tensor, ent_grad: bool) -> tuple[Tensor, Tensor]:
+        logits = self._logits(h)
+        lse = torch.logsumexp(logits, dim=-1)
+        lp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+        with torch.set_grad_enabled(ent_grad and torch.is_grad_enabled()):
+            z = logits if ent_grad else logits.detach()
+            ent = (lse if ent_grad else lse.detach()) - (torch.softmax(z, dim=-1) * z).sum(-1)
+        return lp, ent
+
+    def _forward(self, batch: _Batch, rows: Sequence[int], ent_grad: bool = False) -> tuple[Tensor, Tensor]:
+        """Log-probs and entropies ``[len(rows), Tc]`` (zero on padding) of the completion tokens."""
+        device = self._device
+        seqs = [batch.prompts[i] + batch.completions[i] for i in rows]
+        S = max(len(s) for s in seqs)
+        input_ids = torch.zeros(len(rows), S, dtype=torch.long, device=device)
+        attn = torch.zeros(len(rows), S, dtype=torch.long, device=device)
+        for j, s in enumerate(seqs):
+            input_ids[j, : len(s)] = torch.tensor(s, dtype=torch.long, device=device)
+            attn[j, : len(s)] = 1
+        mask = batch.mask[list(rows)].to(device)
+        Tc = mask.shape[1]
+        sel = mask.bool()
+        b_idx, t_idx = sel.nonzero(as_tuple=True)
+        plen = torch.tensor([len(batch.prompts[i]) for i in rows], device=device)
+        pos = plen[b_idx] - 1 + t_idx  # the position whose logits predict completion token t
+        targets = batch.targets[list(rows)].to(device)[b_idx, t_idx]
+        lp = torch.zeros(len(rows), Tc, device=device)
+        ent = torch.zeros(len(rows), Tc, device=device)
+        if b_idx.numel() == 0:
+            return lp, ent
+        hidden = self._hidden(input_ids, attn)
+        h_sel = hidden[b_idx, pos]
+        lps, ents = [], []
+        n = self.config.logprob_chunk_size
+        for k in range(0, h_sel.shape[0], n):
+            h, tg = h_sel[k : k + n], targets[k : k + n]
+            if torch.is_grad_enabled():
+                a, e = checkpoint(self._chunk_lp_ent, h, tg, ent_grad, use_reentrant=False)
+            else:
+                a, e = self._chunk_lp_ent(h, tg, ent_grad)
+            lps.append(a)
+            ents.append(e)
+        lp = lp.index_put((b_idx, t_idx), torch.cat(lps))
+        ent = ent.index_put((b_idx, t_idx), torch.cat(ents))
+        return lp, ent
+
+    @torch.no_grad()
+    def _logprobs_no_grad(self, batch: _Batch, reference: bool) -> Tensor:
+        out = torch.zeros_like(batch.mask)
+        mb = self.config.micro_batch_size
+        order = _length_order(batch)
+        for k in range(0, len(order), mb):
+            rows = order[k : k + mb]
+            if reference:
+                with self.population.disabled():
+                    lp, _ = self._forward(batch, rows)
+            else:
+                lp, _ = self._forward(batch, rows)
+            out[rows] = lp.to(out.device)
+        return out
+
+    # ------------------------------------------------------------------------------------------ update
+    def update_many(self, batches: Mapping[str, Sequence[Rollout]]) -> dict[str, dict[str, float]]:
+        """``update(member, rollouts)`` for every member of ``batches``, in order; returns metrics per member."""
+        return {member: self.update(member, rollouts) for member, rollouts in batches.items()}
+
+    def update(self, member: str, rollouts: Sequence[Rollout]) -> dict[str, float]:
+        """One policy-gradient update of ``member`` from ``rollouts``.
+
+        Returns float metrics: ``loss`` (total loss, mean over optimizer steps), ``pg_loss``, ``grad_norm``
+        (pre-clip L2 norm over the member's parameters, mean over steps), ``clip_frac``, ``approx_kl``
+        (to the behaviour policy), ``entropy``, ``kl`` (to the base, when kl_mode != "off"; token-weighted
+        means over every micro-batch of every step), ``reward_mean``, ``reward_std`` (population std over the
+        batch), ``frac_reward_zero_std`` (fraction of baseline groups with >= 2 rollouts whose rewards are all
+        equal; NaN if there is no such group), ``advantage_mean``, ``advantage_abs_mean`` (over valid tokens),
+        ``response_length``, ``tokens`` (completion tokens trained on), ``num_rollouts``, ``num_steps``,
+        ``skipped_steps``, ``lr``, ``seconds``; ``skipped`` = 1.0 when nothing was trained (no rollouts or
+        no completion token), else 0.0.
+        """
+        t0 = time.perf_counter()
+        cfg = self.config
+        if member not in self.population:
+            raise KeyError(f"no member named {member!r}; members: {self.population.names}")
+        rollouts = list(rollouts)
+        base = {"num_rollouts": float(len(rollouts)), "tokens": 0.0, "num_steps": 0.0, "skipped": 1.0}
+        if not rollouts:
+            return base | {"seconds": time.perf_counter() - t0}
+        batch = self._pack(rollouts)
+        rewards = torch.tensor([float(r.reward) for r in rollouts], dtype=torch.float32)
+        groups: list[Hashable] = [r.group for r in rollouts]
+        reward_metrics = _reward_metrics(rewards, groups)
+        n_tokens = float(batch.mask.sum().item())
+        if n_tokens == 0:
+            return base | reward_metrics | {"seconds": time.perf_counter() - t0}
+
+        model = self.population.model
+        was_training = model.training
+        if cfg.gradient_checkpointing and not getattr(self._causal_lm, "is_gradient_checkpointing", False):
+            self._causal_lm.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        model.train()
+        try:
+            with self.population.activate(member):
+                metrics = self._update(member, rollouts, batch, rewards, groups)
+        finally:
+            model.train(was_training)
+        return base | reward_metrics | metrics | {"skipped": 0.0, "seconds": time.perf_counter() - t0}
+
+    def _pack(self, rollouts: Sequence[Rollout]) -> _Batch:
+        prompts, comps = [], []
+        for i, r in enumerate(rollouts):
+            if len(r.prompt_ids) == 0:
+                raise ValueError(f"rollout {i} has an empty prompt: its first token would have no context")
+            prompts.append([int(t) for t in r.prompt_ids])
+            comps.append([int(t) for t in r.completion_ids])
+        Tc = max(1, max(len(c) for c in comps))
+        mask = torch.zeros(len(comps), Tc)
+        targets = torch.zeros(len(comps), Tc, dtype=torch.long)
+        for i, c in enumerate(comps):
+            mask[i, : len(c)] = 1.0
+            targets[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+        return _Batch(prompts, comps, mask, targets)
+
+    def _behaviour_logprobs(self, rollouts: Sequence[Rollout], batch: _Batch) -> Tensor:
+        out = torch.zeros_like(batch.mask)
+        for i, r in enumerate(rollouts):
+            if r.logprobs is None:
+                raise ValueError(f"use_behaviour_logprobs=True but rollout {i} has no logprobs")
+            if len(r.logprobs) != len(r.completion_ids):
+                raise ValueError(
+                    f"rollout {i}: {len(r.logprobs)} logprobs for {len(r.completion_ids)} completion tokens"
+                )
+            out[i, : len(r.logprobs)] = torch.tensor(r.logprobs, dtype=out.dtype)
+        return out
+
+    def _update(
+        self, member: str, rollouts: list[Rollout], batch: _Batch, rewards: Tensor, groups: list[Hashable]
+    ) -> dict[str, float]:
+        cfg = self.config
+        B = batch.size
+        mini = cfg.mini_batch_size or B
+        n_steps = cfg.epochs * math.ceil(B / mini)
+        kl_on = cfg.kl_mode != "off"
+        estimator = cfg.resolved_kl_estimator
+
+        # fixed log-probs: behaviour (ratio denominator) and reference (KL)
+        old_lp: Tensor | None = None
+        if cfg.use_behaviour_logprobs:
+            old_lp = self._behaviour_logprobs(rollouts, batch)
+        elif n_steps > 1 or cfg.kl_mode == "reward":
+            old_lp = self._logprobs_no_grad(batch, reference=False)
+        ref_lp = self._logprobs_no_grad(batch, reference=True) if kl_on else None
+
+        # advantages over the whole batch
+        token_rewards = None
+        if cfg.kl_mode == "reward":
+            assert old_lp is not None and ref_lp is not None
+            token_rewards = -cfg.kl_coef * kl_penalty(old_lp, ref_lp, estimator) * batch.mask
+        scopes = [r.scope for r in rollouts]
+        scope_ids = None if all(s is None for s in scopes) else scopes
+        adv = self._advantage(
+            rewards,
+            batch.mask,
+            groups,
+            scope_ids=scope_ids,
+            token_rewards=token_rewards,
+            **cfg.advantage_kwargs,
+        ).detach()
+        adv = adv.to(torch.float32) * batch.mask
+
+        params = self.population.parameters(member)
+        opt = self.population.optimizer(member, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
+        norm_len = float(cfg.norm_len or batch.mask.shape[1])
+        device = self._device
+        sums: dict[str, float] = defaultdict(float)
+        tok_total = 0.0
+        losses, pg_losses, grad_norms = [], [], []
+        skipped = 0
+        for _epoch in range(cfg.epochs):
+            for start in range(0, B, mini):
+                mb_rows = list(range(start, min(B, start + mini)))
+                mb_tokens = float(batch.mask[mb_rows].sum().item())
+                norms = {"num_tokens": mb_tokens, "num_seqs": float(len(mb_rows)), "norm_len": norm_len}
+                opt.zero_grad(set_to_none=True)
+                step_loss = step_pg = 0.0
+                order = _length_order(batch, mb_rows)
+                for k in range(0, len(order), cfg.micro_batch_size):
+                    rows = order[k : k + cfg.micro_batch_size]
+                    lp, ent = self._forward(batch, rows, ent_grad=cfg.entropy_coef != 0.0)
+                    m = batch.mask[rows].to(device)
+                    out = policy_loss(
+                        lp,
+                        lp.detach() if old_lp is None else old_lp[rows].to(device),
+                        adv[rows].to(device),
+                        m,
+                        clip_eps_low=cfg.clip_eps_low,
+                        clip_eps_high=cfg.clip_eps_high,
+                        loss_agg_mode=cfg.loss_agg_mode,
+                        entropy=ent,
+                        entropy_coef=cfg.entropy_coef,
+                        ref_logprobs=None
+                        if ref_lp is None or cfg.kl_mode != "loss"
+                        else ref_lp[rows].to(device),
+                        kl_coef=cfg.kl_coef if cfg.kl_mode == "loss" else 0.0,
+                        kl_estimator=estimator,
+                        **norms,
+                    )
+                    out.loss.backward()
+                    step_loss += float(out.loss.detach().item())
+                    step_pg += float(out.pg_loss.item())
+                    t = out.metrics["tokens"]
+                    tok_total += t
+                    for key in ("clip_frac", "approx_kl", "entropy", "kl"):
+                        if key in out.metrics:
+                            sums[key] += out.metrics[key] * t
+                    if cfg.kl_mode == "reward":
+                        kl_tok = kl_penalty(lp.detach(), ref_lp[rows].to(device), estimator)
+                        sums["kl"] += float((kl_tok * m).sum().item())
+                max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
+                gn = float(torch.nn.utils.clip_grad_norm_(params, max_norm).item())
+                grad_norms.append(gn)
+                if math.isfinite(gn) or not cfg.skip_nonfinite_grad:
+                    opt.step()
+                else:
+                    skipped += 1
+                opt.zero_grad(set_to_none=True)
+                losses.append(step_loss)
+                pg_losses.append(step_pg)
+
+        valid = batch.mask.bool()
+        metrics = {
+            "loss": _mean(losses),
+            "pg_loss": _mean(pg_losses),
+            "grad_norm": _mean(grad_norms),
+            "advantage_mean": float(adv[valid].mean().item()),
+            "advantage_abs_mean": float(adv[valid].abs().mean().item()),
+            "response_length": float(batch.mask.sum(-1).mean().item()),
+            "tokens": float(batch.mask.sum().item()),
+            "num_steps": float(n_steps),
+            "skipped_steps": float(skipped),
+            "lr": float(cfg.lr),
+        }
+        for key, total in sums.items():
+            metrics[key] = total / max(tok_total, 1.0)
+        return metrics
+
+
+def _checkpointing_on(model: nn.Module) -> bool:
+    flag = getattr(
+        type(model), "is_activation_checkpointing", None
+    )  # transformers >= 5 (no deprecation warning)
+    if flag is not None:
+        return bool(model.is_activation_checkpointing)
+    return bool(getattr(model, "is_gradient_checkpointing", False))
+
+
+def _length_order(batch: _Batch, rows: Sequence[int] | None = None) -> list[int]:
+    """Rows sorted by total length (longest first) so micro-batches pad little."""
+    rows = range(batch.size) if rows is None else rows
+    return sorted(rows, key=lambda i: -(len(batch.prompts[i]) + len(batch.completions[i])))
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return float(sum(xs) / len(xs)) if xs else math.nan
+
+
+def _reward_metrics(rewards: Tensor, groups: Sequence[Hashable]) -> dict[str, float]:
+    by_group: dict[Hashable, list[float]] = defaultdict(list)
+    for r, g in zip(rewards.tolist(), groups, strict=True):
+        by_group[g].append(r)
+    multi = [v for v in by_group.values() if len(v) >= 2]
+    zero = sum(1 for v in multi if max(v) == min(v))
+    return {
+        "reward_mean": float(rewards.mean().item()),
+        "reward_std": float(rewards.std(unbiased=False).item()),
+        "frac_reward_zero_std": zero / len(multi) if multi else math.nan,
+        "num_groups": float(len(by_group)),
+    }

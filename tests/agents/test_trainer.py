@@ -1,0 +1,370 @@
+"""PolicyGradientTrainer on the tiny-random base: log-prob correctness, gradient accumulation, behaviour
+log-probs, KL modes, isolation of members, and learning a toy verifiable reward."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import pytest
+import torch
+
+from agents.losses import list_loss_aggs
+from agents.rollout import Rollout
+from agents.trainer import PolicyGradientTrainer, TrainerConfig
+
+
+def make_rollouts(n: int = 6, seed: int = 0, vocab: int = 1000, groups: int = 3) -> list[Rollout]:
+    """Random token sequences of unequal prompt and completion lengths, rewards in [0, 1]."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        p = [rng.randrange(vocab) for _ in range(rng.randint(1, 6))]
+        c = [rng.randrange(vocab) for _ in range(rng.randint(1, 7))]
+        out.append(Rollout(p, c, rng.random(), group=i % groups, scope=("solver", i % 2)))
+    return out
+
+
+class GradCapture:
+    """Stands in for a member's AdamW: records the gradient at every step instead of stepping."""
+
+    def __init__(self, params):
+        self.params = params
+        self.grads: list[list[torch.Tensor]] = []
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        self.grads.append([torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in self.params])
+
+
+def assert_same_grad(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Equal up to float32 summation-order noise, relative to the tensor's norm."""
+    assert (a - b).norm() <= 1e-4 * a.norm() + 1e-9, ((a - b).norm(), a.norm())
+
+
+def capture(pop, monkeypatch, member: str) -> GradCapture:
+    cap = GradCapture(pop.parameters(member))
+    monkeypatch.setattr(pop, "optimizer", lambda name, **kw: cap)
+    return cap
+
+
+def grads_of(population, config: TrainerConfig, rollouts, monkeypatch, member="ma", **pop_kw):
+    pop = population(nonzero_std=0.5, **pop_kw)
+    cap = capture(pop, monkeypatch, member)
+    metrics = PolicyGradientTrainer(pop, config).update(member, rollouts)
+    return cap.grads, metrics
+
+
+# ------------------------------------------------------------------------------------------ config
+
+
+def test_config_validation_and_registry_errors(population):
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        TrainerConfig(micro_batch_size=0)
+    with pytest.raises(ValueError, match="kl_mode"):
+        TrainerConfig(kl_mode="sometimes")
+    with pytest.raises(ValueError, match="no effect"):
+        TrainerConfig(kl_coef=0.1)
+    with pytest.raises(ValueError, match="clip_eps_low"):
+        TrainerConfig(clip_eps_low=1.5)
+    pop = population()
+    with pytest.raises(KeyError, match="known: dr_grpo, grpo"):
+        PolicyGradientTrainer(pop, TrainerConfig(advantage="ppo"))
+    with pytest.raises(KeyError, match="known: seq-mean-token-mean"):
+        PolicyGradientTrainer(pop, TrainerConfig(loss_agg_mode="sum"))
+    with pytest.raises(KeyError, match="no member"):
+        PolicyGradientTrainer(pop).update("zz", make_rollouts())
+    assert TrainerConfig(kl_mode="reward", kl_coef=0.1).resolved_kl_estimator == "k1"
+    assert TrainerConfig(kl_mode="loss", kl_coef=0.1).resolved_kl_estimator == "k3"
+
+
+# --------------------------------------------------------------------------------------- log-probs
+
+
+def test_chunked_logprobs_and_entropy_match_a_plain_forward(population):
+    pop = population(nonzero_std=0.5)
+    rollouts = make_rollouts(7, seed=1)
+    trainer = PolicyGradientTrainer(pop, TrainerConfig(logprob_chunk_size=3, micro_batch_size=4))
+    batch = trainer._pack(rollouts)
+    with torch.no_grad(), pop.activate("mb"):
+        lp, ent = trainer._forward(batch, list(range(len(rollouts))))
+        lp_ref_model = trainer._logprobs_no_grad(batch, reference=True)
+        for i, r in enumerate(rollouts):
+            ids = torch.tensor([r.prompt_ids + r.completion_ids])
+            logits = pop.model(input_ids=ids).logits[0].float()
+            P, C = len(r.prompt_ids), len(r.completion_ids)
+            logp = torch.log_softmax(logits[P - 1 : P + C - 1], -1)
+            want = logp.gather(-1, torch.tensor(r.completion_ids)[:, None])[:, 0]
+            torch.testing.assert_close(lp[i, :C], want, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(ent[i, :C], -(logp.exp() * logp).sum(-1), atol=1e-4, rtol=1e-5)
+            assert lp[i, C:].abs().sum() == 0 and ent[i, C:].abs().sum() == 0
+            with pop.disabled():
+                base_logits = pop.model(input_ids=ids).logits[0].float()
+            base_lp = torch.log_softmax(base_logits[P - 1 : P + C - 1], -1)
+            want_base = base_lp.gather(-1, torch.tensor(r.completion_ids)[:, None])[:, 0]
+            torch.testing.assert_close(lp_ref_model[i, :C], want_base, atol=1e-5, rtol=1e-5)
+            assert not torch.allclose(want, want_base)  # the member really differs from the base
+
+
+def test_trainer_logprobs_match_the_hf_generator_behaviour_logprobs(population, tiny_tokenizer):
+    from agents.generation.base import GenerationRequest
+    from agents.generation.hf import HFGenerator
+
+    pop = population(nonzero_std=0.5)
+    gen = HFGenerator(pop, tiny_tokenizer)
+    reqs = [
+        GenerationRequest("ma", "def f(x):", max_new_tokens=6, n=3, seed=1, chat=False),
+        GenerationRequest("ma", "Hello there, solve", max_new_tokens=6, n=3, seed=2, chat=False),
+    ]
+    rollouts = [
+        Rollout(c.prompt_token_ids, c.token_ids, 0.0, logprobs=c.logprobs) for c in gen.generate(reqs)
+    ]
+    trainer = PolicyGradientTrainer(pop)
+    batch = trainer._pack(rollouts)
+    with pop.activate("ma"):
+        lp = trainer._logprobs_no_grad(batch, reference=False)
+    torch.testing.assert_close(lp, trainer._behaviour_logprobs(rollouts, batch), atol=1e-4, rtol=1e-4)
+
+
+# ------------------------------------------------------------------------------ gradient accumulation
+
+
+@pytest.mark.parametrize("mode", sorted(list_loss_aggs()))
+def test_micro_batches_accumulate_to_the_full_batch_gradient(population, monkeypatch, mode):
+    rollouts = make_rollouts(6, seed=2)
+    cfgs = [
+        TrainerConfig(advantage="grpo", loss_agg_mode=mode, micro_batch_size=mb, max_grad_norm=None)
+        for mb in (6, 4, 1)
+    ]
+    results = [grads_of(population, cfg, rollouts, monkeypatch) for cfg in cfgs]
+    full = results[0][0]
+    assert len(full) == 1 and any(g.abs().sum() > 0 for g in full[0])
+    for grads, metrics in results[1:]:
+        for a, b in zip(full[0], grads[0], strict=True):
+            assert_same_grad(a, b)
+        assert metrics["loss"] == pytest.approx(results[0][1]["loss"], abs=1e-6)
+        assert metrics["grad_norm"] == pytest.approx(results[0][1]["grad_norm"], rel=1e-4)
+
+
+def test_gradient_checkpointing_gives_the_same_gradient(population, monkeypatch):
+    rollouts = make_rollouts(5, seed=3)
+    g0, _ = grads_of(population, TrainerConfig(max_grad_norm=None), rollouts, monkeypatch)
+    g1, _ = grads_of(
+        population, TrainerConfig(max_grad_norm=None, gradient_checkpointing=True), rollouts, monkeypatch
+    )
+    for a, b in zip(g0[0], g1[0], strict=True):
+        assert_same_grad(a, b)
+
+
+def test_equal_rewards_give_zero_gradient_unless_entropy_bonus(population, monkeypatch):
+    rollouts = [Rollout(r.prompt_ids, r.completion_ids, 1.0, group=0) for r in make_rollouts(4, seed=4)]
+    g, m = grads_of(population, TrainerConfig(advantage="grpo", max_grad_norm=None), rollouts, monkeypatch)
+    assert all(x.abs().sum() == 0 for x in g[0]) and m["grad_norm"] == 0.0
+    assert m["frac_reward_zero_std"] == 1.0
+    cfg = TrainerConfig(advantage="grpo", max_grad_norm=None, entropy_coef=0.01)
+    g, m = grads_of(population, cfg, rollouts, monkeypatch)
+    assert m["grad_norm"] > 0 and m["entropy"] > 0
+
+
+# -------------------------------------------------------------------------------- behaviour policy
+
+
+def test_on_policy_update_has_ratio_one(population):
+    m = PolicyGradientTrainer(population(nonzero_std=0.5), TrainerConfig(lr=1e-2)).update(
+        "ma", make_rollouts()
+    )
+    assert m["clip_frac"] == 0.0 and m["approx_kl"] == 0.0 and m["num_steps"] == 1 and m["skipped"] == 0.0
+    assert m["grad_norm"] > 0 and math.isfinite(m["loss"])
+
+
+def test_several_steps_per_batch_go_off_policy(population):
+    cfg = TrainerConfig(lr=5e-2, epochs=2, mini_batch_size=3)
+    m = PolicyGradientTrainer(population(nonzero_std=0.5), cfg).update("ma", make_rollouts(6))
+    assert m["num_steps"] == 4  # 2 epochs x 2 mini-batches
+    assert m["approx_kl"] > 0  # steps after the first see a policy != the behaviour one
+    assert m["clip_frac"] > 0
+
+
+def test_behaviour_logprobs_used_when_asked(population):
+    pop = population(nonzero_std=0.5)
+    rollouts = make_rollouts(6, seed=5)
+    trainer = PolicyGradientTrainer(pop, TrainerConfig(use_behaviour_logprobs=True))
+    with pytest.raises(ValueError, match="no logprobs"):
+        trainer.update("ma", rollouts)
+    batch = trainer._pack(rollouts)
+    with pop.activate("ma"):
+        own = trainer._logprobs_no_grad(batch, reference=False)
+    # behaviour = the policy itself -> ratio 1; behaviour 0.5 nats more likely -> ratio e^-0.5 < 0.8: clipped
+    # exactly on the tokens with a negative advantage
+    exact = [
+        Rollout(
+            r.prompt_ids,
+            r.completion_ids,
+            r.reward,
+            r.group,
+            r.scope,
+            own[i, : len(r.completion_ids)].tolist(),
+        )
+        for i, r in enumerate(rollouts)
+    ]
+    m = trainer.update("ma", exact)
+    assert m["approx_kl"] < 1e-6 and m["clip_frac"] == 0.0
+    pop2 = population(nonzero_std=0.5)
+    shifted = [
+        Rollout(r.prompt_ids, r.completion_ids, r.reward, r.group, r.scope, [x + 0.5 for x in r.logprobs])
+        for r in exact
+    ]
+    m = PolicyGradientTrainer(pop2, TrainerConfig(use_behaviour_logprobs=True)).update("ma", shifted)
+    assert 0 < m["clip_frac"] < 1
+    assert m["approx_kl"] == pytest.approx(math.exp(-0.5) - 1 + 0.5, rel=1e-3)
+    bad = [
+        Rollout(r.prompt_ids, r.completion_ids, r.reward, logprobs=[0.0])
+        for r in rollouts
+        if len(r.completion_ids) > 1
+    ]
+    with pytest.raises(ValueError, match="logprobs for"):
+        trainer.update("ma", bad)
+
+
+# ------------------------------------------------------------------------------------------------ KL
+
+
+def test_kl_loss_is_zero_for_a_fresh_member_and_grows_after_training(population):
+    pop = population()  # PEFT init: B = 0, every member equals the base
+    cfg = TrainerConfig(lr=5e-2, kl_mode="loss", kl_coef=0.1)
+    trainer = PolicyGradientTrainer(pop, cfg)
+    m0 = trainer.update("ma", make_rollouts(6))
+    assert m0["kl"] == 0.0
+    for _ in range(3):
+        m = trainer.update("ma", make_rollouts(6))
+    assert m["kl"] > 0
+
+
+def test_kl_in_reward_changes_nothing_at_the_base_and_shapes_the_reward_after(population):
+    rollouts = make_rollouts(6, seed=6)
+    pa, pb = population(), population()
+    ma = PolicyGradientTrainer(pa, TrainerConfig(lr=1e-2, kl_mode="reward", kl_coef=0.5)).update(
+        "ma", rollouts
+    )
+    mb = PolicyGradientTrainer(pb, TrainerConfig(lr=1e-2)).update("ma", rollouts)
+    assert ma["kl"] == 0.0
+    assert ma["advantage_abs_mean"] == pytest.approx(mb["advantage_abs_mean"])
+    for (k, a), b in zip(pa.state("ma").items(), pb.state("ma").values(), strict=True):
+        torch.testing.assert_close(a, b, msg=k)
+    # a member that differs from the base gets KL-penalised token rewards -> different advantages
+    pc = population(nonzero_std=0.5)
+    mc = PolicyGradientTrainer(pc, TrainerConfig(kl_mode="reward", kl_coef=0.5)).update("ma", rollouts)
+    md = PolicyGradientTrainer(population(nonzero_std=0.5), TrainerConfig()).update("ma", rollouts)
+    assert mc["kl"] != 0.0 and mc["advantage_abs_mean"] != pytest.approx(md["advantage_abs_mean"])
+
+
+# ---------------------------------------------------------------------------------- bookkeeping
+
+
+def test_empty_rollouts_take_no_step(population):
+    pop = population(nonzero_std=0.5)
+    before = pop.state("ma")
+    trainer = PolicyGradientTrainer(pop)
+    m = trainer.update("ma", [])
+    assert m["skipped"] == 1.0 and m["num_rollouts"] == 0 and m["num_steps"] == 0 and m["tokens"] == 0
+    m = trainer.update("ma", [Rollout([1, 2], [], 1.0), Rollout([3], [], 0.0)])
+    assert m["skipped"] == 1.0 and m["num_rollouts"] == 2 and m["tokens"] == 0
+    assert not pop.has_optimizer("ma")
+    assert all(torch.equal(before[k], v) for k, v in pop.state("ma").items())
+    with pytest.raises(ValueError, match="empty prompt"):
+        trainer.update("ma", [Rollout([], [1], 1.0)])
+
+
+def test_reward_metrics():
+    from agents.trainer import _reward_metrics
+
+    m = _reward_metrics(torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5]), ["a", "a", "b", "b", "c"])
+    assert m["frac_reward_zero_std"] == 0.5  # a: zero std, b: not, c: single (not counted)
+    assert m["reward_mean"] == pytest.approx(0.7)
+    assert m["reward_std"] == pytest.approx(
+        torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5]).std(unbiased=False).item()
+    )
+    assert math.isnan(_reward_metrics(torch.tensor([1.0]), ["a"])["frac_reward_zero_std"])
+
+
+def test_update_many_trains_each_member_and_leaves_the_others_bitwise(population):
+    pop = population(names=("ma", "mb", "mc"), nonzero_std=0.5)
+    before = {n: pop.state(n) for n in pop.names}
+    pop.activate("mb")
+    out = PolicyGradientTrainer(pop, TrainerConfig(lr=1e-2)).update_many(
+        {"ma": make_rollouts(4, seed=1), "mc": make_rollouts(5, seed=2)}
+    )
+    assert set(out) == {"ma", "mc"} and out["mc"]["num_rollouts"] == 5
+    assert pop.active == "mb"  # the previously active member is restored
+    for name in ("ma", "mc"):
+        assert all(not torch.equal(before[name][k], v) for k, v in pop.state(name).items())
+    assert all(torch.equal(before["mb"][k], v) for k, v in pop.state("mb").items())
+    assert not pop.has_optimizer("mb")
+
+
+# ------------------------------------------------------------------------------------------ learning
+
+
+@torch.no_grad()
+def sample(pop, member: str, prompts: list[list[int]], n: int, max_new_tokens: int, gen: torch.Generator):
+    """Minimal temperature-1 sampler (KV cache, inverse-CDF draws) for the learning tests.
+
+    Not agents.generation.hf.HFGenerator: that backend draws each row with torch.multinomial over the 49k
+    vocabulary, ~10-25 ms per token on this CPU, which alone would take ~90 s of CPU per learning test; the
+    inverse-CDF draw here is ~100x cheaper. The trainer/generator agreement is checked separately
+    (test_trainer_logprobs_match_the_hf_generator_behaviour_logprobs)."""
+    assert len({len(p) for p in prompts}) == 1, "equal-length prompts: no padding needed"
+    rows = [p for p in prompts for _ in range(n)]
+    ids = torch.tensor(rows)
+    x, cache, out, lps = ids, None, [], []
+    with pop.activate(member):
+        for _ in range(max_new_tokens):
+            o = pop.model(input_ids=x, past_key_values=cache, use_cache=True)
+            cache = o.past_key_values
+            logp = torch.log_softmax(o.logits[:, -1].float(), -1)
+            u = torch.rand(len(rows), 1, generator=gen)
+            tok = torch.searchsorted(logp.exp().cumsum(-1), u).clamp(max=logp.shape[-1] - 1)
+            out.append(tok)
+            lps.append(logp.gather(-1, tok))
+            x = tok
+    toks, lps = torch.cat(out, 1).tolist(), torch.cat(lps, 1).tolist()
+    return [(i // n, rows[i], toks[i], lps[i]) for i in range(len(rows))]
+
+
+@pytest.mark.parametrize("advantage", ["reinforce_pp", "grpo"])
+def test_learns_a_toy_verifiable_reward(population, advantage):
+    """Reward = fraction of generated tokens in a target set: the 10% of the vocabulary whose (tied) output
+    embeddings point most along a fixed random direction, so a random model hits it ~10% of the time and the
+    LoRA can raise it by steering the last hidden state. Temperature-1 sampling, 2 prompts x 8 samples x 8
+    tokens per update, 30 updates at lr 5e-2."""
+    t0 = time.perf_counter()
+    pop = population(names=("ma", "mb", "mc"), rank=4, alpha=8)
+    emb = pop.model.get_input_embeddings().weight.detach()
+    score = emb @ torch.randn(emb.shape[1], generator=torch.Generator().manual_seed(1))
+    target = score > score.quantile(0.9)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [[504, 282, 30, 94, 33], [2361, 282, 30, 17, 1133]]
+    cfg = TrainerConfig(advantage=advantage, lr=5e-2, weight_decay=0.0, micro_batch_size=16)
+    trainer = PolicyGradientTrainer(pop, cfg)
+    before = {n: pop.state(n) for n in pop.names}
+    rewards = []
+    for _ in range(30):
+        rollouts = [
+            Rollout(p, c, float(target[c].float().mean()), group=g, logprobs=lp)
+            for g, p, c, lp in sample(pop, "ma", prompts, n=8, max_new_tokens=8, gen=gen)
+        ]
+        m = trainer.update("ma", rollouts)
+        assert m["skipped"] == 0.0 and m["num_rollouts"] == 16 and m["tokens"] == 128
+        rewards.append(m["reward_mean"])
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    print(f"{advantage}: reward first5 {first:.3f} last5 {last:.3f} ({time.perf_counter() - t0:.1f}s)")
+    assert last > first + 0.15, rewards
+    after = {n: pop.state(n) for n in pop.names}
+    changed = [k for k in before["ma"] if not torch.equal(before["ma"][k], after["ma"][k])]
+    assert len(changed) == len(before["ma"])  # every trainable tensor of the trained member moved
+    for other in ("mb", "mc"):
+        assert all(torch.equal(before[other][k], after[other][k]) for k in before[other])
