@@ -347,15 +347,41 @@ def test_dare_matches_dense_reference_with_the_same_masks():
     p1, p2 = make_state(1), make_state(2)
     p = 0.5
     c = get_operator("dare")(p1, p2, generator=gen(7), p=p)
-    g = gen(7)  # documented draw order: module, parent 1 then 2, B before A
+    mods = lora_modules(p1)
+    # documented randomness: one generator per module, seeded by the operator's first draw; masks drawn as
+    # dare_drop would, parent 1 B, parent 1 A, parent 2 B, parent 2 A
+    seeds = torch.randint(0, 2**62, (len(mods),), generator=gen(7)).tolist()
     dc = deltas(c)
-    for m in lora_modules(p1):
+    masks = {}
+    for j, m in enumerate(mods):
+        g = gen(seeds[j])
         terms = []
-        for par in (p1, p2):
+        for i, par in enumerate((p1, p2)):
             DB = dare_drop(par[m.b_key], p, g)
             DA = dare_drop(par[m.a_key], p, g)
+            masks[m.b_key, i], masks[m.a_key, i] = DB, DA
             terms.append(DB.double() @ DA.double())
         assert rel(dc[m.name], top_r(0.5 * (terms[0] + terms[1]), R)) < 1e-5
+    # factor space uses the same masks
+    cf = get_operator("dare")(p1, p2, generator=gen(7), p=p, space="factor")
+    for m in mods:
+        for key in (m.b_key, m.a_key):
+            assert torch.allclose(cf[key], 0.5 * (masks[key, 0] + masks[key, 1]))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_children_do_not_depend_on_the_thread_count(name):
+    op = get_operator(name)
+    ps = [make_state(1, layers=6), make_state(2, layers=6)][: op.arity]  # 18 modules: 3 chunks
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        c1 = op(*ps, generator=gen(3))
+        torch.set_num_threads(3)
+        c3 = op(*ps, generator=gen(3))
+    finally:
+        torch.set_num_threads(n)
+    assert all(torch.equal(c1[k], c3[k]) for k in c1)
 
 
 def test_dare_p0_is_linear_and_expectation_is_the_mean():
