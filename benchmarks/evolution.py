@@ -83,25 +83,27 @@ def make_adapter(seed: int, layers: int, rank: int) -> dict[str, torch.Tensor]:
     return state
 
 
-def measure(fn: Callable[[], object], repeats: int) -> tuple[float, int]:
-    """Median wall seconds of ``fn`` over ``repeats`` calls after one warm-up; one call if it is slow."""
-    t0 = time.perf_counter()
+def measure(fn: Callable[[], object], repeats: int) -> tuple[float, int, float]:
+    """``(median wall s, calls, median process-CPU s)`` of ``fn`` over ``repeats`` calls after one warm-up; one
+    call if it is slow. CPU time (all threads of the process) is printed because the machine is shared."""
+    t0, c0 = time.perf_counter(), time.process_time()
     fn()
-    first = time.perf_counter() - t0
+    first, first_cpu = time.perf_counter() - t0, time.process_time() - c0
     if first > SLOW_S or repeats <= 0:
-        return first, 1
-    times = []
+        return first, 1, first_cpu
+    walls, cpus = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), len(times)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    return statistics.median(walls), len(walls), statistics.median(cpus)
 
 
 def floors(p1: dict[str, torch.Tensor], repeats: int) -> tuple[float, float]:
     g = torch.Generator().manual_seed(0)
-    clone, _ = measure(lambda: {k: v.clone() for k, v in p1.items()}, repeats)
-    randn, _ = measure(
+    clone, _, _ = measure(lambda: {k: v.clone() for k, v in p1.items()}, repeats)
+    randn, _, _ = measure(
         lambda: {k: torch.randn(v.shape, generator=g, dtype=v.dtype) for k, v in p1.items()}, repeats
     )
     return clone, randn
@@ -211,6 +213,63 @@ def fmt(x: float | None) -> str:
     return "—" if x is None else (f"{x:.3f}" if x < 100 else f"{x:.0f}")
 
 
+def layer_of(key: str) -> int:
+    return int(key.split(".layers.")[1].split(".")[0])
+
+
+def exactness(p1, p2, lops, rank: int) -> list[tuple[str, str, float, float | None]]:
+    """ΔW error vs the operator's definition on layer 0's k_proj (dense float64 reference)."""
+    key = "base_model.model.model.layers.0.self_attn.k_proj"
+    sub1 = {k: v for k, v in p1.items() if k.startswith(key + ".")}
+    sub2 = {k: v for k, v in p2.items() if k.startswith(key + ".")}
+
+    def dW(st):
+        return st[key + ".lora_B.weight"].double() @ st[key + ".lora_A.weight"].double()
+
+    def top_r(M):
+        U, S, Vh = torch.linalg.svd(M, full_matrices=False)
+        return (U[:, :rank] * S[:rank]) @ Vh[:rank]
+
+    def rel(a, b):
+        return float((a - b).norm() / b.norm())
+
+    d1, d2 = dW(sub1), dW(sub2)
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    lp = LucidPopulation([sub1, sub2, sub1]) if lops is not None else None
+
+    def lucid_child() -> torch.Tensor:
+        name = next(iter(lp.weight_up))
+        return lp.weight_up[name][2].double() @ lp.weight_down[name][2].double().mT
+
+    ours = rel(dW(get_operator("linear_0_5")(sub1, sub2, generator=g)), top_r(0.5 * (d1 + d2)))
+    theirs = None
+    if lp is not None:
+        lops.CROSSOVER_REGISTRY["average"](lp, torch.tensor([[0, 1]]), torch.tensor([2]))
+        theirs = rel(lucid_child(), top_r(0.5 * (d1 + d2)))
+    rows.append(("linear_0_5", "best rank-r approx of ½ΔW₁+½ΔW₂", ours, theirs))
+    eta = 1.25
+    ref = top_r((1 - eta) * d1 + eta * d2)
+    ours = rel(dW(get_operator("extrapolate")(sub1, sub2, generator=g, eta=eta)), ref)
+    theirs = None
+    if lp is not None:
+        w_d, w_u = next(iter(lp.weight_down.values())), next(iter(lp.weight_up.values()))
+        w_d.data[2] = w_d.data[0].lerp(w_d.data[1], eta)
+        w_u.data[2] = w_u.data[0].lerp(w_u.data[1], eta)
+        theirs = rel(lucid_child(), ref)
+    rows.append(("extrapolate η=1.25", "best rank-r approx of (1−η)ΔW₁+ηΔW₂", ours, theirs))
+    ours = rel(dW(get_operator("svd_mutation")(sub1, generator=g, epsilon=0.0)), d1)
+    theirs = None
+    if lp is not None:
+        lp = LucidPopulation([sub1, sub2, sub1])
+        lops.MUTATION_REGISTRY["svd_structured"](lp, torch.tensor([2]), epsilon=0.0)
+        theirs = rel(lucid_child(), d1)
+    rows.append(("svd_mutation ε=0", "the parent's ΔW", ours, theirs))
+    ours = rel(dW(get_operator("dare")(sub1, sub2, generator=g, p=0.0)), top_r(0.5 * (d1 + d2)))
+    rows.append(("dare p=0", "best rank-r approx of ½ΔW₁+½ΔW₂", ours, None))
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--layers", type=int, default=28)
@@ -233,13 +292,14 @@ def main() -> int:
     print(
         f"adapter: {args.layers} layers x 7 modules, rank {args.rank}, float32, {n_params / 1e6:.1f}M parameters | "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, OMP_WAIT_POLICY={_POLICY}, "
-        f"load average {os.getloadavg()[0]:.1f}"
+        f"load average {os.getloadavg()[0]:.1f}",
+        flush=True,
     )
     clone0, randn0 = floors(p1, args.repeats)
-    print(f"floors (start): clone {clone0:.3f} s, randn {randn0:.3f} s")
+    print(f"floors (start): clone {clone0:.3f} s, randn {randn0:.3f} s", flush=True)
 
     lops, lmsg = (None, "skipped (--skip-lucidrains)") if args.skip_lucidrains else load_lucidrains()
-    print(f"lucidrains: {lmsg}")
+    print(f"lucidrains: {lmsg}", flush=True)
     lpop = LucidPopulation([p1, p2, p1]) if lops is not None else None
 
     rows = []
@@ -248,153 +308,146 @@ def main() -> int:
             continue
         parents = (p1,) if op.arity == 1 else (p1, p2)
         seeds = iter(range(10**6))
-        ours, n = measure(
-            lambda op=op, parents=parents: op(*parents, generator=torch.Generator().manual_seed(next(seeds))),
-            args.repeats,
-        )  # noqa: E501,B023
-        theirs = None
+
+        def call(op=op, parents=parents, seeds=seeds):
+            return op(*parents, generator=torch.Generator().manual_seed(next(seeds)))
+
+        ours, n, ours_cpu = measure(call, args.repeats)
+        theirs = theirs_cpu = None
         if lops is not None and op.name in LUCID_MAP:
             torch.manual_seed(0)
-            theirs, _ = measure(lucid_call(lops, lpop, op.name), args.repeats)
-        rows.append((op.name, op.family, ours, n, theirs))
+            theirs, _, theirs_cpu = measure(lucid_call(lops, lpop, op.name), args.repeats)
+        rows.append((op.name, op.family, ours, ours_cpu, theirs, theirs_cpu, n))
         ratio = f"{theirs / ours:5.2f}x" if theirs else "   — "
         print(
-            f"  {op.name:16s} ours {ours:7.3f} s (n={n})  lucidrains {fmt(theirs):>7s} s  speed-up {ratio}",
+            f"  {op.name:16s} ours {ours:7.3f} s (cpu {ours_cpu:6.2f}, n={n})  lucidrains {fmt(theirs):>7s} s "
+            f"(cpu {fmt(theirs_cpu)})  lucidrains/ours {ratio}",
             flush=True,
         )
 
-    # TIES on a few layers, scaled
     tl = min(args.ties_layers, args.layers)
-    sub = [k for k in p1 if int(k.split(".layers.")[1].split(".")[0]) < tl]
+    sub = [k for k in p1 if layer_of(k) < tl]
     s1, s2 = {k: p1[k] for k in sub}, {k: p2[k] for k in sub}
-    ties = get_operator("ties")
-    t0 = time.perf_counter()
-    ties(s1, s2, generator=torch.Generator().manual_seed(0))
-    ties_t = (time.perf_counter() - t0) * args.layers / tl
-    ties_parts = {k: v * args.layers / tl for k, v in TIES_TIMINGS.items()}
+    t0, c0 = time.perf_counter(), time.process_time()
+    get_operator("ties")(s1, s2, generator=torch.Generator().manual_seed(0))
+    scale = args.layers / tl
+    ties_t, ties_cpu = (time.perf_counter() - t0) * scale, (time.process_time() - c0) * scale
+    parts = ", ".join(f"{k} {v * scale:.1f} s" for k, v in TIES_TIMINGS.items())
     print(
-        f"  ties (svd=randomized) {ties_t:.1f} s per child (measured on {tl} layer(s), x{args.layers / tl:g}): "
-        + ", ".join(f"{k} {v:.1f} s" for k, v in ties_parts.items()),
+        f"  ties (randomized truncation) {ties_t:.1f} s per child (cpu {ties_cpu:.1f}; {tl} layer(s) x{scale:g}): "
+        f"{parts}",
         flush=True,
     )
 
     peft_rows = []
     if not args.skip_peft:
         for comb in ("ties", "dare_linear"):
-            t, n = measure(peft_factor_call(p1, p2, comb), args.repeats)
-            peft_rows.append((comb, t, n))
-            print(f"  PEFT merge_utils.{comb} on factors {t:.3f} s (n={n})", flush=True)
+            t, n, cpu = measure(peft_factor_call(p1, p2, comb), args.repeats)
+            peft_rows.append((comb, t, cpu, n))
+            print(f"  PEFT merge_utils.{comb} on factors {t:.3f} s (cpu {cpu:.2f}, n={n})", flush=True)
 
     dense_rows = []
     if not args.skip_dense:
+        from peft.utils import merge_utils  # noqa: PLC0415
+
+        from evolution.operators import _topr_dense  # noqa: PLC0415
+
         for short in [s for s in args.dense_shapes.split(",") if s]:
             name = SHORT[short]
             key = f"base_model.model.model.layers.0.{name}"
             A1, B1 = p1[key + ".lora_A.weight"], p1[key + ".lora_B.weight"]
             A2, B2 = p2[key + ".lora_A.weight"], p2[key + ".lora_B.weight"]
-            t0 = time.perf_counter()
             D1, D2 = B1 @ A1, B2 @ A2
-            t_form = time.perf_counter() - t0
             t0 = time.perf_counter()
-            U, S, Vh = torch.linalg.svd(D1, full_matrices=False)
+            torch.linalg.svd(D1, full_matrices=False)
             t_svd = time.perf_counter() - t0
-            del U, S, Vh
-            from peft.utils import merge_utils  # noqa: PLC0415
-
             t0 = time.perf_counter()
             M_peft = merge_utils.ties([D1, D2], torch.tensor([1.0, 1.0]), 0.5, "total")
-            t_peft_ties = time.perf_counter() - t0
+            t_peft = time.perf_counter() - t0
             t0 = time.perf_counter()
-            M = ties_merge([D1, D2], [1.0, 1.0], 0.5)
-            t_our_ties = time.perf_counter() - t0
+            M = ties_merge([D1.clone(), D2.clone()], [1.0, 1.0], 0.5, inplace=True)
+            t_ours = time.perf_counter() - t0
             same = bool(torch.allclose(M, M_peft, atol=1e-7))
             del M_peft, D1, D2
-            # truncation of the TIES matrix: dense SVD vs our randomized route (residual vs optimal)
-            from evolution.operators import _topr_dense  # noqa: PLC0415
-
+            g = torch.Generator().manual_seed(0)
             t0 = time.perf_counter()
             Ud, Sd, Vd = _topr_dense(
-                M,
-                args.rank,
-                method="dense",
-                init=None,
-                niter=0,
-                oversample=0,
-                generator=torch.Generator().manual_seed(0),
+                M, args.rank, method="dense", init=None, niter=0, oversample=0, generator=g
             )
-            t_dense_tr = time.perf_counter() - t0
-            init = torch.cat([A1.mT, A2.mT], dim=1)
+            t_dense = time.perf_counter() - t0
             t0 = time.perf_counter()
             Ur, Sr, Vr = _topr_dense(
                 M,
                 args.rank,
                 method="randomized",
-                init=init,
-                niter=2,
+                init=torch.cat([A1.mT, A2.mT], dim=1),
+                niter=1,
                 oversample=16,
-                generator=torch.Generator().manual_seed(0),
+                generator=g,
             )
-            t_rand_tr = time.perf_counter() - t0
-            best = (M - (Ud * Sd) @ Vd.mT).norm()
-            got = (M - (Ur * Sr) @ Vr.mT).norm()
-            dense_rows.append(
-                (
-                    short,
-                    SHAPES[name],
-                    t_form,
-                    t_svd,
-                    t_peft_ties,
-                    t_our_ties,
-                    same,
-                    t_dense_tr,
-                    t_rand_tr,
-                    float(got / best - 1),
-                )
-            )
+            t_rand = time.perf_counter() - t0
+            best = float((M - (Ud * Sd) @ Vd.mT).norm())
+            excess = float((M - (Ur * Sr) @ Vr.mT).norm()) / best - 1
+            dense_rows.append((short, SHAPES[name], t_svd, t_peft, t_ours, same, t_dense, t_rand, excess))
             print(
-                f"  dense {short:4s} {SHAPES[name]}: form ΔW {t_form:.2f} s, full SVD {t_svd:.2f} s, PEFT ties "
-                f"{t_peft_ties:.2f} s, our ties_merge {t_our_ties:.2f} s (equal: {same}), truncation dense "
-                f"{t_dense_tr:.2f} s vs randomized {t_rand_tr:.2f} s (residual excess {float(got / best - 1):.1e})",
+                f"  dense {short:4s} {SHAPES[name]}: full SVD of ΔW {t_svd:.2f} s | TIES merge: PEFT {t_peft:.2f} s, "
+                f"ours {t_ours:.2f} s (equal: {same}) | rank-r truncation of the TIES matrix: dense SVD {t_dense:.2f}"
+                f" s, ours (randomized) {t_rand:.2f} s, residual excess {excess:.1e}",
                 flush=True,
             )
             del M
-        if dense_rows:
-            per_shape = {r[0]: r[3] for r in dense_rows}
-            if set(per_shape) >= {"q", "k", "gate", "down"}:
-                est = args.layers * (
-                    2 * per_shape["q"] + 2 * per_shape["k"] + 2 * per_shape["gate"] + per_shape["down"]
-                )
-                print(
-                    f"  dense-SVD route, whole adapter (estimate from the sample): {est:.0f} s per SVD of one parent"
-                )
+    exact = exactness(p1, p2, lops, args.rank)
 
     clone1, randn1 = floors(p1, args.repeats)
     print(f"floors (end): clone {clone1:.3f} s, randn {randn1:.3f} s; load average {os.getloadavg()[0]:.1f}")
 
-    # ---------------------------------------------------------------------------------------- summary
-    print("\n| operator | family | ours (s) | lucidrains (s) | lucidrains / ours | ours / randn floor |")
-    print("|---|---|---:|---:|---:|---:|")
-    randn_floor = min(randn0, randn1)
-    for name, fam, ours, _n, theirs in rows:
-        ratio = f"{theirs / ours:.2f}" if theirs else "—"
-        print(f"| {name} | {fam} | {ours:.3f} | {fmt(theirs)} | {ratio} | {ours / randn_floor:.1f} |")
+    # ------------------------------------------------------------------------------------------ summary
+    rf = min(randn0, randn1)
     print(
-        f"| ties (randomized truncation, scaled) | crossover | {ties_t:.1f} | — | — | {ties_t / randn_floor:.0f} |"
+        "\n| operator | family | ours s (cpu s) | lucidrains s (cpu s) | lucidrains / ours | ours / randn floor |"
     )
-    for comb, t, _ in peft_rows:
-        print(f"| PEFT merge_utils.{comb} (factors) | — | — | — | — | {t / randn_floor:.1f} ({t:.3f} s) |")
-    print(f"| floor: clone | — | {min(clone0, clone1):.3f} | | | |")
-    print(f"| floor: randn | — | {randn_floor:.3f} | | | |")
-    over = [name for name, _, ours, _, _ in rows if ours > 1.0]
-    slower = [
-        name
-        for name, _, ours, _, theirs in rows
-        if theirs is not None
-        and name in ("svd_mutation", "component_mask", "svd_crossover", "dare", "extrapolate", "linear_0_5")
-        and ours >= theirs
-    ]
+    print("|---|---|---:|---:|---:|---:|")
+    for name, fam, ours, ours_cpu, theirs, theirs_cpu, _n in rows:
+        ratio = f"{theirs / ours:.2f}" if theirs else "—"
+        their = f"{theirs:.3f} ({theirs_cpu:.2f})" if theirs else "—"
+        print(f"| {name} | {fam} | {ours:.3f} ({ours_cpu:.2f}) | {their} | {ratio} | {ours / rf:.1f} |")
     print(
-        f"\nover 1 s per child: {over or 'none'}; SVD/ΔW-based ops not faster than lucidrains: {slower or 'none'}"
+        f"| ties (delta, randomized truncation; scaled from {tl} layer) | crossover | {ties_t:.1f} ({ties_cpu:.1f})"
+        f" | — | — | {ties_t / rf:.0f} |"
+    )
+    for comb, t, cpu, _n in peft_rows:
+        print(
+            f"| PEFT merge_utils.{comb} on the factors | — | — | — | — | {t / rf:.1f} ({t:.3f} s, cpu {cpu:.2f}) |"
+        )
+    print(f"| floor: clone | — | {min(clone0, clone1):.3f} | | | |")
+    print(f"| floor: randn | — | {rf:.3f} | | | |")
+    if dense_rows:
+        print(
+            "\n| dense route, one module | shape | full SVD s | PEFT ties s | our ties_merge s | dense truncation s |"
+            " our truncation s | residual excess |"
+        )
+        print("|---|---|---:|---:|---:|---:|---:|---:|")
+        for short, shape, t_svd, t_peft, t_ours, same, t_dense, t_rand, excess in dense_rows:
+            print(
+                f"| {short} | {shape[0]}×{shape[1]} | {t_svd:.2f} | {t_peft:.2f} | {t_ours:.2f}"
+                f"{'' if same else ' (differs!)'} | {t_dense:.2f} | {t_rand:.2f} | {excess:.1e} |"
+            )
+        per = {r[0]: r[2] for r in dense_rows}
+        if set(per) >= {"q", "k", "gate", "down"}:
+            est = args.layers * (2 * per["q"] + 2 * per["k"] + 2 * per["gate"] + per["down"])
+            print(
+                f"\ndense-SVD route for the whole adapter (sum over modules, from the sample): {est:.0f} s per parent"
+            )
+    print("\n| exactness on layer 0 k_proj | reference | ours rel. error | lucidrains rel. error |")
+    print("|---|---|---:|---:|")
+    for name, refname, ours, theirs in exact:
+        print(f"| {name} | {refname} | {ours:.1e} | {'—' if theirs is None else f'{theirs:.1e}'} |")
+    over = [r[0] for r in rows if r[2] > 1.0]
+    svd_based = ("svd_mutation", "component_mask", "svd_crossover", "dare")
+    slower = [r[0] for r in rows if r[4] is not None and r[0] in svd_based and r[2] >= r[4]]
+    print(
+        f"\nover 1 s per child: {over or 'none'}; SVD-based ops not faster than lucidrains' counterpart: "
+        f"{slower or 'none'}"
     )
     return 0
 

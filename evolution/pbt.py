@@ -7,8 +7,9 @@ Every ``interval`` steps, per role (teachers are replaced by teacher children, s
    ranked members of the bottom half that are not *protected newborns* (children of the previous event are exempt
    once — without this a fresh rating ``μ₀ − 3σ₀ = 0`` makes the same slot lose at every event, the "revolving
    slot" hazard); protected members are skipped, never replaced by a member of the top half;
-3. for each culled slot draw, from a per-replacement ``torch.Generator`` seeded from ``(seed, step, role, slot)``:
-   the operator (a family by ``operators`` then uniformly among that family's default pool, or an operator by
+3. for each culled slot draw, from a per-replacement ``torch.Generator`` seeded from ``(seed, step, role, slot)``
+   (:func:`event_seed`; the operator itself runs with a fresh generator from the recorded ``seed``, so the child
+   can be reproduced offline with ``populora evolve --op … --seed …``): the operator (a family by ``operators`` then uniformly among that family's default pool, or an operator by
    name) and its parents — uniformly from the top ``max(2, ⌈γN⌉)`` survivors, one for a mutation, two distinct for
    a crossover (ordered so that parent 2 is the fitter one); a crossover needs two survivors in the pool, else only
    one-parent operators are drawn;
@@ -227,7 +228,9 @@ class PBTController:
                     stacklevel=2,
                 )
                 continue
-            gen = torch.Generator().manual_seed(seed)
+            # the operator gets a fresh generator from ``seed`` (recorded: ``populora evolve --seed`` with the same
+            # parents, operator and params reproduces the child); the choices use a separately derived stream
+            gen = torch.Generator().manual_seed(event_seed(self.config.seed, step, role, slot + "#choice"))
             op = _draw(choices, gen)
             if op.arity == 1:
                 parents = [pool[int(torch.randint(len(pool), (), generator=gen))]]
@@ -239,7 +242,7 @@ class PBTController:
                     states[p] = population.state(p)
             params = op.resolve_params(self.config.operator_params.get(op.name, {}))
             device = next(iter(states[parents[0]].values())).device
-            op_gen = gen if device.type == "cpu" else torch.Generator(device=device).manual_seed(seed)
+            op_gen = torch.Generator(device=device).manual_seed(seed)
             t0 = time.perf_counter()
             child = op(*(states[p] for p in parents), generator=op_gen, **params)
             seconds = time.perf_counter() - t0
