@@ -17,7 +17,9 @@ Calling convention::
 * the child has exactly the parents' keys (in parent 1's order), shapes and dtypes; computation is in float32
   (float64 for float64 parents) and cast back; the parents are never modified;
 * for crossovers, **parent 2 is the fitter parent** where it matters (``extrapolate``);
-* all randomness comes from ``generator`` (never the global RNG): the same seed gives the same child;
+* all randomness comes from ``generator`` (never the global RNG): the same seed gives the same child. Most
+  operators first draw one seed per module from it and give module ``j`` its own ``torch.Generator`` (so modules
+  can run in parallel threads): the child is bitwise identical for any ``torch.get_num_threads()``;
 * SVD-based operators (``svd_mutation``, ``component_mask``, ``svd_crossover`` and every ΔW-space combination)
   use the exact factor SVD of :mod:`evolution.lowrank` and refactor with ``√S`` on both sides; components that end
   up dead (zero singular value) get a zero B column and a fresh PEFT-init A row so they can regrow
