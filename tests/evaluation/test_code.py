@@ -205,8 +205,13 @@ def test_float_tolerance_and_special_oracles(data_dir, evaluator) -> None:
     constant = fz.prompt + "    return 0.0\n"
     sim = mbpp["Mbpp/2"]  # similar_elements: compared as sets
     reordered = "def similar_elements(a, b):\n    return tuple(sorted(set(a) & set(b), reverse=True))\n"
-    results = evaluator.evaluate([trunc, trunc, fz, fz, sim], [close, far, tighter, constant, reordered])
-    assert [r.passed for r in results] == [True, False, True, False, True], [r.reason for r in results]
+    canonical = (
+        fz.reference_program
+    )  # evalplus 0.3.1 fails it (a bug in its oracle); the intended oracle passes it
+    results = evaluator.evaluate(
+        [trunc, trunc, fz, fz, fz, sim], [close, far, canonical, tighter, constant, reordered]
+    )
+    assert [r.passed for r in results] == [True, False, True, True, False, True], [r.reason for r in results]
 
 
 def test_samples_errors(tmp_path: Path, evaluator) -> None:
