@@ -5,8 +5,8 @@
 * ``evaluator`` (session): a :class:`CodeEvaluator` with one open sandbox (2 workers) and a ground-truth
   cache in a session temp dir (so results never depend on a user's cache).
 
-Tests marked ``slow`` (full HumanEval+/MBPP+ runs, minutes) are skipped unless the marker expression
-selects them (``pytest -m slow``) or ``POPULORA_SLOW=1`` is set.
+Tests marked ``slow`` (full HumanEval/HumanEval+/MBPP+ canonical runs, ~4 min on 2 cores) are deselected by
+the project's ``addopts = -m 'not slow'``; run them with ``pytest -m slow tests/evaluation``.
 """
 
 from __future__ import annotations
@@ -18,16 +18,6 @@ import pytest
 from agents.evaluation.data import resolve_data_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if "slow" in (config.getoption("-m") or "") or os.environ.get("POPULORA_SLOW") == "1":
-        return
-    skip = pytest.mark.skip(reason="slow: run with `pytest -m slow` or POPULORA_SLOW=1")
-    here = os.path.dirname(__file__)
-    for item in items:
-        if "slow" in item.keywords and str(item.fspath).startswith(here):
-            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
