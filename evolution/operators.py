@@ -478,6 +478,7 @@ def _map_modules(
     generator: torch.Generator,
     device: torch.device,
     work: Callable[[Sequence[LoraModule], list[torch.Generator]], dict[str, Tensor]],
+    rank_of: Callable[[LoraModule], int] = lambda m: 0,
 ) -> dict[str, Tensor]:
     """Run ``work(chunk, generators)`` over chunks of :data:`CHUNK` modules and merge the children's tensors.
 
@@ -489,7 +490,13 @@ def _map_modules(
     runs each op single-threaded, so 1 and N workers give bitwise-identical children.
     """
     seeds = _module_seeds(generator, len(modules))
-    items = [(modules[i : i + CHUNK], seeds[i : i + CHUNK]) for i in range(0, len(modules), CHUNK)]
+    ranks = [rank_of(m) for m in modules]
+    items = []
+    for r in dict.fromkeys(ranks):  # chunks share one rank (PEFT rank_pattern may mix ranks)
+        idx = [i for i, ri in enumerate(ranks) if ri == r]
+        for c in range(0, len(idx), CHUNK):
+            sel = idx[c : c + CHUNK]
+            items.append(([modules[i] for i in sel], [seeds[i] for i in sel]))
     gen_device = generator.device
 
     def run(item: tuple[Sequence[LoraModule], list[int]]) -> dict[str, Tensor]:
@@ -578,7 +585,7 @@ def _sum_to_rank(
             child[m.a_key], child[m.b_key] = _emit(Bs, As, YB[j], YA[j], dead[j], gens[j], dtype)
         return child
 
-    return _ordered(_map_modules(modules, generator, device, work), ref)
+    return _ordered(_map_modules(modules, generator, device, work, lambda m: ref[m.a_key].shape[0]), ref)
 
 
 def _single_svd(
@@ -624,7 +631,9 @@ def _single_svd(
             child[m.a_key], child[m.b_key] = _emit([B], [A], YB[j], YA[j], dead[j], gens[j], dtype)
         return child
 
-    return _ordered(_map_modules(modules, generator, device, work), parent)
+    return _ordered(
+        _map_modules(modules, generator, device, work, lambda m: parent[m.a_key].shape[0]), parent
+    )
 
 
 def _cayley(Kskew: Tensor, eps: float) -> Tensor:
@@ -902,7 +911,7 @@ def svd_crossover(parents, modules, generator, *, mode: str):
             child[m.a_key], child[m.b_key] = _emit([B1, B2], [A1, A2], YB[j], YA[j], dead[j], gens[j], dtype)
         return child
 
-    return _ordered(_map_modules(modules, generator, device, work), ref)
+    return _ordered(_map_modules(modules, generator, device, work, lambda m: ref[m.a_key].shape[0]), ref)
 
 
 @register_operator(

@@ -473,3 +473,27 @@ def test_ties_factor_space_is_peft_semantics():
         for key, w in ((m.a_key, [1.0, math.sqrt(0.5)]), (m.b_key, [1.0, math.sqrt(0.5)])):
             ref = merge_utils.ties([p1[key], p2[key]], torch.tensor(w), 0.5, "total")
             assert torch.allclose(c[key], ref, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_mixed_ranks_rank_pattern(name):
+    """PEFT ``rank_pattern`` adapters mix ranks across modules; every module keeps its own rank."""
+    op = get_operator(name)
+    ps = [make_state(1, layers=3), make_state(2, layers=3)][: op.arity]
+    q = [make_state(3, layers=3, rank=6), make_state(4, layers=3, rank=6)]
+    for p, other in zip(ps, q, strict=False):
+        for k in list(p):
+            if ".k_proj." in k:
+                p[k] = other[k]
+    c = op(*ps, generator=gen())
+    assert all(c[k].shape == ps[0][k].shape for k in ps[0])
+    if name in ("linear_0_5", "svd_mutation"):
+        d = deltas(c)
+        ref = deltas(ps[0]) if name == "svd_mutation" else None
+        for m in lora_modules(ps[0]):
+            r = ps[0][m.a_key].shape[0]
+            if name == "linear_0_5":
+                target = top_r(0.5 * (deltas(ps[0])[m.name] + deltas(ps[1])[m.name]), r)
+                assert rel(d[m.name], target) < 1e-5
+            else:
+                assert rel(d[m.name], ref[m.name]) < 0.5
