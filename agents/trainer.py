@@ -315,10 +315,8 @@ class PolicyGradientTrainer:
 
         model = self.population.model
         was_training = model.training
-        if cfg.gradient_checkpointing and not getattr(self._causal_lm, "is_gradient_checkpointing", False):
-            self._causal_lm.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
+        if cfg.gradient_checkpointing and not _checkpointing_on(self._causal_lm):
+            _enable_checkpointing(self._causal_lm)
         model.train()
         try:
             with self.population.activate(member):
@@ -473,6 +471,14 @@ def _checkpointing_on(model: nn.Module) -> bool:
     if flag is not None:
         return bool(model.is_activation_checkpointing)
     return bool(getattr(model, "is_gradient_checkpointing", False))
+
+
+def _enable_checkpointing(model: nn.Module) -> None:
+    kwargs = {"use_reentrant": False}  # works with frozen embeddings (no input grads needed)
+    if hasattr(type(model), "activation_checkpointing_enable"):  # transformers >= 5
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def _length_order(batch: _Batch, rows: Sequence[int] | None = None) -> list[int]:
