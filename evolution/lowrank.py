@@ -13,16 +13,20 @@ constant the operators never change). Leading batch dimensions are allowed every
 an exact reduced SVD of the rank-≤r product in ``O((d_in + d_out) r² + r³)``; the dense SVD of ΔW costs
 ``O(d_out d_in min(d_out, d_in))``.
 
-**How Q and R are computed.** The thin QR is taken through the float64 Gram matrix: ``BᵀB = W Λ Wᵀ``
-(eigendecomposition, ``r×r``), ``R_B = Λ^{1/2} Wᵀ``, ``Q_B = B W Λ^{-1/2}`` — an orthogonal-times-square
-factorisation, the Gram ("Cholesky-QR") route with an eigendecomposition instead of a Cholesky factor, so that
-rank-deficient factors (zero columns, untrained ``B = 0``) need no special case: eigen-directions with
-``λ ≤ λ_max·1e-12`` (``σ ≤ 1e-6 σ_max``, below what float32 data resolve) are treated as exactly zero. The Gram
-matrices are accumulated in float64 from the float32 data, so ``S`` is accurate to ~1e-10 relative even for
-factors with condition number 1e5 (Householder QR in float32: ~1e-6), and ``U = B·(W Λ^{-1/2} U_K)`` is one
-float32 GEMM of the data with an ``r×r`` matrix. Cost per factor: one ``d×r`` float64 Gram and one ``d×r×r``
-GEMM — ~4× less work than Householder QR (``geqrf`` + ``orgqr`` + GEMM), and it never forms ``Q``. A
-Householder route is kept (``method="householder"``) as an independent reference for the tests.
+**How Q and R are computed.** The thin QR is taken through the Gram matrix, column-equilibrated:
+``BᵀB = D W Λ Wᵀ D`` with ``D = diag(‖b_i‖)`` (eigendecomposition of an ``r×r`` matrix), ``R_B = Λ^{1/2} Wᵀ D``,
+``Q_B = B D⁻¹ W Λ^{-1/2}`` — an orthogonal-times-square factorisation, the Gram ("Cholesky-QR") route with an
+eigendecomposition instead of a Cholesky factor, so that rank-deficient factors (zero columns, untrained
+``B = 0``, two identical parents) need no special case: equilibrated eigen-directions with ``λ ≤ λ_max·1e-12``
+are treated as exactly zero. Equilibration makes the result insensitive to columns of very different norms
+(harmless for the product). The Gram matrices here are accumulated in float64 from the data, so ``S`` is
+accurate to ~1e-10 relative even for factors with condition number 1e5 (Householder QR in float32: ~1e-6), and
+``U = B·(D⁻¹ W Λ^{-1/2} U_K)`` is one GEMM of the data with an ``r×r`` matrix. Cost per factor: one ``d×r``
+Gram and one ``d×r×r`` GEMM — less work than Householder QR (``geqrf`` + ``orgqr`` + GEMM), and ``Q`` is never
+formed. The operators (:mod:`evolution.operators`) first try a float32 Gram and keep it only when the
+equilibrated conditioning ``λ_min/λ_max ≥ 0.01`` guarantees Householder-level accuracy (orthogonality error
+~1e-6 at ``d = 18944``), else recompute it in float64. A Householder route is kept (``method="householder"``)
+as an independent reference for the tests.
 
 **Sums** (the "stacked" generalisation): ``Σ_i w_i B_i A_i = [B_1|…|B_k]·diag(w_1 1_r, …, w_k 1_r)·[A_1;…;A_k]``,
 a product with ``c = k·r`` inner columns; the same steps with ``K = R_B Ω R_Aᵀ`` give its exact SVD, and keeping
@@ -105,35 +109,58 @@ def _gram64(X: Tensor, *, rows: bool) -> Tensor:
     return X64 @ X64.mT if rows else X64.mT @ X64
 
 
-def gram_core(GB: Tensor, GA: Tensor, weights: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def _equilibrated_eigh(G: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``G = D W Λ Wᵀ D`` with ``D = diag(√G_ii)`` (columns scaled to unit norm; zero columns get ``D⁻¹ = 0``).
+
+    Returns ``(root, inv, W, d, dinv, ratio)``: ``root = Λ^{1/2}`` and ``inv = Λ^{-1/2}`` (both 0 where
+    ``λ ≤ EIG_RTOL·λ_max``), ``W``, ``d = diag(D)``, ``dinv = D⁻¹`` and ``ratio`` = smallest non-zero-column eigenvalue / largest
+    (the equilibrated conditioning, ``1/κ²``). Column scaling makes the thresholds and the conditioning test
+    insensitive to factors whose columns differ in scale (harmless for the product), and rounding errors of a
+    Gram matrix are relative to the columns' own norms, so this is the condition number that matters.
+    """
+    diag = torch.diagonal(G, dim1=-2, dim2=-1).clamp(min=0)
+    nz = diag > 0
+    d = diag.sqrt()
+    dinv = torch.where(nz, 1.0 / torch.where(nz, d, torch.ones_like(d)), torch.zeros_like(d))
+    Gt = dinv.unsqueeze(-1) * G * dinv.unsqueeze(-2)
+    lam, W = torch.linalg.eigh(Gt)  # ascending
+    keep = (lam > lam.amax(dim=-1, keepdim=True).clamp(min=0) * EIG_RTOL) & (lam > 0)
+    root = torch.where(keep, lam.clamp(min=0).sqrt(), torch.zeros_like(lam))
+    inv = torch.where(keep, 1.0 / torch.where(keep, root, torch.ones_like(root)), torch.zeros_like(lam))
+    n_zero = (~nz).sum(-1, keepdim=True)
+    smallest = lam.gather(-1, n_zero.clamp(max=lam.shape[-1] - 1)).squeeze(-1)
+    ratio = torch.where(
+        n_zero.squeeze(-1) < lam.shape[-1], smallest / lam[..., -1].clamp(min=1e-300), torch.ones_like(smallest)
+    )
+    return root, inv, W, d, dinv, ratio
+
+
+def gram_core(
+    GB: Tensor, GA: Tensor, weights: Tensor | None = None, *, return_ratio: bool = False
+) -> tuple[Tensor, ...]:
     """SVD of ``P = B Ω A`` from the Gram matrices ``GB = BᵀB`` and ``GA = A Aᵀ`` (``[..., c, c]``, float64).
 
     Returns ``(XB, S, XA)`` (float64) such that ``U = B @ XB`` and ``V = Aᵀ @ XA`` are the left/right singular
-    vectors of ``P = B·diag(weights)·A`` and ``S`` its singular values (descending): with ``GB = W_B Λ_B W_Bᵀ``,
-    ``R_B = Λ_B^{1/2} W_Bᵀ`` (likewise for A), ``K = R_B Ω R_Aᵀ = U_K diag(S) V_Kᵀ``,
-    ``XB = W_B Λ_B^{-1/2} U_K``, ``XA = W_A Λ_A^{-1/2} V_K`` (pseudo-inverse: eigenvalues below
-    :data:`EIG_RTOL`·λ_max count as 0). ``weights`` (``[..., c]``) defaults to ones. Batched over leading dims.
+    vectors of ``P = B·diag(weights)·A`` and ``S`` its singular values (descending). With the column-equilibrated
+    eigendecomposition ``GB = D_B W_B Λ_B W_Bᵀ D_B``, the thin factorisation is ``B = Q_B R_B``,
+    ``R_B = Λ_B^{1/2} W_Bᵀ D_B``, ``Q_B = B D_B⁻¹ W_B Λ_B^{-1/2}`` (likewise for A), and
+    ``K = R_B Ω R_Aᵀ = U_K diag(S) V_Kᵀ``, ``XB = D_B⁻¹ W_B Λ_B^{-1/2} U_K``, ``XA = D_A⁻¹ W_A Λ_A^{-1/2} V_K``
+    (pseudo-inverses: equilibrated eigenvalues below :data:`EIG_RTOL`·λ_max count as 0). ``weights``
+    (``[..., c]``) defaults to ones. Batched over leading dims. With ``return_ratio`` also returns the
+    equilibrated ``λ_min/λ_max`` of each side (``1/κ²``), used to decide whether a float32 Gram was accurate.
     """
-    lb, WB = torch.linalg.eigh(GB)
-    la, WA = torch.linalg.eigh(GA)
-
-    def split(lam: Tensor) -> tuple[Tensor, Tensor]:
-        keep = lam > lam.amax(dim=-1, keepdim=True).clamp(min=0) * EIG_RTOL
-        keep = keep & (lam > 0)
-        root = torch.where(keep, lam.clamp(min=0).sqrt(), torch.zeros_like(lam))
-        inv = torch.where(keep, 1.0 / torch.where(keep, root, torch.ones_like(root)), torch.zeros_like(lam))
-        return root, inv
-
-    rb, ib = split(lb)
-    ra, ia = split(la)
-    RB = rb.unsqueeze(-1) * WB.mT
-    RAt = WA * ra.unsqueeze(-2)  # R_Aᵀ
+    rb, ib, WB, db, dbinv, ratio_b = _equilibrated_eigh(GB)
+    ra, ia, WA, da, dainv, ratio_a = _equilibrated_eigh(GA)
+    RB = (rb.unsqueeze(-1) * WB.mT) * db.unsqueeze(-2)  # R_B = Λ_B^{1/2} W_Bᵀ D_B
+    RAt = da.unsqueeze(-1) * (WA * ra.unsqueeze(-2))  # R_Aᵀ = D_A W_A Λ_A^{1/2}
     if weights is not None:
         RAt = weights.to(RAt.dtype).unsqueeze(-1) * RAt
     K = RB @ RAt
     UK, S, VKh = torch.linalg.svd(K)
-    XB = WB @ (ib.unsqueeze(-1) * UK)
-    XA = WA @ (ia.unsqueeze(-1) * VKh.mT)
+    XB = dbinv.unsqueeze(-1) * (WB @ (ib.unsqueeze(-1) * UK))
+    XA = dainv.unsqueeze(-1) * (WA @ (ia.unsqueeze(-1) * VKh.mT))
+    if return_ratio:
+        return XB, S, XA, ratio_b, ratio_a
     return XB, S, XA
 
 

@@ -255,6 +255,8 @@ class Operator:
         device = parents[0][modules[0].a_key].device
         if torch.device(generator.device).type != device.type:
             raise ValueError(f"generator is on {generator.device} but the parents are on {device}")
+        with _STATS_LOCK:
+            GRAM_STATS.update(float32=0, float64=0)
         with torch.no_grad():
             return self.fn(parents, modules, generator, **resolved)
 
@@ -426,24 +428,66 @@ def _workspace(numel: int, dtype: torch.dtype, device: torch.device, tag: str = 
     return buf[:numel]
 
 
-def _cat_gram(Xs: Sequence[Tensor], *, rows: bool) -> Tensor:
-    """Float64 Gram matrix of the concatenation of ``Xs``: ``[X₁|…|X_k]ᵀ[X₁|…|X_k]`` for B's (``rows=False``,
-    each ``[d, r]``), ``[X₁;…;X_k][X₁;…;X_k]ᵀ`` for A's (``rows=True``, each ``[r, d]``).
+def _cat_gram(Xs: Sequence[Tensor], *, rows: bool, precision: torch.dtype = torch.float64) -> Tensor:
+    """Gram matrix (returned as float64) of the concatenation of ``Xs``: ``[X₁|…|X_k]ᵀ[X₁|…|X_k]`` for B's
+    (``rows=False``, each ``[d, r]``), ``[X₁;…;X_k][X₁;…;X_k]ᵀ`` for A's (``rows=True``, each ``[r, d]``).
 
-    The factors are cast into a reused float64 workspace (no allocation) and multiplied in one GEMM.
+    The factors are copied (cast) into a reused workspace of dtype ``precision`` and multiplied in one GEMM.
     """
     k = len(Xs)
     d, r = (Xs[0].shape[1], Xs[0].shape[0]) if rows else Xs[0].shape
-    ws = _workspace(d * k * r, torch.float64, Xs[0].device)
+    ws = _workspace(d * k * r, precision, Xs[0].device)
     if rows:
         X = ws.view(k * r, d)
         for i, x in enumerate(Xs):
             X[i * r : (i + 1) * r].copy_(x)
-        return X @ X.mT
-    X = ws.view(d, k * r)
-    for i, x in enumerate(Xs):
-        X[:, i * r : (i + 1) * r].copy_(x)
-    return X.mT @ X
+        G = X @ X.mT
+    else:
+        X = ws.view(d, k * r)
+        for i, x in enumerate(Xs):
+            X[:, i * r : (i + 1) * r].copy_(x)
+        G = X.mT @ X
+    return G.to(torch.float64)
+
+
+GRAM_PRECISION = "auto"
+"""``"auto"``: Gram matrices in float32, recomputed in float64 for a module whose equilibrated conditioning
+``λ_min/λ_max`` is below :data:`FP32_GRAM_MIN_RATIO` (always float64 for float64 parents); ``"float64"``: always
+float64 (~2.5× the Gram cost)."""
+FP32_GRAM_MIN_RATIO = 1e-2
+"""Accept a float32 Gram when the equilibrated ``λ_min/λ_max ≥`` this (κ ≤ 10): measured orthogonality error of
+the resulting basis ≤ 1.4e-6 for ``d = 18944`` (Householder QR in float32: ~1e-6)."""
+GRAM_STATS = {"float32": 0, "float64": 0}
+"""Gram matrices (per module and side) computed in each precision since the last operator call started."""
+_STATS_LOCK = threading.Lock()
+
+
+def _core(
+    bstacks: Sequence[Sequence[Tensor]], astacks: Sequence[Sequence[Tensor]], weights: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Exact SVD maps of ``Σ_i w_i B_i A_i`` for a batch of modules: ``(XB, S, XA, GB, GA)`` (see ``gram_core``).
+
+    ``bstacks[j]`` / ``astacks[j]`` are module ``j``'s B's / A's. Per :data:`GRAM_PRECISION` the Gram matrices are
+    first formed in float32 and only the modules whose equilibrated conditioning fails the
+    :data:`FP32_GRAM_MIN_RATIO` test are redone in float64.
+    """
+    try32 = GRAM_PRECISION == "auto" and bstacks[0][0].dtype != torch.float64
+    prec = torch.float32 if try32 else torch.float64
+    GB = torch.stack([_cat_gram(bs, rows=False, precision=prec) for bs in bstacks])
+    GA = torch.stack([_cat_gram(as_, rows=True, precision=prec) for as_ in astacks])
+    XB, S, XA, ratio_b, ratio_a = gram_core(GB, GA, weights, return_ratio=True)
+    n64 = 0 if try32 else len(bstacks)
+    if try32:
+        bad = ((ratio_b < FP32_GRAM_MIN_RATIO) | (ratio_a < FP32_GRAM_MIN_RATIO)).nonzero().flatten().tolist()
+        if bad:
+            GB[bad] = torch.stack([_cat_gram(bstacks[i], rows=False) for i in bad])
+            GA[bad] = torch.stack([_cat_gram(astacks[i], rows=True) for i in bad])
+            XB[bad], S[bad], XA[bad] = gram_core(GB[bad], GA[bad], weights)
+            n64 = len(bad)
+    with _STATS_LOCK:
+        GRAM_STATS["float64"] += n64
+        GRAM_STATS["float32"] += len(bstacks) - n64
+    return XB, S, XA, GB, GA
 
 
 def _is_zero(G: Tensor) -> Tensor:
@@ -562,11 +606,9 @@ def _sum_to_rank(
                 Bs.append(B)
                 As.append(A)
             facs.append((Bs, As))
-        GB = torch.stack([_cat_gram(Bs, rows=False) for Bs, _ in facs])
-        GA = torch.stack([_cat_gram(As, rows=True) for _, As in facs])
         r = facs[0][1][0].shape[0]
-        omega = torch.tensor(weights, dtype=torch.float64, device=GB.device).repeat_interleave(r)
-        XB, S, XA = gram_core(GB, GA, omega)
+        omega = torch.tensor(weights, dtype=torch.float64, device=device).repeat_interleave(r)
+        XB, S, XA, GB, GA = _core([Bs for Bs, _ in facs], [As for _, As in facs], omega)
         zero = torch.ones(GB.shape[0], dtype=torch.bool, device=GB.device)
         for i in range(k):
             blk = slice(i * r, (i + 1) * r)
@@ -607,9 +649,7 @@ def _single_svd(
 
     def work(chunk: Sequence[LoraModule], gens: list[torch.Generator]) -> dict[str, Tensor]:
         facs = [_factors(parent, m, cdt) for m in chunk]
-        GB = torch.stack([_cat_gram([B], rows=False) for _, B in facs])
-        GA = torch.stack([_cat_gram([A], rows=True) for A, _ in facs])
-        XB, S, XA = gram_core(GB, GA)
+        XB, S, XA, GB, GA = _core([[B] for _, B in facs], [[A] for A, _ in facs])
         r = S.shape[-1]
         zero = _is_zero(GB) | _is_zero(GA)
         live = ~(dead_components(S, width=r) | (S <= 0))
@@ -877,9 +917,8 @@ def svd_crossover(parents, modules, generator, *, mode: str):
 
     def work(chunk, gens):
         facs = [[_factors(p, m, cdt) for p in parents] for m in chunk]
-        GB = torch.stack([_cat_gram([B], rows=False) for f in facs for _, B in f])
-        GA = torch.stack([_cat_gram([A], rows=True) for f in facs for A, _ in f])
-        XB, S, XA = gram_core(GB, GA)  # [2m, r, r], order (module, parent)
+        # [2m, r, r], order (module, parent)
+        XB, S, XA, GB, GA = _core([[B] for f in facs for _, B in f], [[A] for f in facs for A, _ in f])
         nm, r = len(chunk), S.shape[-1]
         XB, XA, S = XB.view(nm, 2, r, r), XA.view(nm, 2, r, r), S.view(nm, 2, r)
         zero = (_is_zero(GB) | _is_zero(GA)).view(nm, 2).all(-1)

@@ -497,3 +497,39 @@ def test_mixed_ranks_rank_pattern(name):
                 assert rel(d[m.name], target) < 1e-5
             else:
                 assert rel(d[m.name], ref[m.name]) < 0.5
+
+
+def test_gram_precision_fallback_keeps_near_identical_parents_exact(monkeypatch):
+    """Siblings: [B₁|B₂] is nearly rank-deficient, so the float32 Gram is rejected and float64 used."""
+    import evolution.operators as ops
+
+    shapes = {"mlp.up_proj": (400, 300)}
+    p1 = make_state(1, shapes=shapes, rank=8, layers=1)
+    g = gen(5)
+    p2 = {k: v * (1 + 1e-5 * torch.randn(v.shape, generator=g)) for k, v in p1.items()}
+    c = get_operator("linear_0_5")(p1, p2, generator=gen())
+    assert ops.GRAM_STATS["float64"] == 1 and ops.GRAM_STATS["float32"] == 0
+    (m,) = deltas(p1)
+    assert rel(deltas(c)[m], top_r(0.5 * (deltas(p1)[m] + deltas(p2)[m]), 8)) < 1e-6
+    # unrelated parents: float32 accepted, same result as forcing float64 (to float32 accuracy)
+    q = make_state(2, shapes=shapes, rank=8, layers=1)
+    c32 = get_operator("linear_0_5")(p1, q, generator=gen())
+    assert ops.GRAM_STATS["float32"] == 1
+    monkeypatch.setattr(ops, "GRAM_PRECISION", "float64")
+    c64 = get_operator("linear_0_5")(p1, q, generator=gen())
+    assert ops.GRAM_STATS["float64"] == 1
+    ref = top_r(0.5 * (deltas(p1)[m] + deltas(q)[m]), 8)
+    assert rel(deltas(c32)[m], ref) < 1e-5 and rel(deltas(c64)[m], ref) < 1e-5
+
+
+def test_float32_gram_is_accurate_at_realistic_width():
+    shapes = {"mlp.up_proj": (4096, 512)}
+    p1, p2 = make_state(1, shapes=shapes, rank=16, layers=1), make_state(2, shapes=shapes, rank=16, layers=1)
+    import evolution.operators as ops
+
+    c = get_operator("extrapolate")(p1, p2, generator=gen(), eta=1.3)
+    assert ops.GRAM_STATS["float32"] == 1
+    (m,) = deltas(p1)
+    assert rel(deltas(c)[m], top_r(-0.3 * deltas(p1)[m] + 1.3 * deltas(p2)[m], 16)) < 1e-5
+    s = get_operator("svd_mutation")(p1, generator=gen(), epsilon=0.0)
+    assert rel(deltas(s)[m], deltas(p1)[m]) < 1e-5
