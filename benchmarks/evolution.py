@@ -56,7 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from evolution.operators import TIES_TIMINGS, get_operator, list_operators, ties_merge  # noqa: E402
+import evolution.operators as evo_ops  # noqa: E402
+from evolution.operators import GRAM_STATS, TIES_TIMINGS, get_operator, list_operators, ties_merge  # noqa: E402
 
 SHAPES = {  # name -> (d_out, d_in) for Qwen2.5-7B
     "self_attn.q_proj": (3584, 3584),
@@ -282,17 +283,37 @@ def main() -> int:
     ap.add_argument("--skip-peft", action="store_true")
     ap.add_argument("--skip-dense", action="store_true")
     ap.add_argument("--omp-wait-policy", default="PASSIVE", help="OMP_WAIT_POLICY ('default' = leave unset)")
+    ap.add_argument(
+        "--gram-precision",
+        choices=("auto", "float64"),
+        default="auto",
+        help="evolution.operators.GRAM_PRECISION (auto = float32 Gram with a float64 fallback)",
+    )
+    ap.add_argument(
+        "--siblings",
+        type=float,
+        default=0.0,
+        help="parent 2 = parent 1 x (1 + this x N(0,1)) instead of independent (e.g. 1e-3: two children "
+        "of one ancestor; their stacked factors are nearly collinear, so the float64 Gram is used)",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    evo_ops.GRAM_PRECISION = args.gram_precision
 
     p1 = make_adapter(1, args.layers, args.rank)
-    p2 = make_adapter(2, args.layers, args.rank)
+    if args.siblings > 0:
+        g = torch.Generator().manual_seed(2)
+        p2 = {k: v * (1 + args.siblings * torch.randn(v.shape, generator=g)) for k, v in p1.items()}
+    else:
+        p2 = make_adapter(2, args.layers, args.rank)
     n_params = sum(v.numel() for v in p1.values())
+    sib = f"parent 1 x (1 + {args.siblings:g} N(0,1))" if args.siblings > 0 else "independent"
     print(
         f"adapter: {args.layers} layers x 7 modules, rank {args.rank}, float32, {n_params / 1e6:.1f}M parameters | "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, OMP_WAIT_POLICY={_POLICY}, "
-        f"load average {os.getloadavg()[0]:.1f}",
+        f"load average {os.getloadavg()[0]:.1f} | GRAM_PRECISION={args.gram_precision}, parent 2: "
+        f"{sib}",
         flush=True,
     )
     clone0, randn0 = floors(p1, args.repeats)
@@ -313,6 +334,11 @@ def main() -> int:
             return op(*parents, generator=torch.Generator().manual_seed(next(seeds)))
 
         ours, n, ours_cpu = measure(call, args.repeats)
+        grams = (
+            f"gram f32/f64 {GRAM_STATS['float32']}/{GRAM_STATS['float64']}"
+            if sum(GRAM_STATS.values())
+            else ""
+        )
         theirs = theirs_cpu = None
         if lops is not None and op.name in LUCID_MAP:
             torch.manual_seed(0)
@@ -321,7 +347,7 @@ def main() -> int:
         ratio = f"{theirs / ours:5.2f}x" if theirs else "   — "
         print(
             f"  {op.name:16s} ours {ours:7.3f} s (cpu {ours_cpu:6.2f}, n={n})  lucidrains {fmt(theirs):>7s} s "
-            f"(cpu {fmt(theirs_cpu)})  lucidrains/ours {ratio}",
+            f"(cpu {fmt(theirs_cpu)})  lucidrains/ours {ratio}  {grams}",
             flush=True,
         )
 
