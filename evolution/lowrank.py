@@ -130,7 +130,9 @@ def _equilibrated_eigh(G: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tenso
     n_zero = (~nz).sum(-1, keepdim=True)
     smallest = lam.gather(-1, n_zero.clamp(max=lam.shape[-1] - 1)).squeeze(-1)
     ratio = torch.where(
-        n_zero.squeeze(-1) < lam.shape[-1], smallest / lam[..., -1].clamp(min=1e-300), torch.ones_like(smallest)
+        n_zero.squeeze(-1) < lam.shape[-1],
+        smallest / lam[..., -1].clamp(min=1e-300),
+        torch.ones_like(smallest),
     )
     return root, inv, W, d, dinv, ratio
 

@@ -1096,10 +1096,12 @@ def kth_largest(x: Tensor, k: int) -> Tensor:
 
 
 def magnitude_trim(t: Tensor, density: float, *, inplace: bool = False) -> Tensor:
-    """TIES step 1: keep the ``⌊density·numel⌋`` largest-magnitude entries of ``t``, zero the rest.
+    """TIES step 1: keep the ``k = ⌊density·numel⌋`` largest-magnitude entries of ``t``, zero the rest.
 
-    Same result as PEFT ``merge_utils.magnitude_based_pruning`` up to ties at the threshold (kept here).
-    ``density ≥ 1`` keeps everything, a ``k`` of 0 zeroes everything. ``inplace`` overwrites ``t``.
+    Exactly ``k`` entries survive, as in PEFT ``merge_utils.magnitude_based_pruning``; among entries whose
+    magnitude equals the threshold, the first ones in memory order are kept (``torch.topk``, which PEFT uses,
+    leaves that choice unspecified, so the two may differ on such ties only). ``density ≥ 1`` keeps everything,
+    a ``k`` of 0 zeroes everything. ``inplace`` overwrites ``t``.
     """
     if density < 0.0:
         raise ValueError(f"density must be >= 0, got {density}")
@@ -1111,7 +1113,12 @@ def magnitude_trim(t: Tensor, density: float, *, inplace: bool = False) -> Tenso
         return out.zero_()
     mag = t.abs()
     thr = kth_largest(mag, k)
-    return out.mul_(mag.ge_(thr))
+    keep = mag > thr
+    n_more = k - int(torch.count_nonzero(keep))
+    if n_more > 0:  # entries equal to the threshold: the first n_more of them
+        ties = (mag == thr).view(-1).nonzero().view(-1)[:n_more]
+        keep.view(-1)[ties] = True
+    return out.mul_(keep)
 
 
 def ties_merge(

@@ -533,3 +533,15 @@ def test_float32_gram_is_accurate_at_realistic_width():
     assert rel(deltas(c)[m], top_r(-0.3 * deltas(p1)[m] + 1.3 * deltas(p2)[m], 16)) < 1e-5
     s = get_operator("svd_mutation")(p1, generator=gen(), epsilon=0.0)
     assert rel(deltas(s)[m], deltas(p1)[m]) < 1e-5
+
+
+def test_magnitude_trim_keeps_exactly_k_with_ties():
+    t = torch.tensor([3.0, -1.0, 1.0, 2.0, -1.0, 1.0, 0.5, -3.0])
+    out = magnitude_trim(t, 0.5)  # k = 4: both 3s, the 2, and the first of the four tied 1s
+    assert int((out != 0).sum()) == 4
+    assert out.tolist() == [3.0, -1.0, 0.0, 2.0, 0.0, 0.0, 0.0, -3.0]
+    big = torch.randint(-3, 4, (3_000_000,), generator=gen(1)).float()  # heavy ties, large path
+    for density in (0.1, 0.5, 0.77):
+        kept = magnitude_trim(big, density)
+        assert int((kept != 0).sum()) == int(density * big.numel())
+        assert torch.equal(kept[kept != 0], big[kept != 0])
