@@ -173,6 +173,14 @@ class PBTController:
         """
         if not self.due(step):
             return []
+        seen: dict[str, str] = {}
+        for role, members in roles.items():
+            for m in members:
+                if m in seen and seen[m] != role:
+                    raise ValueError(
+                        f"member {m!r} is in roles {seen[m]!r} and {role!r}; PBT evolves within a role"
+                    )
+                seen[m] = role
         records: list[dict] = []
         for role in sorted(roles):
             records.extend(

@@ -258,6 +258,8 @@ def test_config_validation():
     with pytest.raises(ValueError, match="sum to 0"):
         PBTController(PBTConfig(operators={"mutation": 0.0}))
     ctrl = PBTController(PBTConfig(interval=1))
+    with pytest.raises(ValueError, match="is in roles"):
+        ctrl.maybe_evolve(1, {"a": ["x", "y"], "b": ["x", "z"]}, FakePopulation(["x", "y", "z"]), {}, print)
     with pytest.raises(KeyError, match="no rating"):
         ctrl.maybe_evolve(1, {"r": ["a", "b"]}, FakePopulation(["a", "b"]), {"a": (1.0, 1.0)}, lambda m: None)
 
