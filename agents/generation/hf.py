@@ -113,12 +113,15 @@ class _RowSampler:
         logits = scores.float()
         logp = torch.log_softmax(logits, dim=-1)
         choice = logits.argmax(dim=-1)
-        for i in self.sampled:
-            row = self.rows[i]
-            probs = torch.softmax(logits[i] / row.temperature, dim=-1)
-            if row.top_p < 1.0:
-                probs = _top_p_filter(probs, row.top_p)
-            choice[i] = torch.multinomial(probs, 1, generator=self.generators[i])[0]
+        if self.sampled:
+            idx = torch.tensor(self.sampled, device=logits.device)
+            temps = torch.tensor([self.rows[i].temperature for i in self.sampled], device=logits.device)
+            top_ps = torch.tensor([self.rows[i].top_p for i in self.sampled], device=logits.device)
+            probs = torch.softmax(logits[idx] / temps[:, None], dim=-1)
+            # one uniform per row from that row's own generator: a row's draws never depend on other rows
+            u = torch.cat([torch.rand(1, generator=self.generators[i], device=logits.device)
+                           for i in self.sampled])
+            choice[idx] = _sample_rows(probs, top_ps, u)
         self.tokens.append(choice)
         self.logprobs.append(logp.gather(1, choice[:, None]).squeeze(1))
         forced = torch.full_like(scores, float("-inf"))
@@ -126,14 +129,37 @@ class _RowSampler:
         return forced
 
 
-def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose mass reaches ``top_p`` (at least one), renormalised."""
-    sorted_probs, order = probs.sort(descending=True)
-    before = sorted_probs.cumsum(0) - sorted_probs  # mass strictly before each token
-    sorted_probs = torch.where(before < top_p, sorted_probs, torch.zeros_like(sorted_probs))
-    sorted_probs[0] = sorted_probs[0].clamp_min(torch.finfo(sorted_probs.dtype).tiny)
-    filtered = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-    return filtered / filtered.sum()
+def _top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, keep the smallest set of most likely tokens whose mass reaches ``top_p`` (at least one).
+
+    Returns the kept (unnormalised) probabilities in descending order and the token ids of that order.
+    """
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly before each token
+    keep = before < top_p[:, None]
+    keep[:, 0] = True
+    return sorted_probs * keep, order
+
+
+def _sample_rows(probs: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling of one token per row from ``probs`` [R, V] restricted by nucleus ``top_p`` [R],
+    with uniforms ``u`` [R] in [0, 1): the token i with cdf[i-1] <= u·total < cdf[i] (always of positive
+    probability). One cumsum + searchsorted per batch instead of a multinomial per row (~100x cheaper on a
+    49k vocabulary)."""
+    out = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
+    nucleus = top_p < 1.0
+    for rows, use_top_p in ((nucleus.nonzero().squeeze(1), True), ((~nucleus).nonzero().squeeze(1), False)):
+        if rows.numel() == 0:
+            continue  # each row takes the same path whatever else is in the batch
+        if use_top_p:
+            kept, order = _top_p_filter(probs[rows], top_p[rows])
+        else:
+            kept, order = probs[rows], None
+        cdf = kept.cumsum(-1)
+        target = (u[rows] * cdf[:, -1]).unsqueeze(1)
+        pos = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1)
+        out[rows] = (pos if order is None else order.gather(1, pos)).squeeze(1)
+    return out
 
 
 class _RowLimit:

@@ -226,3 +226,19 @@ def test_end_to_end_with_the_offline_default_model():
     assert out[0].token_ids == out[1].token_ids  # fresh members (B = 0) act like the base
     assert "Paris" in out[0].text, out[0].text
     assert all(lp <= 0 for lp in out[0].logprobs) and len(out[0].logprobs) == len(out[0].token_ids)
+
+
+def test_inverse_cdf_sampler_matches_the_distribution_and_nucleus():
+    from agents.generation.hf import _sample_rows
+
+    probs = torch.tensor([[0.1, 0.0, 0.6, 0.3]]).repeat(20000, 1)
+    u = torch.rand(20000, generator=torch.Generator().manual_seed(0))
+    freq = torch.bincount(_sample_rows(probs, torch.ones(20000), u), minlength=4).float() / 20000
+    assert freq[1] == 0  # a zero-probability token is never drawn
+    assert torch.allclose(freq, probs[0], atol=0.015)
+    # nucleus 0.6 keeps only the most likely token; 0.8 keeps {2, 3} renormalised (2/3, 1/3)
+    assert (_sample_rows(probs, torch.full((20000,), 0.6), u) == 2).all()
+    freq = torch.bincount(_sample_rows(probs, torch.full((20000,), 0.8), u), minlength=4).float() / 20000
+    assert freq[0] == 0 and freq[1] == 0 and abs(freq[2] - 2 / 3) < 0.015
+    # u -> 1 stays in range and on a positive-probability token
+    assert _sample_rows(probs[:1], torch.ones(1), torch.tensor([0.9999999])).item() == 3
