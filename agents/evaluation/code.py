@@ -384,8 +384,8 @@ class CodeEvaluator:
     def _read(self, problem: CodeProblem, r: Any, gt: GroundTruth | None) -> CodeResult:
         total = 1 if gt is None else len(gt.times)
         if r.status != "ok":
-            lines = (r.error or "").strip().splitlines()
-            reason = f"{r.status}: {lines[-1] if lines else ''}"
+            lines = (r.error or "").strip().splitlines()  # "[during call] Type: message", then a traceback
+            reason = f"{r.status}: {lines[0][:300] if lines else ''}"
             return CodeResult(problem.task_id, False, False, r.status, reason, 0, total, r.seconds)
         if problem.benchmark == "humaneval":
             return CodeResult(problem.task_id, True, True, "ok", "ok", 1, 1, r.seconds)

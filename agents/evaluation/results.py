@@ -62,6 +62,8 @@ def markdown_tables(results: Mapping[str, Any]) -> str:
     meta = [f"model `{results.get('model')}`", "greedy pass@1 (%)"]
     if results.get("limit"):
         meta.append(f"first {results['limit']} problems per benchmark")
+    if results.get("complete") is False:
+        meta.append("**partial** (the evaluation is still running or was stopped)")
     lines += [", ".join(meta), ""]
     lines += [
         "| benchmark | n | population mean | best | weakest | base | baseline |",

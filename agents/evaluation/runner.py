@@ -279,11 +279,14 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
                     for row in rows:
                         fh.write(json.dumps(row) + "\n")
             log.info("eval %s: %s", bench, {k: round(v, 3) for k, v in scores.items()})
+            # partial results after every benchmark, so a long evaluation that is stopped keeps what it has
+            write_results({**results, "complete": False}, run_dir, tensorboard=False, out_dir=out_dir)
     if not results["failed_reference"]:
         del results["failed_reference"]
     results["seconds"]["total"] = round(time.perf_counter() - t_start, 2)
     step = cfg.step if cfg.step is not None else _latest_step(run_dir)
     results["step"] = step
+    results["complete"] = True
     write_results(results, run_dir, step=step, tensorboard=cfg.tensorboard, out_dir=out_dir)
     return results
 

@@ -143,6 +143,7 @@ def test_humaneval_slice_canonical_empty_broken(tmp_path: Path, evaluator) -> No
     assert s["pass@1"] == pytest.approx(19 / 20) and s["n"] == 20
     outcomes = [json.loads(line) for line in out.read_text().splitlines()]
     assert [o["task_id"] for o in outcomes if not o["passed"]] == [problems[3].task_id]
+    assert "AssertionError" in outcomes[3]["result"]  # the exception line, not a traceback frame
 
 
 @pytest.mark.parametrize("bench", ["humaneval+", "mbpp+"])

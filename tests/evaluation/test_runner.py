@@ -81,7 +81,7 @@ def test_run_eval_tiny_population(runs, data_dir, monkeypatch) -> None:
         assert rec["best"]["member"] in rec["members"] and rec["weakest"]["member"] in rec["members"]
         assert rec["base"] is not None and set(rec["baseline"]["members"]) == {"azr"}
         assert ("base_pass@1" in rec) == (bench == "mbpp+")
-    assert results["step"] == 7
+    assert results["step"] == 7 and results["complete"] is True
     out = run / "eval"
     assert json.loads((out / "results.json").read_text())["benchmarks"] == results["benchmarks"]
     md = (out / "results.md").read_text()
