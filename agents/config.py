@@ -97,6 +97,9 @@ class TrainConfig:
     """Base model dtype."""
     device: str = "auto"
     """'auto' (cuda if available, else cpu), 'cpu' or 'cuda'."""
+    threads: int = 0
+    """torch intra-op CPU threads; 0 keeps torch's default (all cores). 1 is much faster on an oversubscribed
+    machine, where OpenMP threads spin against other processes."""
     steps: int = 12
     """Training steps (= env rounds) in total."""
     seed: int = 0
@@ -221,6 +224,7 @@ def validate(cfg: TrainConfig, kind: Literal["population", "baseline"] = "popula
 
     need(cfg.steps >= 1, "steps", f"must be >= 1 (got {cfg.steps})")
     need(cfg.seed >= 0, "seed", f"must be >= 0 (got {cfg.seed})")
+    need(cfg.threads >= 0, "threads", f"must be >= 0 (got {cfg.threads})")
     problem = _model_problem(cfg.model)
     need(problem is None, "model", problem or "")
     need(cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"), "device",

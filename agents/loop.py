@@ -124,6 +124,8 @@ class SelfPlayLoop:
         """Build every component (the slow part: model loading)."""
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.threads > 0:
+            torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)

@@ -72,15 +72,16 @@ def train(cfg: TrainConfig, kind: Kind, make_report: bool = True) -> Path:
     try:
         while loop.step < cfg.steps:
             stats = loop.train_step()
+            for k, v in stats["time"].items():  # before the checkpoint, so a resumed run keeps the sums
+                loop.totals[f"time/{k}"] += v
             ckpt_s = 0.0
             if loop.step % cfg.checkpoint_every == 0 or loop.step == cfg.steps:
                 t0 = time.perf_counter()
                 loop.save_checkpoint()
                 ckpt_s = time.perf_counter() - t0
             stats["time"]["checkpoint"] = ckpt_s
+            loop.totals["time/checkpoint"] += ckpt_s
             scalars = tb.log_step(loop.step, stats, cfg.log_samples)
-            for k, v in stats["time"].items():
-                loop.totals[f"time/{k}"] += v
             step_times.append(stats["time"]["step"])
             bar.update(1)
             tqdm.write(_summary_line(loop.step, cfg.steps, scalars)) if cfg.progress else log.info(

@@ -19,7 +19,7 @@ TINY = [
     "--env.tasks-per-teacher", "2", "--env.samples-per-task", "2", "--env.sandbox-workers", "1",
     "--generation.teacher-max-new-tokens", "12", "--generation.student-max-new-tokens", "8",
     "--generation.temperature", "1.0", "--trainer.entropy-coef", "0.01", "--trainer.lr", "1e-3",
-    "--pbt.interval", "2", "--no-progress",
+    "--pbt.interval", "2", "--threads", "1", "--no-progress",
 ]
 
 
