@@ -473,6 +473,11 @@ def main() -> int:
                 f"| {short} | {shape[0]}×{shape[1]} | {t_peft:.2f} | {t_ours:.2f}{'' if same == 'equal' else ' ¹'} | "
                 f"{t_dense:.2f} | {t_rand:.2f} | {excess:.1e} |"
             )
+        if any(r[4] != "equal" for r in dense_rows):
+            print(
+                "\n¹ differs from PEFT only where a parent's |ΔW| ties with its trim threshold: both keep exactly k "
+                "entries, PEFT's torch.topk picks among the tied ones arbitrarily, ours the first in memory order."
+            )
         per = {r[0]: r[5] for r in dense_rows}
         if set(per) >= {"q", "k", "gate", "down"}:
             est = args.layers * (2 * per["q"] + 2 * per["k"] + 2 * per["gate"] + per["down"])

@@ -435,6 +435,9 @@ def _cat_gram(Xs: Sequence[Tensor], *, rows: bool, precision: torch.dtype = torc
     The factors are copied (cast) into a reused workspace of dtype ``precision`` and multiplied in one GEMM.
     """
     k = len(Xs)
+    if k == 1 and Xs[0].dtype == precision:
+        x = Xs[0]
+        return (x @ x.mT if rows else x.mT @ x).to(torch.float64)
     d, r = (Xs[0].shape[1], Xs[0].shape[0]) if rows else Xs[0].shape
     ws = _workspace(d * k * r, precision, Xs[0].device)
     if rows:
@@ -581,34 +584,30 @@ def _sum_to_rank(
     k = len(parents)
 
     def work(chunk: Sequence[LoraModule], gens: list[torch.Generator]) -> dict[str, Tensor]:
-        facs: list[tuple[list[Tensor], list[Tensor]]] = []
-        if drop_p is not None and cdt == torch.float32:
-            need = sum(k * (ref[m.a_key].numel() + ref[m.b_key].numel()) for m in chunk)
-            arena = _workspace(need, torch.float32, device, tag="dare")
+        # each module's factors side by side, [B₁|…|B_k] (d_out × k·r) and [A₁;…;A_k] (k·r × d_in), in a reused
+        # per-thread arena: one Gram GEMM and one output GEMM per side instead of k² and k
+        r = ref[chunk[0].a_key].shape[0]
+        need = sum(k * r * (ref[m.b_key].shape[0] + ref[m.a_key].shape[1]) for m in chunk)
+        arena = _workspace(need, cdt, device, tag="stack")
         offset = 0
+        cats: list[tuple[Tensor, Tensor]] = []
         for m, g in zip(chunk, gens, strict=True):
-            Bs, As = [], []
-            for p in parents:
+            d_out, d_in = ref[m.b_key].shape[0], ref[m.a_key].shape[1]
+            Bcat = arena[offset : offset + d_out * k * r].view(d_out, k * r)
+            offset += d_out * k * r
+            Acat = arena[offset : offset + k * r * d_in].view(k * r, d_in)
+            offset += k * r * d_in
+            for i, p in enumerate(parents):
                 A, B = _factors(p, m, cdt)
-                if drop_p is not None:
-                    masked = []
-                    for x in (B, A):
-                        if cdt == torch.float32:
-                            u = arena[offset : offset + x.numel()].view(x.shape)
-                            offset += x.numel()
-                            masked.append(u.uniform_(generator=g).ge_(drop_p).mul_(x))
-                        else:
-                            u = torch.empty(x.shape, dtype=torch.float32, device=x.device).uniform_(
-                                generator=g
-                            )
-                            masked.append(x * (u >= drop_p))
-                    B, A = masked
-                Bs.append(B)
-                As.append(A)
-            facs.append((Bs, As))
-        r = facs[0][1][0].shape[0]
+                for x, dst in ((B, Bcat[:, i * r : (i + 1) * r]), (A, Acat[i * r : (i + 1) * r])):
+                    if drop_p is None:
+                        dst.copy_(x)
+                    else:
+                        u = _workspace(x.numel(), torch.float32, device, tag="u").view(x.shape)
+                        torch.mul(x, u.uniform_(generator=g).ge_(drop_p), out=dst)
+            cats.append((Bcat, Acat))
         omega = torch.tensor(weights, dtype=torch.float64, device=device).repeat_interleave(r)
-        XB, S, XA, GB, GA = _core([Bs for Bs, _ in facs], [As for _, As in facs], omega)
+        XB, S, XA, GB, GA = _core([[Bc] for Bc, _ in cats], [[Ac] for _, Ac in cats], omega)
         zero = torch.ones(GB.shape[0], dtype=torch.bool, device=GB.device)
         for i in range(k):
             blk = slice(i * r, (i + 1) * r)
@@ -623,8 +622,8 @@ def _sum_to_rank(
             if bool(zero[j]):
                 _copy_module(child, ref, m)
                 continue
-            Bs, As = facs[j]
-            child[m.a_key], child[m.b_key] = _emit(Bs, As, YB[j], YA[j], dead[j], gens[j], dtype)
+            Bc, Ac = cats[j]
+            child[m.a_key], child[m.b_key] = _emit([Bc], [Ac], YB[j], YA[j], dead[j], gens[j], dtype)
         return child
 
     return _ordered(_map_modules(modules, generator, device, work, lambda m: ref[m.a_key].shape[0]), ref)
