@@ -79,6 +79,7 @@ __all__ = [
     "Operator",
     "UnknownOperatorError",
     "dare_drop",
+    "dare_mask_pair",
     "get_operator",
     "list_operators",
     "lora_modules",
@@ -572,9 +573,9 @@ def _sum_to_rank(
 ) -> dict[str, Tensor]:
     """Child with ``ΔW_c`` = best rank-r approximation of ``Σ_i w_i B_i A_i`` per module (stacked factors, exact).
 
-    With ``drop_p`` (DARE) every factor is first multiplied by a mask ``[u ≥ p]``, ``u ~ U[0, 1)`` float32 drawn
-    from the module's generator in the order parent 1 B, parent 1 A, parent 2 B, … (the ``1/(1−p)`` rescale is
-    left to the weights). Dead components regrow from the module's generator afterwards. Modules whose ΔW is zero
+    With ``drop_p`` (DARE, two parents) every factor is first multiplied by a keep-mask: per module, one float32
+    ``u ~ U[0, 1)`` of B's shape then one of A's shape from the module's generator, each giving parent 1's and
+    parent 2's masks through :func:`dare_mask_pair` (the ``1/(1−p)`` rescale is left to the weights). Dead components regrow from the module's generator afterwards. Modules whose ΔW is zero
     in every parent are copied from parent 1.
     """
     ref = parents[0]
@@ -597,14 +598,24 @@ def _sum_to_rank(
             offset += d_out * k * r
             Acat = arena[offset : offset + k * r * d_in].view(k * r, d_in)
             offset += k * r * d_in
-            for i, p in enumerate(parents):
-                A, B = _factors(p, m, cdt)
-                for x, dst in ((B, Bcat[:, i * r : (i + 1) * r]), (A, Acat[i * r : (i + 1) * r])):
-                    if drop_p is None:
-                        dst.copy_(x)
-                    else:
-                        u = _workspace(x.numel(), torch.float32, device, tag="u").view(x.shape)
-                        torch.mul(x, u.uniform_(generator=g).ge_(drop_p), out=dst)
+            facs = [_factors(p, m, cdt) for p in parents]
+            if drop_p is None:
+                for i, (A, B) in enumerate(facs):
+                    Bcat[:, i * r : (i + 1) * r].copy_(B)
+                    Acat[i * r : (i + 1) * r].copy_(A)
+            else:  # one uniform per factor entry gives both parents' masks (dare_mask_pair); B first, then A
+                for f, cat in ((1, Bcat), (0, Acat)):
+                    x1, x2 = facs[0][f], facs[1][f]
+                    u = _workspace(x1.numel(), torch.float32, device, tag="u").view(x1.shape)
+                    tmp = _workspace(x1.numel(), cdt, device, tag="tmp").view(x1.shape)
+                    d1, d2 = (cat[:, :r], cat[:, r:]) if f == 1 else (cat[:r], cat[r:])
+                    u.uniform_(generator=g)
+                    # float masks, same values as dare_mask_pair: m₁ = [u ≥ p], m₂ = [u ≥ p²] − m₁ + [u ≥ 2p − p²]
+                    torch.ge(u, drop_p, out=d1)
+                    torch.ge(u, drop_p * drop_p, out=d2)
+                    torch.ge(u, 2.0 * drop_p - drop_p * drop_p, out=tmp)
+                    d2.sub_(d1).add_(tmp).mul_(x2)
+                    d1.mul_(x1)
             cats.append((Bcat, Acat))
         omega = torch.tensor(weights, dtype=torch.float64, device=device).repeat_interleave(r)
         XB, S, XA, GB, GA = _core([[Bc] for Bc, _ in cats], [[Ac] for _, Ac in cats], omega)
@@ -705,6 +716,19 @@ def dare_drop(x: Tensor, p: float, generator: torch.Generator) -> Tensor:
     if x.dtype == torch.float32:
         return u.ge_(p).mul_(x).div_(1.0 - p)
     return (x * (u >= p)).div_(1.0 - p)
+
+
+def dare_mask_pair(u: Tensor, p: float) -> tuple[Tensor, Tensor]:
+    """Two independent ``Bernoulli(1 − p)`` keep-masks from ONE uniform ``u ~ U[0, 1)``.
+
+    ``m₁ = [u ≥ p]``; given ``m₁``, the residual ``(u − p)/(1 − p)`` (kept) or ``u/p`` (dropped) is again
+    ``U[0, 1)`` and independent of ``m₁``, and ``m₂ = [residual ≥ p]`` simplifies to
+    ``m₂ = [u ≥ 2p − p²] ∨ [p² ≤ u < p]``: ``P(m₂) = 1 − p`` and ``P(m₁ ∧ m₂) = (1 − p)²``. Exact up to the
+    float32 grid of ``u`` (2⁻²⁴), it halves the random numbers DARE draws (the RNG is a serial kernel).
+    """
+    m1 = u >= p
+    m2 = (u >= 2.0 * p - p * p).logical_or_((u >= p * p).logical_and_(u < p))
+    return m1, m2
 
 
 # ---------------------------------------------------------------------------------------- mutations
@@ -846,8 +870,8 @@ def dare(parents, modules, generator, *, p: float, space: str):
       cross terms ``D(B_i)D(A_j)``).
 
     Randomness (reproducible): module ``j`` has its own generator (seeded from the operator's generator, see
-    ``_map_modules``) and draws the masks as :func:`dare_drop` would, in the order parent 1 B, parent 1 A,
-    parent 2 B, parent 2 A.
+    ``_map_modules``) and draws one float32 uniform of B's shape, then one of A's shape; each yields the two
+    parents' independent masks via :func:`dare_mask_pair` (half the random numbers of one draw per mask entry).
     """
     space = _space(space)
     if not 0.0 <= p < 1.0:
@@ -864,17 +888,12 @@ def dare(parents, modules, generator, *, p: float, space: str):
         out = {}
         for m, g in zip(chunk, gens, strict=True):
             cdt = compute_dtype(ref[m.a_key].dtype)
-            acc: list[Tensor] = []
-            for par in parents:
-                A, B = _factors(par, m, cdt)
-                DB, DA = dare_drop(B, p, g), dare_drop(A, p, g)
-                if acc:
-                    acc[0].add_(DB)
-                    acc[1].add_(DA)
-                else:
-                    acc = [DB, DA]
-            out[m.b_key] = acc[0].mul_(1.0 / len(parents)).to(ref[m.b_key].dtype)
-            out[m.a_key] = acc[1].mul_(1.0 / len(parents)).to(ref[m.a_key].dtype)
+            for key in (m.b_key, m.a_key):  # same draws as the delta space: B's uniform, then A's
+                u = torch.empty(ref[key].shape, dtype=torch.float32, device=device).uniform_(generator=g)
+                m1, m2 = dare_mask_pair(u, p)
+                x1, x2 = parents[0][key].to(cdt), parents[1][key].to(cdt)
+                acc = (x1 * m1).add_(x2 * m2).div_(2.0 * (1.0 - p))
+                out[key] = acc.to(ref[key].dtype)
         return out
 
     return _ordered(_map_modules(modules, generator, device, work), ref)

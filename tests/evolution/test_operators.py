@@ -11,6 +11,7 @@ from peft.utils import merge_utils
 from evolution.operators import (
     UnknownOperatorError,
     dare_drop,
+    dare_mask_pair,
     get_operator,
     kth_largest,
     list_operators,
@@ -348,25 +349,40 @@ def test_dare_matches_dense_reference_with_the_same_masks():
     p = 0.5
     c = get_operator("dare")(p1, p2, generator=gen(7), p=p)
     mods = lora_modules(p1)
-    # documented randomness: one generator per module, seeded by the operator's first draw; masks drawn as
-    # dare_drop would, parent 1 B, parent 1 A, parent 2 B, parent 2 A
+    # documented randomness: one generator per module, seeded by the operator's first draw; per module one
+    # uniform of B's shape then one of A's shape, each giving both parents' masks (dare_mask_pair)
     seeds = torch.randint(0, 2**62, (len(mods),), generator=gen(7)).tolist()
     dc = deltas(c)
-    masks = {}
+    dropped = {}
     for j, m in enumerate(mods):
         g = gen(seeds[j])
-        terms = []
-        for i, par in enumerate((p1, p2)):
-            DB = dare_drop(par[m.b_key], p, g)
-            DA = dare_drop(par[m.a_key], p, g)
-            masks[m.b_key, i], masks[m.a_key, i] = DB, DA
-            terms.append(DB.double() @ DA.double())
+        for key in (m.b_key, m.a_key):
+            u = torch.empty(p1[key].shape).uniform_(generator=g)
+            m1, m2 = dare_mask_pair(u, p)
+            dropped[key, 0] = p1[key] * m1 / (1 - p)
+            dropped[key, 1] = p2[key] * m2 / (1 - p)
+        terms = [dropped[m.b_key, i].double() @ dropped[m.a_key, i].double() for i in (0, 1)]
         assert rel(dc[m.name], top_r(0.5 * (terms[0] + terms[1]), R)) < 1e-5
     # factor space uses the same masks
     cf = get_operator("dare")(p1, p2, generator=gen(7), p=p, space="factor")
     for m in mods:
         for key in (m.b_key, m.a_key):
-            assert torch.allclose(cf[key], 0.5 * (masks[key, 0] + masks[key, 1]))
+            assert torch.allclose(cf[key], 0.5 * (dropped[key, 0] + dropped[key, 1]))
+
+
+def test_dare_mask_pair_is_two_independent_bernoullis():
+    u = torch.empty(4_000_000).uniform_(generator=gen(3))
+    for p in (0.3, 0.7, 0.9):
+        m1, m2 = dare_mask_pair(u, p)
+        keep = 1 - p
+        assert abs(float(m1.float().mean()) - keep) < 2e-3
+        assert abs(float(m2.float().mean()) - keep) < 2e-3
+        assert abs(float((m1 & m2).float().mean()) - keep * keep) < 2e-3
+        assert abs(float((~m1 & ~m2).float().mean()) - p * p) < 2e-3
+    # the second mask is uniform over u's range within each half of the first decision
+    m1, m2 = dare_mask_pair(u, 0.7)
+    lo, hi = u < 0.7, u >= 0.7
+    assert abs(float(m2[lo].float().mean()) - 0.3) < 2e-3 and abs(float(m2[hi].float().mean()) - 0.3) < 2e-3
 
 
 @pytest.mark.parametrize("name", ALL)
