@@ -1249,9 +1249,10 @@ def ties(
       adapter), ``M = ties_merge(τ, weights, density)`` (PEFT ``merge_utils.ties`` semantics; defaults density 0.5
       [D], weights (1, 1) = disjoint mean), then the top-``r`` SVD of ``M`` refactored with √S. TIES is defined
       entrywise on ΔW, so the dense matrix is unavoidable; the truncation is either ``svd="dense"`` (exact full
-      SVD: ~28 CPU-s for one 18944×3584 module) or ``svd="randomized"`` (default: subspace iteration started
-      from the parents' row spaces ``[A₁ᵀ|A₂ᵀ]`` + ``oversample`` Gaussian columns, ``niter`` = 1 power
-      iteration, then an exact SVD of the ``c×d_in`` projection: ~1 CPU-s for that module). Measured on such a
+      SVD: 26 s for an 18944×3584 module, 80 s for a 3584×18944 one, on the 2-core dev box) or
+      ``svd="randomized"`` (default: subspace iteration started from the parents' row spaces ``[A₁ᵀ|A₂ᵀ]`` +
+      ``oversample`` Gaussian columns, ``niter`` = 1 power iteration, then an exact SVD of the ``c×d_in``
+      projection: ~0.9 s for those modules). Measured on such a
       module, the randomized residual ``‖M − M_r‖`` equals the optimal (dense) one to 1e-7 relative and ``M_r``
       is within 3e-5 of the dense truncation (niter 0: 7e-6 / 4e-3); the tests and the benchmark check it.
       Either way this is the slow operator (minutes per 7B child): exempt from the speed target.
