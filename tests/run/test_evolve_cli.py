@@ -1,0 +1,59 @@
+"""``populora evolve`` on saved PEFT adapters: a child that PEFT loads, and clear errors on mismatches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from tests.run.conftest import populora
+
+
+def _save_members(tmp_path: Path, rank: int, names: tuple[str, ...]) -> list[Path]:
+    from agents.models import load_base
+    from agents.population import LoRAPopulation, randomize_member
+
+    base, _tok = load_base("tiny-random")
+    pop = LoRAPopulation(base, list(names), rank=rank, alpha=2 * rank, seed=0)
+    out = []
+    for i, n in enumerate(names):
+        randomize_member(pop, n, std=0.05, seed=i)
+        out.append(pop.save(n, tmp_path / f"r{rank}_{n}"))
+    return out
+
+
+def test_evolve_ties_writes_a_loadable_child(tmp_path: Path) -> None:
+    a, b = _save_members(tmp_path, 4, ("a", "b"))
+    child = tmp_path / "child"
+    p = populora("evolve", "--op", "ties", "--parents", str(a), str(b), "--out", str(child),
+                 "--param", "density=0.5", "--seed", "3", timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    sa, sc = load_file(str(a / "adapter_model.safetensors")), load_file(str(child / "adapter_model.safetensors"))
+    assert sa.keys() == sc.keys()
+    assert all(sa[k].shape == sc[k].shape and sa[k].dtype == sc[k].dtype for k in sa)
+    assert any(not torch.equal(sa[k], sc[k]) for k in sa)  # a real child, not a copy
+
+    from peft import PeftModel
+
+    from agents.models import load_base
+
+    base, _ = load_base("tiny-random")
+    PeftModel.from_pretrained(base, str(child))  # loads as an ordinary PEFT adapter
+
+
+def test_evolve_rank_mismatch_exits_2_naming_it(tmp_path: Path) -> None:
+    (a,) = _save_members(tmp_path, 4, ("a",))
+    (b,) = _save_members(tmp_path, 8, ("b",))
+    p = populora("evolve", "--op", "linear_0_5", "--parents", str(a), str(b), "--out", str(tmp_path / "c"),
+                 timeout=300)
+    assert p.returncode == 2
+    assert "rank" in p.stderr or " r " in p.stderr or "r=" in p.stderr, p.stderr[-2000:]
+    assert not (tmp_path / "c").exists()
+
+
+def test_evolve_unknown_operator_exits_2(tmp_path: Path) -> None:
+    (a,) = _save_members(tmp_path, 4, ("a",))
+    p = populora("evolve", "--op", "no_such_op", "--parents", str(a), "--out", str(tmp_path / "c"), timeout=300)
+    assert p.returncode == 2
+    assert "no_such_op" in p.stderr
