@@ -43,11 +43,8 @@ def _parse(program: str) -> ast.Module | None:
         return None
 
 
-def ast_depth(program: str) -> int:
-    """Maximum node depth of the program's AST (Module = 1); 0 if it does not parse."""
-    tree = _parse(program)
-    if tree is None:
-        return 0
+def tree_depth(tree: ast.AST) -> int:
+    """Maximum node depth of ``tree`` (root = 1), computed without recursion."""
     best = 0
     stack: list[tuple[ast.AST, int]] = [(tree, 1)]
     while stack:
@@ -55,6 +52,12 @@ def ast_depth(program: str) -> int:
         best = max(best, depth)
         stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
     return best
+
+
+def ast_depth(program: str) -> int:
+    """Maximum node depth of the program's AST (Module = 1); 0 if it does not parse."""
+    tree = _parse(program)
+    return 0 if tree is None else tree_depth(tree)
 
 
 def _decisions(node: ast.AST) -> int:

@@ -66,6 +66,21 @@ def generate_args(kinds: tuple[str, ...], rng: np.random.Generator) -> str:
     return ", ".join(repr(ARG_GENERATORS[k](rng)) for k in kinds)
 
 
+# The identity seed (AZR's zero triplet, "Hello world" first): its outputs are its inputs.
+_IDENTITY_IO: tuple[str, ...] = (
+    "'Hello world'",
+    "'zzyuxyv pcqs'",
+    "'fdswpk ehbe'",
+    "'hakkg lhht'",
+    "'nvsm arhnjv mvmgkm'",
+    "'axsfycc ldtugd qzonq'",
+    "'pvfgyuk inudob utdy'",
+    "'ksp icptait cbtkbs'",
+    "'dcdllq mdeb'",
+    "'kpes gghbb'",
+)
+
+
 SEED_PROGRAMS: tuple[SeedProgram, ...] = (
     SeedProgram(
         name='identity',
@@ -75,30 +90,8 @@ SEED_PROGRAMS: tuple[SeedProgram, ...] = (
         ),
         arg_kinds=('text',),
         message='returns whatever you input',
-        inputs=(
-            "'Hello world'",
-            "'zzyuxyv pcqs'",
-            "'fdswpk ehbe'",
-            "'hakkg lhht'",
-            "'nvsm arhnjv mvmgkm'",
-            "'axsfycc ldtugd qzonq'",
-            "'pvfgyuk inudob utdy'",
-            "'ksp icptait cbtkbs'",
-            "'dcdllq mdeb'",
-            "'kpes gghbb'",
-        ),
-        outputs=(
-            "'Hello world'",
-            "'zzyuxyv pcqs'",
-            "'fdswpk ehbe'",
-            "'hakkg lhht'",
-            "'nvsm arhnjv mvmgkm'",
-            "'axsfycc ldtugd qzonq'",
-            "'pvfgyuk inudob utdy'",
-            "'ksp icptait cbtkbs'",
-            "'dcdllq mdeb'",
-            "'kpes gghbb'",
-        ),
+        inputs=_IDENTITY_IO,
+        outputs=_IDENTITY_IO,
     ),
     SeedProgram(
         name='even_squares',

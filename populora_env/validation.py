@@ -44,6 +44,7 @@ from populora_env.literals import (
     type_signature,
     with_heap_padding,
 )
+from populora_env.metrics import tree_depth
 from populora_env.parsing import extract_answer, parse_induction_proposal, parse_program_proposal
 from populora_env.safety import check_safety
 from populora_env.sandbox import ExecJob, ExecResult
@@ -129,17 +130,6 @@ class ProgramCheck:
 #: Deepest AST a program may have: deeper trees (e.g. ``x+x+…+x`` a thousand times) would overflow the
 #: recursion of ``ast.unparse`` / ``ast.literal_eval`` on the host. Real programs are 10–30 levels deep.
 MAX_AST_DEPTH = 100
-
-
-def tree_depth(tree: ast.AST) -> int:
-    """Maximum node depth of ``tree`` (root = 1), computed without recursion."""
-    best = 0
-    stack: list[tuple[ast.AST, int]] = [(tree, 1)]
-    while stack:
-        node, depth = stack.pop()
-        best = max(best, depth)
-        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
-    return best
 
 
 def check_program(program: str, max_chars: int, *, require_params: bool = True) -> ProgramCheck:

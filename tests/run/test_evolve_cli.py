@@ -24,7 +24,7 @@ def _save_members(tmp_path: Path, rank: int, names: tuple[str, ...]) -> list[Pat
 
 
 def test_evolve_ties_writes_a_loadable_child(tmp_path: Path) -> None:
-    a, b = _save_members(tmp_path, 4, ("a", "b"))
+    a, b = _save_members(tmp_path, 4, ("p1", "p2"))
     child = tmp_path / "child"
     p = populora("evolve", "--op", "ties", "--parents", str(a), str(b), "--out", str(child),
                  "--param", "density=0.5", "--seed", "3", timeout=300)
@@ -43,8 +43,8 @@ def test_evolve_ties_writes_a_loadable_child(tmp_path: Path) -> None:
 
 
 def test_evolve_rank_mismatch_exits_2_naming_it(tmp_path: Path) -> None:
-    (a,) = _save_members(tmp_path, 4, ("a",))
-    (b,) = _save_members(tmp_path, 8, ("b",))
+    (a,) = _save_members(tmp_path, 4, ("p1",))
+    (b,) = _save_members(tmp_path, 8, ("p2",))
     p = populora("evolve", "--op", "linear_0_5", "--parents", str(a), str(b), "--out", str(tmp_path / "c"),
                  timeout=300)
     assert p.returncode == 2
@@ -53,7 +53,7 @@ def test_evolve_rank_mismatch_exits_2_naming_it(tmp_path: Path) -> None:
 
 
 def test_evolve_unknown_operator_exits_2(tmp_path: Path) -> None:
-    (a,) = _save_members(tmp_path, 4, ("a",))
+    (a,) = _save_members(tmp_path, 4, ("p1",))
     p = populora("evolve", "--op", "no_such_op", "--parents", str(a), "--out", str(tmp_path / "c"), timeout=300)
     assert p.returncode == 2
     assert "no_such_op" in p.stderr
