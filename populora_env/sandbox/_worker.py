@@ -128,6 +128,7 @@ class Worker:
         self.gid: int = cfg["gid"]
         self.drop_in_child: bool = cfg["drop_in_child"]
         self.base: str = cfg["tmp_base"]
+        self.wipe_keep: frozenset[str] = frozenset(cfg.get("wipe_keep", ()))  # read-only binds inside base
         # In fallback mode the worker is root and the job another uid, which must traverse the base.
         self.base_mode = 0o711 if self.drop_in_child else 0o700
         self.pidns_private: bool = False
@@ -494,10 +495,10 @@ class Worker:
                 break
             if pid == 0:
                 break
-        self._wipe(self.base, self.base_mode)
+        self._wipe(self.base, self.base_mode, self.wipe_keep)
 
     @staticmethod
-    def _wipe(base: str, mode: int) -> None:
+    def _wipe(base: str, mode: int, keep: frozenset[str] = frozenset()) -> None:
         """Empty the job area. A job may have chmod-ed things to 0: restore access and retry once."""
         failed = []
 
@@ -512,6 +513,8 @@ class Worker:
             except OSError:
                 return
             for name in entries:
+                if name in keep:
+                    continue
                 path = os.path.join(base, name)
                 if os.path.isdir(path) and not os.path.islink(path):
                     shutil.rmtree(path, onerror=note)
@@ -523,6 +526,8 @@ class Worker:
             if not failed or attempt:
                 return
             for root, dirs, _files in os.walk(base):  # top-down: fix each dir before descending into it
+                if root == base:
+                    dirs[:] = [d for d in dirs if d not in keep]
                 for d in dirs:
                     try:
                         os.chmod(os.path.join(root, d), 0o700, follow_symlinks=False)

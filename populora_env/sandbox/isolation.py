@@ -124,6 +124,19 @@ def runtime_paths(preload: tuple[str, ...]) -> list[str]:
     return keep
 
 
+def tmp_roots(paths: list[str], base: str) -> list[str]:
+    """Names of the entries of ``base`` that lead to one of ``paths`` (bound read-only inside it): the job-area
+    wipe must leave them alone."""
+    out = []
+    prefix = base.rstrip("/") + "/"
+    for p in paths:
+        if p.startswith(prefix):
+            name = p[len(prefix):].split("/", 1)[0]
+            if name and name not in out:
+                out.append(name)
+    return out
+
+
 def _covered(path: str, roots: list[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
@@ -159,6 +172,10 @@ def bwrap_command(bwrap: str, *, privileged: bool, tmp_mb: int, paths: list[str]
         cmd.extend(["--ro-bind", path, path])
         bound.append(path)
 
+    # The private /tmp first: runtime paths that live under /tmp (a venv in a CI checkout under /tmp, say) are
+    # then bound on top of it instead of being hidden by it.
+    cmd += ["--perms", "0755", "--size", str(tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+    made.add("/tmp")
     ro_bind("/usr")
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
@@ -173,7 +190,6 @@ def bwrap_command(bwrap: str, *, privileged: bool, tmp_mb: int, paths: list[str]
     for path in sorted(paths, key=len):
         ro_bind(path)
     cmd += ["--proc", "/proc", "--dev", "/dev",
-            "--perms", "0755", "--size", str(tmp_mb * 1024 * 1024), "--tmpfs", "/tmp",
             # The sandbox's own root and /dev are tmpfs mounts owned by the (mapped) user in user-namespace
             # mode: make them read-only so the private /tmp is the only writable place, which the worker
             # wipes after every job.

@@ -17,6 +17,7 @@ import select
 import shutil
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -281,6 +282,8 @@ class Sandbox:
             "sys_path": self._paths, "preload": list(self.preload), "seccomp": True,
             "libs": self._libs, "host_ns": self._host_ns,
         }
+        bound = [*self._paths, os.path.realpath(sys.base_prefix), os.path.dirname(iso.python_executable())]
+        cfg["wipe_keep"] = iso.tmp_roots(bound, cfg["tmp_base"]) if mode.startswith("bwrap") else []
         py = [iso.python_executable(), "-S", "-s", "-c", _WORKER_SOURCE, json.dumps(cfg)]
         if mode.startswith("bwrap"):
             return iso.bwrap_command(self._bwrap, privileged=mode == "bwrap-root", tmp_mb=self.limits.tmp_mb,
