@@ -26,6 +26,7 @@ from populora_env.sandbox import (
     SandboxUnavailable,
     pool,
 )
+from populora_env.sandbox import isolation as iso
 
 from .conftest import assert_workers_clean, sandbox_procs
 
@@ -346,7 +347,11 @@ def test_non_root_host_uses_a_user_namespace() -> None:
     lines = out.stdout.strip().splitlines()
     results = ast.literal_eval(lines[0])
     assert results[0] == ("ok", "65534", None)
-    assert results[1] == ("ok", "[]", None)  # the file the previous job left in /tmp was wiped
+    # the file the previous job left in /tmp was wiped; only the entries leading to runtime paths that live
+    # under /tmp themselves (a checkout's venv there) remain, as read-only binds
+    bound = [os.path.realpath(p) for p in site] + [os.path.realpath(sys.base_prefix)]
+    assert results[1][0] == "ok" and results[1][2] is None
+    assert set(ast.literal_eval(results[1][1])) == set(iso.tmp_roots(bound, "/tmp"))
     assert [r[0] for r in results[2:5]] == ["error", "error", "error"]
     assert results[5] == ("ok", "42", True)
     assert lines[1] == "[]"  # every layer in force
