@@ -228,7 +228,13 @@ class SelfPlayLoop:
         if not requests:
             return out
         t0 = time.perf_counter()
-        comps = self.generator.generate(requests)
+        threads = torch.get_num_threads()
+        if g.threads > 0 and self._device() == "cpu":
+            torch.set_num_threads(g.threads)
+        try:
+            comps = self.generator.generate(requests)
+        finally:
+            torch.set_num_threads(threads)
         out.seconds = time.perf_counter() - t0
         by_req: dict[int, list[Any]] = defaultdict(list)
         for c in comps:
