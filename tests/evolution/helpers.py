@@ -41,3 +41,19 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+def tiny_llama():
+    """A 2-layer, hidden-64, vocab-128 Llama with seeded random weights (no tokenizer needed)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+    )
+    return LlamaForCausalLM(cfg)

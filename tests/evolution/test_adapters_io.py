@@ -9,24 +9,12 @@ import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from evolution.adapters_io import evolve_dirs, load_adapter_dir, parse_params
 
+from .helpers import tiny_llama
+
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def tiny_llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-    )
-    return LlamaForCausalLM(cfg)
 
 
 def save_adapter(path, seed, *, r=4, alpha=8, targets=TARGETS, train_b=True):

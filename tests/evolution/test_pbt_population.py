@@ -6,25 +6,16 @@ import json
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from agents.population import LoRAPopulation, randomize_member
 from evolution.operators import get_operator
 from evolution.pbt import PBTConfig, PBTController
 
+from .helpers import tiny_llama
+
 
 def test_replacement_step_on_a_lora_population(tmp_path):
-    torch.manual_seed(0)
-    base = LlamaForCausalLM(
-        LlamaConfig(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=128,
-        )
-    )
+    base = tiny_llama()
     names = ["t0", "t1", "t2", "t3", "s0", "s1"]
     pop = LoRAPopulation(base, names, rank=4, alpha=8, seed=0)
     for n in names:
