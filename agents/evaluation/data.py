@@ -239,46 +239,37 @@ def load_humaneval(limit: int | None = None) -> list[CodeProblem]:
     ]
 
 
-def load_humaneval_plus(
-    data_dir: str | os.PathLike | None = None, limit: int | None = None, mini: bool = False
-) -> list[CodeProblem]:
-    """HumanEval+ v0.1.10 (``mini=True``: the reduced-input Mini file)."""
-    path = data_file("humaneval+mini" if mini else "humaneval+", data_dir)
-    rows = list(_read_jsonl(path))[:limit]
+def _evalplus_problems(rows: list[dict], benchmark: str, test_field: str) -> list[CodeProblem]:
+    """Problems from evalplus-format rows (HumanEval+ and MBPP+ share the fields but for the test text)."""
     return [
         CodeProblem(
             task_id=r["task_id"],
-            benchmark="humaneval+",
+            benchmark=benchmark,
             prompt=r["prompt"],
             entry_point=r["entry_point"],
             canonical_solution=r["canonical_solution"],
-            test=r.get("test", ""),
+            test=r.get(test_field, ""),
             base_input=_input_list(r["base_input"], r["task_id"]),
             plus_input=_input_list(r["plus_input"], r["task_id"]),
             atol=float(r.get("atol") or 0.0),
         )
         for r in rows
     ]
+
+
+def load_humaneval_plus(
+    data_dir: str | os.PathLike | None = None, limit: int | None = None, mini: bool = False
+) -> list[CodeProblem]:
+    """HumanEval+ v0.1.10 (``mini=True``: the reduced-input Mini file)."""
+    path = data_file("humaneval+mini" if mini else "humaneval+", data_dir)
+    return _evalplus_problems(list(_read_jsonl(path))[:limit], "humaneval+", test_field="test")
 
 
 def load_mbpp_plus(data_dir: str | os.PathLike | None = None, limit: int | None = None) -> list[CodeProblem]:
     """MBPP+ v0.2.0 (378 problems). Inputs stay as stored (JSON); the sandbox restores their Python types
     (tuples, sets, complex) with :func:`agents.evaluation._harness.mbpp_deserialize_inputs`."""
     rows = list(_read_jsonl(data_file("mbpp+", data_dir)))[:limit]
-    return [
-        CodeProblem(
-            task_id=r["task_id"],
-            benchmark="mbpp+",
-            prompt=r["prompt"],
-            entry_point=r["entry_point"],
-            canonical_solution=r["canonical_solution"],
-            test=r.get("assertion", ""),
-            base_input=_input_list(r["base_input"], r["task_id"]),
-            plus_input=_input_list(r["plus_input"], r["task_id"]),
-            atol=float(r.get("atol") or 0.0),
-        )
-        for r in rows
-    ]
+    return _evalplus_problems(rows, "mbpp+", test_field="assertion")
 
 
 def load_code(
