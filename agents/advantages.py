@@ -31,10 +31,12 @@ import torch
 from torch import Tensor
 
 from agents.rollout import Rollout
+from populora_env.registry import Registry
 
 __all__ = [
     "AdvantageFn",
     "register_advantage",
+    "unregister_advantage",
     "get_advantage",
     "list_advantages",
     "masked_whiten",
@@ -59,42 +61,39 @@ class AdvantageFn(Protocol):
     ) -> Tensor: ...
 
 
-_REGISTRY: dict[str, AdvantageFn] = {}
+_REGISTRY: Registry[AdvantageFn] = Registry("advantage estimator")
 
 
 def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
     """Decorator registering an advantage estimator under ``name``.
 
     Raises:
-        ValueError: if ``name`` is already registered (names are never silently replaced).
+        DuplicateEntryError: (a ValueError) ``name`` is already registered (names are never silently replaced).
     """
+    return _REGISTRY.decorator(name)
 
-    def deco(fn: AdvantageFn) -> AdvantageFn:
-        if name in _REGISTRY:
-            raise ValueError(f"advantage estimator {name!r} is already registered ({_REGISTRY[name]!r})")
-        _REGISTRY[name] = fn
-        return fn
 
-    return deco
+def unregister_advantage(name: str) -> AdvantageFn:
+    """Remove ``name`` from the registry and return its estimator (for plugins and tests).
+
+    Raises:
+        UnknownEntryError: (a KeyError and a ValueError) ``name`` is not registered.
+    """
+    return _REGISTRY.remove(name)
 
 
 def get_advantage(name: str) -> AdvantageFn:
     """The estimator registered under ``name``.
 
     Raises:
-        KeyError: unknown name; the message lists the known names.
+        UnknownEntryError: (a KeyError and a ValueError) unknown name; the message lists the known names.
     """
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(
-            f"unknown advantage estimator {name!r}; known: {', '.join(list_advantages())}"
-        ) from None
+    return _REGISTRY.get(name)
 
 
 def list_advantages() -> list[str]:
     """Names of the registered estimators, sorted."""
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 # --------------------------------------------------------------------------------------------- helpers

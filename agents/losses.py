@@ -26,9 +26,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from populora_env.registry import Registry
+
 __all__ = [
     "AggFn",
     "register_loss_agg",
+    "unregister_loss_agg",
     "get_loss_agg",
     "list_loss_aggs",
     "agg_loss",
@@ -45,42 +48,39 @@ __all__ = [
 AggFn = Callable[[Tensor, Tensor, float, float, float], Tensor]
 """``fn(loss_mat, mask, num_tokens, num_seqs, norm_len) -> scalar``: see :func:`agg_loss`."""
 
-_AGG: dict[str, AggFn] = {}
+_AGG: Registry[AggFn] = Registry("loss aggregation mode")
 
 
 def register_loss_agg(name: str) -> Callable[[AggFn], AggFn]:
     """Decorator registering a loss aggregation mode.
 
     Raises:
-        ValueError: ``name`` is already registered.
+        DuplicateEntryError: (a ValueError) ``name`` is already registered.
     """
+    return _AGG.decorator(name)
 
-    def deco(fn: AggFn) -> AggFn:
-        if name in _AGG:
-            raise ValueError(f"loss aggregation mode {name!r} is already registered")
-        _AGG[name] = fn
-        return fn
 
-    return deco
+def unregister_loss_agg(name: str) -> AggFn:
+    """Remove ``name`` from the registry and return its function (for plugins and tests).
+
+    Raises:
+        UnknownEntryError: (a KeyError and a ValueError) ``name`` is not registered.
+    """
+    return _AGG.remove(name)
 
 
 def get_loss_agg(name: str) -> AggFn:
     """The aggregation registered under ``name``.
 
     Raises:
-        KeyError: unknown name; the message lists the known modes.
+        UnknownEntryError: (a KeyError and a ValueError) unknown name; the message lists the known modes.
     """
-    try:
-        return _AGG[name]
-    except KeyError:
-        raise KeyError(
-            f"unknown loss aggregation mode {name!r}; known: {', '.join(list_loss_aggs())}"
-        ) from None
+    return _AGG.get(name)
 
 
 def list_loss_aggs() -> list[str]:
     """Names of the registered aggregation modes, sorted."""
-    return sorted(_AGG)
+    return _AGG.names()
 
 
 @register_loss_agg("token-mean")

@@ -72,6 +72,7 @@ import torch
 from torch import Tensor
 
 from evolution.lowrank import compute_dtype, dead_components, gram_core, lora_a_init
+from populora_env.registry import Registry, UnknownEntryError
 
 __all__ = [
     "AdapterState",
@@ -94,8 +95,9 @@ CHUNK = 8
 run in parallel threads (see ``_map_modules``)."""
 
 
-class UnknownOperatorError(ValueError):
-    """An operator name that is not registered."""
+class UnknownOperatorError(UnknownEntryError):
+    """An operator name that is not registered (a :class:`~populora_env.registry.UnknownEntryError`: both a
+    ``KeyError`` and a ``ValueError``; the message lists the known operators)."""
 
 
 # ------------------------------------------------------------------------------------------- modules
@@ -288,7 +290,7 @@ def _coerce(op: str, key: str, value: Any, default: Any) -> Any:
     return value
 
 
-_REGISTRY: dict[str, Operator] = {}
+_REGISTRY: Registry[Operator] = Registry("operator", error=UnknownOperatorError)
 
 
 def register_operator(
@@ -302,7 +304,8 @@ def register_operator(
     """Decorator registering ``fn(parents, modules, generator, **params) -> child`` under ``name``.
 
     Raises:
-        ValueError: ``name`` is already registered, or family/arity are invalid.
+        ValueError: family/arity are invalid, or (:class:`~populora_env.registry.DuplicateEntryError`) ``name``
+            is already registered.
     """
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
@@ -310,41 +313,36 @@ def register_operator(
         raise ValueError(f"arity must be 1 or 2, got {arity}")
 
     def deco(fn: Callable[..., dict[str, Tensor]]) -> Callable[..., dict[str, Tensor]]:
-        if name in _REGISTRY:
-            raise ValueError(f"operator {name!r} is already registered")
-        _REGISTRY[name] = Operator(
-            name, family, arity, MappingProxyType(dict(defaults or {})), default_pool, fn
-        )
+        params = MappingProxyType(dict(defaults or {}))
+        _REGISTRY.add(name, Operator(name, family, arity, params, default_pool, fn))
         return fn
 
     return deco
 
 
-def unregister_operator(name: str) -> None:
-    """Remove ``name`` from the registry (for plugins and tests)."""
-    get_operator(name)
-    del _REGISTRY[name]
+def unregister_operator(name: str) -> Operator:
+    """Remove ``name`` from the registry and return its :class:`Operator` (for plugins and tests).
+
+    Raises:
+        UnknownOperatorError: ``name`` is not registered.
+    """
+    return _REGISTRY.remove(name)
 
 
 def get_operator(name: str) -> Operator:
     """The operator registered as ``name``.
 
     Raises:
-        UnknownOperatorError: (a ValueError) listing the known names.
+        UnknownOperatorError: (a KeyError and a ValueError) unknown name; the message lists the known operators.
     """
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise UnknownOperatorError(
-            f"unknown operator {name!r}; known operators: {', '.join(sorted(_REGISTRY))}"
-        ) from None
+    return _REGISTRY.get(name)
 
 
 def list_operators(family: str | None = None) -> list[Operator]:
     """Registered operators sorted by name, optionally only one family."""
     if family is not None and family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
-    return [op for name, op in sorted(_REGISTRY.items()) if family is None or op.family == family]
+    return [op for _, op in _REGISTRY.items() if family is None or op.family == family]
 
 
 # ------------------------------------------------------------------------------------------- helpers

@@ -29,6 +29,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from populora_env.registry import Registry
 from populora_env.results import AttemptResult, RoundResults
 
 
@@ -38,41 +39,48 @@ class RewardScheme(Protocol):
     def __call__(self, results: RoundResults, /, **kwargs: Any) -> Mapping[str, Sequence[float]]: ...
 
 
-_REGISTRY: dict[str, RewardScheme] = {}
+_REGISTRY: Registry[RewardScheme] = Registry("reward scheme")
 
 
 def register_reward_scheme(name: str) -> Callable[[RewardScheme], RewardScheme]:
-    """Decorator registering a scheme under ``name``; re-registering a name raises ``ValueError``."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"reward scheme name must be a non-empty str, got {name!r}")
+    """Decorator registering a scheme under ``name``.
+
+    Raises:
+        ValueError: ``name`` is not a non-empty string, or (:class:`~populora_env.registry.DuplicateEntryError`)
+            it is already registered.
+        TypeError: the decorated object is not callable.
+    """
+    add = _REGISTRY.decorator(name)
 
     def decorator(fn: RewardScheme) -> RewardScheme:
-        if name in _REGISTRY:
-            raise ValueError(f"reward scheme {name!r} is already registered")
         if not callable(fn):
             raise TypeError(f"reward scheme {name!r} must be callable")
-        _REGISTRY[name] = fn
-        return fn
+        return add(fn)
 
     return decorator
 
 
-def unregister_reward_scheme(name: str) -> None:
-    """Remove a registered scheme (``KeyError`` if unknown)."""
-    del _REGISTRY[name]
+def unregister_reward_scheme(name: str) -> RewardScheme:
+    """Remove a registered scheme and return it.
+
+    Raises:
+        UnknownEntryError: (a KeyError and a ValueError) ``name`` is not registered.
+    """
+    return _REGISTRY.remove(name)
 
 
 def get_reward_scheme(name: str) -> RewardScheme:
-    """The scheme registered under ``name``; ``ValueError`` listing the known names otherwise."""
-    try:
-        return _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown reward scheme {name!r}; registered: {list_reward_schemes()}") from None
+    """The scheme registered under ``name``.
+
+    Raises:
+        UnknownEntryError: (a ValueError and a KeyError) unknown name; the message lists the known names.
+    """
+    return _REGISTRY.get(name)
 
 
 def list_reward_schemes() -> list[str]:
     """Names of the registered schemes, sorted."""
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def student_reward(

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from agents.advantages import (
-    _REGISTRY,
     _returns,
     get_advantage,
     group_by_member,
@@ -18,6 +17,7 @@ from agents.advantages import (
     list_advantages,
     masked_whiten,
     register_advantage,
+    unregister_advantage,
 )
 from agents.rollout import Rollout
 
@@ -62,8 +62,10 @@ def test_registering_a_new_estimator_makes_it_available():
         assert name in list_advantages()
         assert torch.equal(get_advantage(name)(REWARDS, MASK, GROUPS), MASK)
     finally:
-        _REGISTRY.pop(name)
+        assert unregister_advantage(name) is const
     assert name not in list_advantages()
+    with pytest.raises(KeyError, match="unknown advantage estimator 'test_only_constant_one'; known: "):
+        unregister_advantage(name)
 
 
 def test_grpo_hand_computed():

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from agents.losses import (
-    _AGG,
     agg_loss,
     entropy_from_logits,
     get_loss_agg,
@@ -18,6 +17,7 @@ from agents.losses import (
     logprobs_from_logits,
     policy_loss,
     register_loss_agg,
+    unregister_loss_agg,
 )
 
 # rows: tokens (1, 2, 3) and (4); padding holds garbage that must be ignored
@@ -69,7 +69,10 @@ def test_agg_registry():
     try:
         assert agg_loss(LOSS, MASK, name).item() == 4.0
     finally:
-        _AGG.pop(name)
+        unregister_loss_agg(name)
+    assert name not in list_loss_aggs()
+    with pytest.raises(KeyError, match="unknown loss aggregation mode 'test-only-max'"):
+        unregister_loss_agg(name)
 
 
 def test_clipping_active_with_ratio_not_one():

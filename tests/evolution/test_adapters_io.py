@@ -91,7 +91,7 @@ def test_mismatches_are_named(adapters, tmp_path):
         evolve_dirs("dare", [a, qv], tmp_path / "x", {})
     with pytest.raises(ValueError, match="takes 2 parent"):
         evolve_dirs("dare", [a], tmp_path / "x", {})
-    with pytest.raises(ValueError, match="known operators"):
+    with pytest.raises(ValueError, match="unknown operator .*; known: "):
         evolve_dirs("nope", [a], tmp_path / "x", {})
     with pytest.raises(ValueError, match="unknown parameter"):
         evolve_dirs("ties", [a, b], tmp_path / "x", {"dens": 0.5})

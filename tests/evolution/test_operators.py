@@ -67,7 +67,7 @@ def test_registry_contents_and_metadata():
 
 
 def test_registry_errors():
-    with pytest.raises(UnknownOperatorError, match="known operators: .*svd_mutation"):
+    with pytest.raises(UnknownOperatorError, match="unknown operator .nope.; known: .*svd_mutation"):
         get_operator("nope")
 
     @register_operator("_test_identity", family="control", arity=1)
