@@ -56,15 +56,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-import evolution.operators as evo_ops  # noqa: E402
 from evolution.operators import (  # noqa: E402
     GRAM_STATS,
     TIES_TIMINGS,
     get_operator,
+    gram_precision,
     kth_largest,
     list_operators,
     ties_merge,
 )
+from evolution.ties import topr_dense  # noqa: E402
 
 SHAPES = {  # name -> (d_out, d_in) for Qwen2.5-7B
     "self_attn.q_proj": (3584, 3584),
@@ -294,7 +295,8 @@ def main() -> int:
         "--gram-precision",
         choices=("auto", "float64"),
         default="auto",
-        help="evolution.operators.GRAM_PRECISION (auto = float32 Gram with a float64 fallback)",
+        help="Gram precision of the SVD-based operators, set with evolution.gram.gram_precision "
+        "(auto = float32 Gram with a float64 fallback)",
     )
     ap.add_argument(
         "--siblings",
@@ -306,8 +308,12 @@ def main() -> int:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    evo_ops.GRAM_PRECISION = args.gram_precision
+    with gram_precision(args.gram_precision):
+        return run(args)
 
+
+def run(args: argparse.Namespace) -> int:
+    """Every measurement and the summary tables (inside the chosen Gram precision)."""
     p1 = make_adapter(1, args.layers, args.rank)
     if args.siblings > 0:
         g = torch.Generator().manual_seed(2)
@@ -319,7 +325,7 @@ def main() -> int:
     print(
         f"adapter: {args.layers} layers x 7 modules, rank {args.rank}, float32, {n_params / 1e6:.1f}M parameters | "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, OMP_WAIT_POLICY={_POLICY}, "
-        f"load average {os.getloadavg()[0]:.1f} | GRAM_PRECISION={args.gram_precision}, parent 2: "
+        f"load average {os.getloadavg()[0]:.1f} | gram precision {args.gram_precision}, parent 2: "
         f"{sib}",
         flush=True,
     )
@@ -383,8 +389,6 @@ def main() -> int:
     if not args.skip_dense:
         from peft.utils import merge_utils  # noqa: PLC0415
 
-        from evolution.operators import _topr_dense  # noqa: PLC0415
-
         for short in [s for s in args.dense_shapes.split(",") if s]:
             name = SHORT[short]
             key = f"base_model.model.model.layers.0.{name}"
@@ -412,12 +416,12 @@ def main() -> int:
             del M_peft, D1, D2
             g = torch.Generator().manual_seed(0)
             t0 = time.perf_counter()
-            Ud, Sd, Vd = _topr_dense(
+            Ud, Sd, Vd = topr_dense(
                 M, args.rank, method="dense", init=None, niter=0, oversample=0, generator=g
             )
             t_dense = time.perf_counter() - t0
             t0 = time.perf_counter()
-            Ur, Sr, Vr = _topr_dense(
+            Ur, Sr, Vr = topr_dense(
                 M,
                 args.rank,
                 method="randomized",

@@ -4,7 +4,7 @@ Notation (PEFT): ``A = lora_A.weight`` has shape ``[r, d_in]``, ``B = lora_B.wei
 and the module's update is ``ΔW = s·B·A`` with ``s = alpha/r``. Everything here acts on ``B·A`` (``s`` is a
 constant the operators never change). Leading batch dimensions are allowed everywhere.
 
-**The factorisation** (populora-method.md §8.1). With thin factorisations ``B = Q_B R_B`` and
+**The factorisation** (docs/method.md §8.1). With thin factorisations ``B = Q_B R_B`` and
 ``Aᵀ = Q_A R_A`` (``Q`` with orthonormal columns, ``R`` square ``r×r``)::
 
     B·A = Q_B (R_B R_Aᵀ) Q_Aᵀ,   K = R_B R_Aᵀ = U_K diag(S) V_Kᵀ   (SVD of an r×r matrix)
@@ -23,7 +23,7 @@ are treated as exactly zero. Equilibration makes the result insensitive to colum
 accurate to ~1e-10 relative even for factors with condition number 1e5 (Householder QR in float32: ~1e-6), and
 ``U = B·(D⁻¹ W Λ^{-1/2} U_K)`` is one GEMM of the data with an ``r×r`` matrix. Cost per factor: one ``d×r``
 Gram and one ``d×r×r`` GEMM — less work than Householder QR (``geqrf`` + ``orgqr`` + GEMM), and ``Q`` is never
-formed. The operators (:mod:`evolution.operators`) first try a float32 Gram and keep it only when the
+formed. The operators (:mod:`evolution.gram`) first try a float32 Gram and keep it only when the
 equilibrated conditioning ``λ_min/λ_max ≥ 0.01`` guarantees Householder-level accuracy (orthogonality error
 ~1e-6 at ``d = 18944``), else recompute it in float64. A Householder route is kept (``method="householder"``)
 as an independent reference for the tests.
@@ -37,7 +37,7 @@ Dead components (``S_i ≤ S_max·c·eps``, e.g. masked or beyond the product's 
 *and* a zero row in A, and since ``∂L/∂A = s Bᵀ G`` and ``∂L/∂B = s G Aᵀ`` they could never regrow; their B
 column is set to 0 and their A row re-initialised with PEFT's default LoRA-A init (kaiming-uniform with
 ``a=√5``, i.e. ``U(−1/√d_in, 1/√d_in)``) drawn from the caller's generator — LoRA's trainable ``B=0, A random``
-state (populora-method.md §8.4.2). ΔW is unchanged by this (the B column is zero).
+state (docs/method.md §8.4.2). ΔW is unchanged by this (the B column is zero).
 """
 
 from __future__ import annotations

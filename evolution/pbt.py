@@ -1,4 +1,4 @@
-"""The PBT replacement step of PopuLoRA as a training-loop callback (populora-method.md §7).
+"""The PBT replacement step of PopuLoRA as a training-loop callback (docs/method.md §7).
 
 Every ``interval`` steps, per role (teachers are replaced by teacher children, students by student children):
 
@@ -54,7 +54,7 @@ class PopulationLike(Protocol):
 
 @dataclass
 class PBTConfig:
-    """PBT replacement step (populora-method.md §7; defaults k = 10, γ = 0.25, crossover/mutation 0.5/0.5)."""
+    """PBT replacement step (docs/method.md §7; defaults k = 10, γ = 0.25, crossover/mutation 0.5/0.5)."""
 
     interval: int = 10
     """Evolve every `interval` training steps (k)."""

@@ -85,6 +85,7 @@ class Api:
 def _apis() -> list[Api]:
     from agents import advantages, losses
     from evolution import operators
+    from evolution import registry as operator_registry
     from populora_env import rewards
 
     def reg_op(name: str, fn: Any) -> Any:
@@ -100,7 +101,7 @@ def _apis() -> list[Api]:
             losses.unregister_loss_agg, losses.get_loss_agg, losses.list_loss_aggs, "token-mean"),
         Api("reward scheme", rewards._REGISTRY, lambda n, f: rewards.register_reward_scheme(n)(f),
             rewards.unregister_reward_scheme, rewards.get_reward_scheme, rewards.list_reward_schemes, "azr"),
-        Api("operator", operators._REGISTRY, reg_op, operators.unregister_operator,
+        Api("operator", operator_registry._REGISTRY, reg_op, operators.unregister_operator,
             lambda n: operators.get_operator(n), op_names, "dare"),
     ]
 

@@ -515,7 +515,7 @@ def test_mixed_ranks_rank_pattern(name):
                 assert rel(d[m.name], ref[m.name]) < 0.5
 
 
-def test_gram_precision_fallback_keeps_near_identical_parents_exact(monkeypatch):
+def test_gram_precision_fallback_keeps_near_identical_parents_exact():
     """Siblings: [B₁|B₂] is nearly rank-deficient, so the float32 Gram is rejected and float64 used."""
     import evolution.operators as ops
 
@@ -531,11 +531,49 @@ def test_gram_precision_fallback_keeps_near_identical_parents_exact(monkeypatch)
     q = make_state(2, shapes=shapes, rank=8, layers=1)
     c32 = get_operator("linear_0_5")(p1, q, generator=gen())
     assert ops.GRAM_STATS["float32"] == 1
-    monkeypatch.setattr(ops, "GRAM_PRECISION", "float64")
-    c64 = get_operator("linear_0_5")(p1, q, generator=gen())
+    with ops.gram_precision("float64"):
+        c64 = get_operator("linear_0_5")(p1, q, generator=gen())
+        assert ops.GRAM_STATS["float64"] == 1 and ops.current_gram_precision() == "float64"
+    assert ops.current_gram_precision() == "auto"
+    c64_kw = get_operator("linear_0_5")(p1, q, generator=gen(), gram_precision="float64")
     assert ops.GRAM_STATS["float64"] == 1
+    assert all(torch.equal(c64[k], c64_kw[k]) for k in c64)
     ref = top_r(0.5 * (deltas(p1)[m] + deltas(q)[m]), 8)
     assert rel(deltas(c32)[m], ref) < 1e-5 and rel(deltas(c64)[m], ref) < 1e-5
+
+
+def test_gram_precision_is_a_context_that_reaches_the_worker_threads():
+    """``gram_precision`` holds in the operators' worker threads, is undone on exit and never leaks to other
+    threads; a bad value is refused."""
+    import threading
+
+    import evolution.operators as ops
+
+    p1, p2 = make_state(1, layers=6), make_state(2, layers=6)  # 18 modules: 3 chunks, several workers
+    n = torch.get_num_threads()
+    seen = []
+    try:
+        torch.set_num_threads(2)
+        with ops.gram_precision("float64"):
+            c64 = get_operator("linear_0_5")(p1, p2, generator=gen())
+            assert ops.GRAM_STATS == {"float32": 0, "float64": 18}
+            other = threading.Thread(target=lambda: seen.append(ops.current_gram_precision()))
+            other.start()
+            other.join()
+        c32 = get_operator("linear_0_5")(p1, p2, generator=gen())
+        # auto: float32 where the conditioning test passes; float64 for the six k_proj (6 rows, so the stacked
+        # [B₁|B₂] with 8 columns is rank-deficient) and three small stacks with κ > 10
+        assert ops.GRAM_STATS == {"float32": 9, "float64": 9}
+    finally:
+        torch.set_num_threads(n)
+    assert seen == ["auto"]
+    for k in c64:  # same child to float32 accuracy
+        assert torch.allclose(c64[k], c32[k], rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="gram precision must be one of"):
+        with ops.gram_precision("float16"):
+            pass
+    with pytest.raises(ValueError, match="gram precision must be one of"):
+        get_operator("linear_0_5")(p1, p2, generator=gen(), gram_precision="half")
 
 
 def test_float32_gram_is_accurate_at_realistic_width():
