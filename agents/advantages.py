@@ -16,7 +16,7 @@ Every estimator has the signature::
 The result is zero on padding positions. Notation below: ``s_i`` = score of completion ``i`` (its reward),
 ``g`` = its group with ``n_g`` members, ``mu_g`` = group mean, ``sigma_g`` = unbiased group std
 (``torch.std``), ``eps = 1e-6``; ``m_{i,t}`` = response mask. Formulas follow verl/OpenRLHF
-(notes/anchors.md §2.1).
+(docs/anchors.md §2.1).
 
 Register a new estimator with ``@register_advantage("name")``; fetch one with ``get_advantage(name)``.
 """

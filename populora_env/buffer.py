@@ -1,4 +1,4 @@
-"""Task buffers, one per task type (AZR's ``input`` / ``output`` / ``problem`` buffers, azr.md §7).
+"""Task buffers, one per task type (AZR's ``input`` / ``output`` / ``problem`` buffers, docs/azr.md §7).
 
 - They start from the shipped seed tasks and receive **every** valid proposal, whatever its reward (AZR).
 - Deduplicated by the canonical (type, program, inputs) key.

@@ -1,6 +1,6 @@
 """Checking of student answers. Every comparison of values happens in the sandbox.
 
-Per task type (AZR semantics, azr.md §5):
+Per task type (AZR semantics, docs/azr.md §5):
 
 - **deduction**: the answer (last ```` ```output ```` block, else the whole answer) must parse as an expression,
   else it is a format error; it must be a Python literal, else it is wrong (``not_literal``: an arbitrary

@@ -1,4 +1,4 @@
-"""TrueSkill ratings and PFSP pairing of teachers with students (populora-method.md §6).
+"""TrueSkill ratings and PFSP pairing of teachers with students (docs/method.md §6).
 
 - Ratings come from the ``trueskill`` library (μ0 25, σ0 25/3, β 25/6, τ 25/300, draw probability 0.1).
 - Expected student-win probability: ``p_ts = Φ((μ_s − μ_t) / √(2β² + σ_s² + σ_t²))`` (the library has no

@@ -1,4 +1,4 @@
-"""Diagnostics of generated programs and of the task distribution (populora-method.md §10).
+"""Diagnostics of generated programs and of the task distribution (docs/method.md §10).
 
 Program metrics (host-side, ``ast`` only):
 

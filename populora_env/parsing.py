@@ -1,6 +1,6 @@
 """Format check and answer extraction for completions (AZR's rules, robust to any input).
 
-Format rule (azr.md §3): a completion is well formatted iff it matches ``<think>…</think>`` then optional
+Format rule (docs/azr.md §3): a completion is well formatted iff it matches ``<think>…</think>`` then optional
 whitespace then ``<answer>…</answer>`` (DOTALL, non-greedy, at the start; leading whitespace allowed, trailing
 text ignored). One documented leniency: with ``require_think=False`` (for instruct models that do not emit
 ``<think>``), a ``<answer>…</answer>`` pair anywhere suffices. The answer is the text after the **last**

@@ -15,10 +15,10 @@ Register it under a name and select it with ``parallel_env(reward_scheme="name",
 
 Built-ins:
 
-- ``populora`` (populora-method.md §4): teacher per task −1 invalid, 0 if the matched student never solves it
+- ``populora`` (docs/method.md §4): teacher per task −1 invalid, 0 if the matched student never solves it
   (p̂ = 0), else 1 − p̂ (so p̂ = 1 gives 0); student per attempt +1 correct, −0.5 wrong but well formatted,
   −1 format error.
-- ``azr`` (azr.md §6): the proposer's learnability: per valid task 1 − p̂ if 0 < p̂ < 1, else ``extreme_reward``
+- ``azr`` (docs/azr.md §6): the proposer's learnability: per valid task 1 − p̂ if 0 < p̂ < 1, else ``extreme_reward``
   (default 0 as in the AZR paper; AZR's code used −0.5); invalid −1; the same student rewards. In the AZR
   baseline the teacher and the student are one adapter, so p̂ is the proposer's own solve rate.
 """

@@ -3,7 +3,7 @@
 This is a *task-quality filter* (no randomness, clocks, I/O, processes, introspection escapes), never the
 security boundary: the sandbox is. Everything is decided on the parsed AST, not by substring matching, so
 ``parse_input`` or a parameter named ``input`` are fine while ``import numpy.random`` or ``np.random.rand()``
-are not (AZR matched dotted names against single components and missed both, azr.md §10).
+are not (AZR matched dotted names against single components and missed both, docs/azr.md §10).
 
 Rules:
 

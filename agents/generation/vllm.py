@@ -4,7 +4,7 @@ UNVALIDATED ON HARDWARE: written against the vLLM >= 0.10 (V1 engine) API withou
 engine-free logic (request expansion, seeds, adapter versioning, output conversion) is unit-tested with a
 fake engine, and ``benchmarks/vllm_check.py`` is the one-shot script a GPU session runs to validate it.
 
-Design (see notes/anchors.md section 5):
+Design (see docs/anchors.md §5):
 
 * one ``LLM(model, enable_lora=True, max_loras >= population size, max_lora_rank >= rank,
   max_cpu_loras >= max_loras)``; the engine's dtype is the adapters' dtype (adapters are saved in it);

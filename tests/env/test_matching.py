@@ -1,4 +1,4 @@
-"""TrueSkill ratings, p_ts, PFSP pairing and the outcome rule (populora-method.md §6)."""
+"""TrueSkill ratings, p_ts, PFSP pairing and the outcome rule (docs/method.md §6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Program metrics and coverage fingerprints (definitions in populora-method.md §10)."""
+"""Program metrics and coverage fingerprints (definitions in docs/method.md §10)."""
 
 from __future__ import annotations
 

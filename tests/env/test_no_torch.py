@@ -1,4 +1,4 @@
-"""The game never imports torch (DESIGN.md: populora_env works with any learning framework)."""
+"""The game never imports torch (docs/design.md: populora_env works with any learning framework)."""
 
 from __future__ import annotations
 

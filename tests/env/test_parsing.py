@@ -1,4 +1,4 @@
-"""Format check and answer extraction (azr.md §3), including robustness to garbage."""
+"""Format check and answer extraction (docs/azr.md §3), including robustness to garbage."""
 
 from __future__ import annotations
 
