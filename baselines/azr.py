@@ -29,20 +29,33 @@ exactly as a PopuLoRA student's are, so the two arms differ only in who proposes
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Protocol, TypeVar
 
-from agents.config import TrainConfig
-from agents.loop import AgentMapping
+from agents.trainer import TrainerConfig
+from populora_env.config import EnvConfig
 
 MEMBER = "azr"
 
 
-def azr_mapping() -> AgentMapping:
-    """``teacher_0`` and ``student_0`` both act with the one ``azr`` adapter."""
-    return AgentMapping({"teacher_0": MEMBER, "student_0": MEMBER}, {"teacher": [MEMBER], "student": [MEMBER]})
+class RunConfig(Protocol):
+    """What the baseline changes in a run configuration (``selfplay.config.TrainConfig`` fits)."""
+
+    env: EnvConfig
+    trainer: TrainerConfig
+    evolution: bool
 
 
-def azr_config(cfg: TrainConfig) -> TrainConfig:
+C = TypeVar("C", bound=RunConfig)
+
+
+def azr_mapping() -> dict[str, str]:
+    """Agent -> adapter: ``teacher_0`` and ``student_0`` both act with the one ``azr`` adapter."""
+    return {"teacher_0": MEMBER, "student_0": MEMBER}
+
+
+def azr_config(cfg: C) -> C:
     """The baseline's configuration derived from a run configuration (same budgets, AZR's choices)."""
-    env = dataclasses.replace(cfg.env, reward_scheme="azr")
+    env = dataclasses.replace(cfg.env, num_teachers=1, num_students=1, reward_scheme="azr")
     trainer = dataclasses.replace(cfg.trainer, advantage="reinforce_pp")
-    return dataclasses.replace(cfg, num_teachers=1, num_students=1, env=env, trainer=trainer, evolution=False)
+    changes: dict[str, Any] = {"env": env, "trainer": trainer, "evolution": False}
+    return dataclasses.replace(cfg, **changes)  # type: ignore[type-var]

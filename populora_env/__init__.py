@@ -9,12 +9,19 @@ This package (the game) never imports torch: it works with any learning framewor
 Also registered as ``pettingzoo.make("parallel", "populora/PopuLoRA-v0", **kwargs)``.
 """
 
-from populora_env.env import PopuLoRAParallelEnv, env, parallel_env, raw_env
+from populora_env.config import ConfigError, EnvConfig
+from populora_env.env import PopuLoRAParallelEnv, agent_names, env, parallel_env, raw_env
 from populora_env.matching import Ratings, TrueSkillConfig
 from populora_env.metrics import CoverageTracker, program_fingerprint, program_metrics
 from populora_env.policies import OracleStudent, RandomPolicy, SeedTeacher
-from populora_env.prompts import PromptTemplates
-from populora_env.results import AttemptResult, MatchResult, ProposalResult, RoundResults
+from populora_env.prompts import (
+    PromptTemplates,
+    get_prompt_set,
+    list_prompt_sets,
+    register_prompt_set,
+    unregister_prompt_set,
+)
+from populora_env.results import AttemptResult, MatchResult, ProposalResult, RoundOutcome, RoundResults
 from populora_env.rewards import (
     RewardScheme,
     get_reward_scheme,
@@ -39,6 +46,8 @@ except (ImportError, AttributeError):  # pragma: no cover - depends on the insta
 __all__ = [
     "ENV_ID",
     "AttemptResult",
+    "ConfigError",
+    "EnvConfig",
     "CoverageTracker",
     "MatchResult",
     "OracleStudent",
@@ -49,19 +58,25 @@ __all__ = [
     "Ratings",
     "Reason",
     "RewardScheme",
+    "RoundOutcome",
     "RoundResults",
     "SeedTeacher",
     "Task",
     "TaskType",
     "TrueSkillConfig",
+    "agent_names",
     "env",
+    "get_prompt_set",
     "get_reward_scheme",
+    "list_prompt_sets",
     "list_reward_schemes",
     "parallel_env",
     "program_fingerprint",
     "program_metrics",
     "raw_env",
+    "register_prompt_set",
     "register_reward_scheme",
     "student_reward",
+    "unregister_prompt_set",
     "unregister_reward_scheme",
 ]

@@ -1,6 +1,6 @@
 """The teacher–student coding game as a PettingZoo ``ParallelEnv``.
 
-One episode is one round of two steps (DESIGN.md "One episode"):
+One episode is one round of two steps (docs/design.md, "One episode = one round"):
 
 ``reset()``
     Every teacher gets ``tasks_per_teacher`` proposer prompts (task types in turn over ``task_types``);
@@ -36,7 +36,6 @@ Contract (what a training loop may rely on):
 
 from __future__ import annotations
 
-import math
 import string
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -50,37 +49,22 @@ from pettingzoo import ParallelEnv
 
 from populora_env.buffer import TaskBuffers
 from populora_env.checking import AnswerChecker, AttemptOutcome, CheckConfig
-from populora_env.matching import Pairing, Ratings, TrueSkillConfig, match_outcome, pfsp_match
+from populora_env.config import ConfigError, EnvConfig, check_int, env_config
+from populora_env.matching import Pairing, Ratings, match_outcome, pfsp_match
 from populora_env.metrics import CoverageTracker, summarize
-from populora_env.prompts import PromptTemplates
-from populora_env.results import AttemptResult, MatchResult, ProposalResult, RoundResults
+from populora_env.prompts import PromptTemplates, get_prompt_set
+from populora_env.results import AttemptResult, MatchResult, ProposalResult, RoundOutcome, RoundResults
 from populora_env.rewards import RewardScheme, compute_rewards, get_reward_scheme
 from populora_env.seeds import seed_tasks
 from populora_env.tasks import Task, TaskType
 from populora_env.validation import ProposalOutcome, ProposalRequest, ProposalValidator, ValidationConfig
 
 STATE_VERSION = 1
-_ALL_TYPES = tuple(t.value for t in TaskType)
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise ValueError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be a bool, got {value!r}")
-    return value
-
-
-def _check_positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
+def agent_names(num_teachers: int, num_students: int) -> tuple[list[str], list[str]]:
+    """The env's agent ids: ``teacher_0..`` and ``student_0..``."""
+    return [f"teacher_{i}" for i in range(num_teachers)], [f"student_{i}" for i in range(num_students)]
 
 
 class _LazySandbox:
@@ -96,147 +80,101 @@ class _LazySandbox:
 class PopuLoRAParallelEnv(ParallelEnv):
     """PopuLoRA's asymmetric self-play game: teachers propose Python tasks, students solve them.
 
+    Settings are the fields of :class:`populora_env.config.EnvConfig` (one source of truth for their meaning,
+    defaults and validation), given as a config, as keyword overrides, or both::
+
+        PopuLoRAParallelEnv(num_teachers=2, samples_per_task=4)
+        PopuLoRAParallelEnv(EnvConfig(num_teachers=2), reward_scheme="azr")
+
+    ``num_teachers``/``num_students`` (agents), ``tasks_per_teacher``, ``samples_per_task``, ``task_types``,
+    ``reward_scheme`` + ``reward_kwargs``, ``references_k``, ``induction_inputs``, ``buffer_cap``,
+    ``student_fill``, ``reject_duplicates``, ``require_think``, ``prompts`` (a prompt-set name), the length
+    limits, ``timeout_s``/``memory_mb``/``sandbox_workers`` (the sandbox) and ``trueskill`` (a
+    :class:`TrueSkillConfig` or a dict of its fields). Besides registered names, ``reward_scheme`` may be a
+    callable and ``prompts`` a :class:`PromptTemplates`. Every value is validated here, before any work; a bad
+    one raises :class:`populora_env.config.ConfigError` (a ``ValueError``) naming the setting.
+
     Args:
-        num_teachers: teacher agents ``teacher_0..``.
-        num_students: student agents ``student_0..``.
-        tasks_per_teacher: proposals per teacher per round (and the filler target per student).
-        samples_per_task: attempts per assigned task per student (estimates p̂).
-        task_types: task types in play, assigned to each teacher's prompts in turn.
-        reward_scheme: a registered scheme name (:func:`populora_env.rewards.list_reward_schemes`) or a callable.
-        reward_kwargs: keyword arguments for the scheme (e.g. ``{"extreme_reward": -0.5}`` for ``azr``).
-        references_k: reference tasks in each deduction/abduction proposer prompt (AZR: 6).
-        induction_inputs: inputs an induction proposal must give (half shown, half hidden; AZR: 10).
-        buffer_cap: maximum tasks per type buffer (FIFO, keeps the newest).
-        student_fill: top students up with buffer tasks (newest first) to ``tasks_per_teacher`` tasks when their
-            matched teachers produced fewer valid ones. Filler attempts do not count towards any p̂.
-        reject_duplicates: a proposal whose (type, program, input) already exists is invalid (``duplicate``).
-        require_think: a well-formatted completion needs ``<think>…</think>`` before ``<answer>…</answer>``.
-        max_program_chars / max_input_chars / max_message_chars: length limits of proposals (``too_long``).
-        max_output_chars: cap on an output's repr; longer outputs are rejected (``output_too_large``).
-        max_completion_chars: ``max_length`` of the action space's ``Text`` (documentation: longer completions
-            are still processed).
-        prompts: prompt templates (:class:`PromptTemplates`); default chat style.
-        sandbox: a shared :class:`populora_env.sandbox.Sandbox` (the env does not close it); ``None`` = the
-            env starts its own on first use and closes it in :meth:`close`.
-        sandbox_workers: workers of the env's own sandbox.
-        limits: :class:`populora_env.sandbox.Limits` (or a dict of its fields) of the env's own sandbox.
-        timeout_s: per-execution wall-clock limit (applied to every job, also with a shared sandbox);
-            default 2 s for an own sandbox.
-        memory_mb: memory limit of the env's own sandbox (default 512).
-        trueskill: :class:`TrueSkillConfig` or a dict of its fields.
+        config: the settings (default: :class:`EnvConfig`'s defaults).
+        sandbox: a shared :class:`populora_env.sandbox.Sandbox` (or anything with its ``run(jobs)`` contract; the
+            env does not close it). ``None``: the env starts its own on first use and closes it in :meth:`close`.
+        limits: :class:`populora_env.sandbox.Limits` (or a dict of its fields) of the env's own sandbox, instead
+            of ``timeout_s``/``memory_mb``.
         seed: seed of the env's RNG (also settable with ``reset(seed=...)``).
         render_mode: ``None`` or ``"ansi"``.
+        **overrides: settings replacing those of ``config``.
     """
 
     metadata = {"name": "populora_v0", "render_modes": ["ansi"], "is_parallelizable": True}
 
     def __init__(
         self,
-        num_teachers: int = 4,
-        num_students: int = 4,
-        tasks_per_teacher: int = 3,
-        samples_per_task: int = 8,
-        task_types: Sequence[str | TaskType] = _ALL_TYPES,
-        reward_scheme: str | RewardScheme = "populora",
-        reward_kwargs: Mapping[str, Any] | None = None,
-        references_k: int = 3,
-        induction_inputs: int = 6,
-        buffer_cap: int = 4096,
-        student_fill: bool = True,
-        reject_duplicates: bool = True,
-        require_think: bool = True,
-        max_program_chars: int = 4000,
-        max_input_chars: int = 1000,
-        max_message_chars: int = 1000,
-        max_output_chars: int = 1000,
-        max_completion_chars: int = 16384,
-        prompts: PromptTemplates | None = None,
+        config: EnvConfig | None = None,
+        *,
         sandbox: Any = None,
-        sandbox_workers: int = 2,
         limits: Any = None,
-        timeout_s: float | None = None,
-        memory_mb: int | None = None,
-        trueskill: TrueSkillConfig | Mapping[str, float] | None = None,
         seed: int | None = None,
         render_mode: str | None = None,
+        **overrides: Any,
     ) -> None:
-        self.num_teachers = _check_int("num_teachers", num_teachers, 1)
-        self.num_students = _check_int("num_students", num_students, 1)
-        self.tasks_per_teacher = _check_int("tasks_per_teacher", tasks_per_teacher, 1)
-        self.samples_per_task = _check_int("samples_per_task", samples_per_task, 1)
-        self.references_k = _check_int("references_k", references_k, 0)
-        self.induction_inputs = _check_int("induction_inputs", induction_inputs, 2)
-        self.buffer_cap = _check_int("buffer_cap", buffer_cap, 1)
-        self.student_fill = _check_bool("student_fill", student_fill)
-        self.reject_duplicates = _check_bool("reject_duplicates", reject_duplicates)
-        self.require_think = _check_bool("require_think", require_think)
-        self.max_program_chars = _check_int("max_program_chars", max_program_chars, 16)
-        self.max_input_chars = _check_int("max_input_chars", max_input_chars, 1)
-        self.max_message_chars = _check_int("max_message_chars", max_message_chars, 0)
-        self.max_output_chars = _check_int("max_output_chars", max_output_chars, 1)
-        self.max_completion_chars = _check_int("max_completion_chars", max_completion_chars, 1)
-        self.sandbox_workers = _check_int("sandbox_workers", sandbox_workers, 1)
+        if config is not None and not isinstance(config, EnvConfig):
+            raise ValueError(f"config must be an EnvConfig, got {type(config).__name__}")
+        scheme_obj = overrides.get("reward_scheme")
+        custom_scheme = scheme_obj if scheme_obj is not None and not isinstance(scheme_obj, str) else None
+        if custom_scheme is not None:
+            if not callable(custom_scheme):
+                raise ConfigError("reward_scheme", f"must be a registered name or a callable, got {custom_scheme!r}")
+            overrides["reward_scheme"] = getattr(custom_scheme, "__name__", "custom")
+        prompts_obj = overrides.get("prompts")
+        custom_prompts = prompts_obj if prompts_obj is not None and not isinstance(prompts_obj, str) else None
+        if custom_prompts is not None:
+            if not isinstance(custom_prompts, PromptTemplates):
+                raise ConfigError("prompts", f"must be a prompt-set name or a PromptTemplates, got "
+                                  f"{type(custom_prompts).__name__}")
+            overrides["prompts"] = "custom"
+        explicit_limits = {k for k in ("timeout_s", "memory_mb") if overrides.get(k) is not None}
+        overrides = {k: v for k, v in overrides.items() if not (k in ("timeout_s", "memory_mb") and v is None)}
+        cfg = env_config(config, **overrides)
+        cfg.validate(reward_scheme=custom_scheme, prompt_set=custom_prompts)
+        self.config = cfg
 
-        if isinstance(task_types, str | TaskType) or not isinstance(task_types, Sequence) or not task_types:
-            raise ValueError(f"task_types must be a non-empty sequence of {_ALL_TYPES}, got {task_types!r}")
-        parsed: list[TaskType] = []
-        for t in task_types:
-            try:
-                tt = TaskType.parse(t)
-            except ValueError as exc:
-                raise ValueError(f"task_types: {exc}") from None
-            if tt in parsed:
-                raise ValueError(f"task_types: {tt.value!r} appears twice")
-            parsed.append(tt)
-        self.task_types: tuple[TaskType, ...] = tuple(parsed)
-
-        if isinstance(reward_scheme, str):
-            try:
-                self._scheme: RewardScheme = get_reward_scheme(reward_scheme)
-            except ValueError as exc:
-                raise ValueError(f"reward_scheme: {exc}") from None
-            self.reward_scheme_name = reward_scheme
-        elif callable(reward_scheme):
-            self._scheme = reward_scheme
-            self.reward_scheme_name = getattr(reward_scheme, "__name__", "custom")
-        else:
-            raise ValueError(f"reward_scheme must be a registered name or a callable, got {reward_scheme!r}")
-        if reward_kwargs is not None and not isinstance(reward_kwargs, Mapping):
-            raise ValueError(f"reward_kwargs must be a mapping or None, got {reward_kwargs!r}")
-        self.reward_kwargs = dict(reward_kwargs or {})
-
-        self.prompts = prompts if prompts is not None else PromptTemplates()
-        if not isinstance(self.prompts, PromptTemplates):
-            raise ValueError(f"prompts must be a PromptTemplates, got {type(prompts).__name__}")
-        self.prompts.validate()
+        self.num_teachers = cfg.num_teachers
+        self.num_students = cfg.num_students
+        self.tasks_per_teacher = cfg.tasks_per_teacher
+        self.samples_per_task = cfg.samples_per_task
+        self.references_k = cfg.references_k
+        self.induction_inputs = cfg.induction_inputs
+        self.buffer_cap = cfg.buffer_cap
+        self.student_fill = cfg.student_fill
+        self.reject_duplicates = cfg.reject_duplicates
+        self.require_think = cfg.require_think
+        self.max_program_chars = cfg.max_program_chars
+        self.max_input_chars = cfg.max_input_chars
+        self.max_message_chars = cfg.max_message_chars
+        self.max_output_chars = cfg.max_output_chars
+        self.max_completion_chars = cfg.max_completion_chars
+        self.sandbox_workers = cfg.sandbox_workers
+        self.task_types: tuple[TaskType, ...] = tuple(TaskType.parse(t) for t in cfg.task_types)
+        self._scheme: RewardScheme = custom_scheme or get_reward_scheme(cfg.reward_scheme)
+        self.reward_scheme_name = cfg.reward_scheme
+        self.reward_kwargs = dict(cfg.reward_kwargs)
+        self.prompts: PromptTemplates = custom_prompts or get_prompt_set(cfg.prompts)
 
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, got {render_mode!r}")
         self.render_mode = render_mode
 
         if seed is not None:
-            _check_int("seed", seed, 0)
-        self._timeout_s = None if timeout_s is None else _check_positive("timeout_s", timeout_s)
-        self._limits = self._make_limits(sandbox, limits, timeout_s, memory_mb)
-        self._shared_sandbox = sandbox
-        self._own_sandbox: Any = None
+            check_int("seed", seed, 0)
         if sandbox is not None and not callable(getattr(sandbox, "run", None)):
             raise ValueError("sandbox must be a populora_env.sandbox.Sandbox (an object with run(jobs))")
+        self._timeout_s = cfg.timeout_s
+        self._limits = self._make_limits(sandbox, limits, cfg, explicit_limits)
+        self._shared_sandbox = sandbox
+        self._own_sandbox: Any = None
+        ts_config = cfg.trueskill
 
-        if trueskill is None:
-            ts_config = TrueSkillConfig()
-        elif isinstance(trueskill, TrueSkillConfig):
-            ts_config = trueskill
-        elif isinstance(trueskill, Mapping):
-            try:
-                ts_config = TrueSkillConfig(**dict(trueskill))
-            except TypeError as exc:
-                raise ValueError(f"trueskill: {exc}") from None
-        else:
-            raise ValueError(f"trueskill must be a TrueSkillConfig or a dict, got {trueskill!r}")
-
-        self.teachers = [f"teacher_{i}" for i in range(self.num_teachers)]
-        self.students = [f"student_{i}" for i in range(self.num_students)]
+        self.teachers, self.students = agent_names(self.num_teachers, self.num_students)
         self.possible_agents = self.teachers + self.students
         self.agents: list[str] = []
 
@@ -277,6 +215,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
         self._current_tasks: dict[str, Task] = {}
         self.last_results: RoundResults | None = None
         self.last_summary: dict[str, Any] | None = None
+        self.last_outcome: RoundOutcome | None = None
 
         obs_len = self._observation_bound()
         self._observation_spaces = {
@@ -293,15 +232,16 @@ class PopuLoRAParallelEnv(ParallelEnv):
     # ------------------------------------------------------------------ construction helpers
 
     @staticmethod
-    def _make_limits(sandbox: Any, limits: Any, timeout_s: float | None, memory_mb: int | None) -> Any:
+    def _make_limits(sandbox: Any, limits: Any, cfg: EnvConfig, explicit: set[str]) -> Any:
+        """Limits of the env's own sandbox (``None`` with a shared one, whose limits are its own business)."""
         if sandbox is not None:
-            if limits is not None or memory_mb is not None:
+            if limits is not None or "memory_mb" in explicit:
                 raise ValueError("limits / memory_mb configure the env's own sandbox; do not pass them with sandbox=")
             return None
         from populora_env.sandbox import Limits
 
         if limits is not None:
-            if timeout_s is not None or memory_mb is not None:
+            if explicit:
                 raise ValueError("pass either limits= or timeout_s/memory_mb, not both")
             if isinstance(limits, Limits):
                 return limits
@@ -311,12 +251,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
                 except (TypeError, ValueError) as exc:
                     raise ValueError(f"limits: {exc}") from None
             raise ValueError(f"limits must be a Limits or a dict, got {limits!r}")
-        if memory_mb is not None:
-            _check_int("memory_mb", memory_mb, 16)
-        return Limits(
-            timeout_s=2.0 if timeout_s is None else float(timeout_s),
-            memory_mb=512 if memory_mb is None else int(memory_mb),
-        )
+        return Limits(timeout_s=cfg.timeout_s, memory_mb=cfg.memory_mb)
 
     def _observation_bound(self) -> int:
         """An upper bound of prompt lengths (for the ``Text`` observation space)."""
@@ -347,7 +282,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
         """Start a round: teachers get their proposer prompts. Ratings and buffers persist across rounds;
         ``seed`` re-seeds the env's RNG."""
         if seed is not None:
-            self._rng = np.random.default_rng(_check_int("seed", seed, 0))
+            self._rng = np.random.default_rng(check_int("seed", seed, 0))
         self._round += 1
         self._phase = "propose"
         self.agents = self.possible_agents[:]
@@ -642,6 +577,12 @@ class PopuLoRAParallelEnv(ParallelEnv):
         summary = self._summary(results, completion_rewards)
         self.last_results = results
         self.last_summary = summary
+        self.last_outcome = RoundOutcome(
+            results=results,
+            rewards={a: tuple(float(r) for r in completion_rewards[a]) for a in self.possible_agents},
+            ratings={a: (self._ratings.mu(a), self._ratings.sigma(a)) for a in self.possible_agents},
+            summary=summary,
+        )
 
         infos: dict[str, dict[str, Any]] = {}
         rewards: dict[str, float] = {}
@@ -787,18 +728,18 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def parallel_env(**kwargs: Any) -> PopuLoRAParallelEnv:
+def parallel_env(config: EnvConfig | None = None, **kwargs: Any) -> PopuLoRAParallelEnv:
     """Create the parallel env (see :class:`PopuLoRAParallelEnv` for the arguments)."""
-    return PopuLoRAParallelEnv(**kwargs)
+    return PopuLoRAParallelEnv(config, **kwargs)
 
 
 #: The raw (unwrapped) environment class, PettingZoo naming.
 raw_env = PopuLoRAParallelEnv
 
 
-def env(**kwargs: Any) -> Any:
+def env(config: EnvConfig | None = None, **kwargs: Any) -> Any:
     """The AEC version (``pettingzoo.utils.parallel_to_aec`` of :func:`parallel_env`)."""
     from pettingzoo.utils.conversions import parallel_to_aec
 
-    return parallel_to_aec(parallel_env(**kwargs))
+    return parallel_to_aec(parallel_env(config, **kwargs))
 

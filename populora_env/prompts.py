@@ -1,6 +1,6 @@
 """All prompt text of the game in one replaceable dataclass.
 
-The templates follow AZR's prompts (azr.md §2–§3: ``<think>``/``<answer>`` tags, fenced ``python`` / ``input`` /
+The templates follow AZR's prompts (docs/azr.md §2–§3: ``<think>``/``<answer>`` tags, fenced ``python`` / ``input`` /
 ``output`` / ``message`` blocks, ``<snippet_k>`` references) but are much shorter, so that a 135M model with a
 small context can read them. Replace any field to change the wording::
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
+from populora_env.registry import Registry
 from populora_env.tasks import Task, TaskType
 
 _R1_WRAPPER = (
@@ -178,3 +179,35 @@ class PromptTemplates:
 
 def _code(program: str) -> str:
     return program.rstrip("\n") + "\n"
+
+
+# ------------------------------------------------------------------ the prompt-set registry
+
+_PROMPT_SETS: Registry[PromptTemplates] = Registry("prompt set")
+
+
+def register_prompt_set(name: str, templates: PromptTemplates) -> PromptTemplates:
+    """Register ``templates`` under ``name`` so that ``env.prompts = name`` (preset or flag) selects it."""
+    if not isinstance(templates, PromptTemplates):
+        raise TypeError(f"a prompt set must be a PromptTemplates, got {type(templates).__name__}")
+    templates.validate()
+    return _PROMPT_SETS.add(name, templates)
+
+
+def unregister_prompt_set(name: str) -> PromptTemplates:
+    """Remove a registered prompt set."""
+    return _PROMPT_SETS.remove(name)
+
+
+def get_prompt_set(name: str) -> PromptTemplates:
+    """The prompt set registered as ``name`` (:class:`~populora_env.registry.UnknownEntryError` if none)."""
+    return _PROMPT_SETS.get(name)
+
+
+def list_prompt_sets() -> list[str]:
+    """Registered prompt-set names, sorted."""
+    return _PROMPT_SETS.names()
+
+
+register_prompt_set("chat", PromptTemplates())
+register_prompt_set("r1", PromptTemplates.r1())

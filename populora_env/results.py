@@ -138,3 +138,29 @@ class RoundResults:
             if m.teacher == teacher:
                 return m
         return None
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """A finished round: what happened (:class:`RoundResults`), what everyone was paid, and the summary.
+
+    This is the typed record a training loop learns from (``env.last_outcome`` after the solve step): every
+    completion is identified by ``(agent, index)``, its position in the agent's observation of its phase, so
+    rewards, verdicts and the loop's own completions are joined by that id, never by list position.
+
+    Attributes:
+        results: the round's proposals, attempts and matches.
+        rewards: per agent, one reward per completion, indexed like the agent's records
+            (``rewards[agent][record.index]``).
+        ratings: ``(mu, sigma)`` of every agent after the round's rating update.
+        summary: the ``infos[a]["round"]`` dictionary (counts, metrics, buffer sizes) for logging.
+    """
+
+    results: RoundResults
+    rewards: dict[str, tuple[float, ...]]
+    ratings: dict[str, tuple[float, float]]
+    summary: dict
+
+    def reward(self, agent: str, index: int) -> float:
+        """The reward of completion ``index`` of ``agent``."""
+        return self.rewards[agent][index]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import string
 import warnings
 from typing import Any
@@ -163,11 +164,45 @@ def test_bad_actions_become_format_errors(make_env: Any, actions: Any) -> None:
         ({"sandbox": object()}, "sandbox"),
         ({"trueskill": {"bogus": 1}}, "trueskill"),
         ({"prompts": "text"}, "prompts"),
+        # nested and bounded values, checked before any work
+        ({"trueskill": {"mu": "x"}}, "trueskill.mu"),
+        ({"trueskill": {"sigma": 0.0}}, "trueskill.sigma"),
+        ({"trueskill": {"beta": float("nan")}}, "trueskill.beta"),
+        ({"trueskill": {"draw_probability": 1.0}}, "trueskill.draw_probability"),
+        ({"reward_kwargs": {"no_such_key": 1}}, "reward_kwargs"),
+        ({"reward_scheme": "azr", "reward_kwargs": {"invalid": -1}}, "reward_kwargs"),
+        ({"timeout_s": 1e308}, "timeout_s"),
+        ({"timeout_s": float("inf")}, "timeout_s"),
+        ({"memory_mb": 10**9}, "memory_mb"),
+        ({"num_students": 10**6}, "num_students"),
+        ({"num_teachers": 1000, "num_students": 1000}, "num_students"),
+        ({"samples_per_task": 10**6}, "samples_per_task"),
+        ({"sandbox_workers": 10**5}, "sandbox_workers"),
+        ({"no_such_setting": 1}, "no_such_setting"),
     ],
 )
 def test_arguments_are_validated(kwargs: dict[str, Any], name: str) -> None:
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(ValueError, match=re.escape(name)):
         parallel_env(**kwargs)
+
+
+def test_reward_kwargs_matching_the_scheme_are_accepted() -> None:
+    env = parallel_env(num_teachers=1, num_students=1, reward_scheme="azr", reward_kwargs={"extreme_reward": -0.5})
+    assert env.reward_kwargs == {"extreme_reward": -0.5}
+    assert env.config.reward_kwargs == {"extreme_reward": -0.5}
+
+
+def test_env_is_built_from_its_config_alone() -> None:
+    from populora_env.config import EnvConfig
+
+    cfg = EnvConfig(num_teachers=2, num_students=3, samples_per_task=5, induction_inputs=10, reject_duplicates=False)
+    env = parallel_env(cfg)
+    assert env.config == cfg
+    assert env.possible_agents == ["teacher_0", "teacher_1", "student_0", "student_1", "student_2"]
+    assert (env.samples_per_task, env.induction_inputs, env.reject_duplicates) == (5, 10, False)
+    # keyword overrides apply on top of a config without changing it
+    env2 = parallel_env(cfg, samples_per_task=2)
+    assert env2.samples_per_task == 2 and cfg.samples_per_task == 5
 
 
 def test_render_ansi(make_env: Any) -> None:

@@ -1,7 +1,7 @@
 """Fixtures for the evaluation tests.
 
-* ``data_dir``: the offline benchmark files, ``<repo>/../shared/evaldata`` (or ``$POPULORA_EVALDATA``);
-  tests needing it are skipped with a clear reason when it is absent.
+* ``data_dir``: the benchmark files shipped with the package (``evaluation/evaldata``), whatever
+  ``$POPULORA_EVALDATA`` says, so the tests check what ships; missing files are an error, never a skip.
 * ``evaluator`` (session): a :class:`CodeEvaluator` with one open sandbox (2 workers) and a ground-truth
   cache in a session temp dir (so results never depend on a user's cache).
 
@@ -15,22 +15,21 @@ import os
 
 import pytest
 
-from agents.evaluation.data import resolve_data_dir
+from evaluation.data import FILES, SHIPPED_DATA_DIR, data_file
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(scope="session")
 def data_dir():
-    path = resolve_data_dir()
-    if not (path / "HumanEvalPlus-v0.1.10.jsonl.gz").is_file():
-        pytest.skip(f"offline evaluation data not found at {path} (set POPULORA_EVALDATA)")
-    return path
+    for key in FILES:  # a missing file raises EvalDataError naming it
+        data_file(key, SHIPPED_DATA_DIR)
+    return SHIPPED_DATA_DIR
 
 
 @pytest.fixture(scope="session")
 def evaluator(tmp_path_factory):
-    from agents.evaluation.code import CodeEvaluator
+    from evaluation.code import CodeEvaluator
 
     with CodeEvaluator(workers=2, cache_dir=tmp_path_factory.mktemp("gt")) as ev:
         yield ev

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from agents.evaluation import _harness
-from agents.evaluation.code import canonical_programs
-from agents.evaluation.data import (
+from evaluation import _harness
+from evaluation.code import canonical_programs
+from evaluation.data import (
     BenchmarkUnavailable,
     EvalDataError,
     canonical_name,
@@ -22,8 +22,8 @@ from agents.evaluation.data import (
     load_humaneval,
     parse_benchmarks,
 )
-from agents.evaluation.prompts import code_prompt, extract_code, program_for
-from agents.evaluation.samples import score_samples
+from evaluation.prompting import code_prompt, extract_code, program_for
+from evaluation.samples import score_samples
 
 SLICE = 15
 
@@ -246,7 +246,7 @@ def test_multiple_samples_per_task_average(tmp_path: Path, evaluator) -> None:
 @pytest.mark.parametrize("bench", ["humaneval", "humaneval+", "mbpp+"])
 def test_full_canonical_solutions(bench: str, data_dir, evaluator) -> None:
     """Every canonical solution passes its own benchmark (MBPP+ upstream: 0.997 with evalplus itself, see
-    SOURCES.md; the task ids that fail here, if any, are printed and must stay below that rate)."""
+    evaluation/evaldata/SOURCES.md; the task ids that fail here, if any, are printed and must stay below that rate)."""
     problems = load_code(bench, data_dir)
     t = time.perf_counter()
     results = evaluator.evaluate(problems, canonical_programs(problems))
@@ -262,7 +262,7 @@ def test_full_canonical_solutions(bench: str, data_dir, evaluator) -> None:
 def test_callers_sandbox_with_small_reply_cap_uses_live_mode(data_dir, tmp_path: Path) -> None:
     """With a caller's sandbox whose reply cap is too small to ship expected outputs, every task is checked
     in "live" mode (the reference runs in the same job) and the verdicts do not change."""
-    from agents.evaluation.code import CodeEvaluator
+    from evaluation.code import CodeEvaluator
     from populora_env.sandbox import Limits, Sandbox
 
     problems = load_code("humaneval+", data_dir, limit=5)

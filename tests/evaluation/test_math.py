@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import threading
 
 import pytest
 
-from agents.evaluation.data import MATH_BENCHMARKS, last_boxed, load_math
-from agents.evaluation.math_check import extract_answer, is_equivalent, score_math
+from evaluation.data import MATH_BENCHMARKS, _read_jsonl, data_file, last_boxed, load_math
+from evaluation.math_check import extract_math_answer, is_equivalent, score_math
 
 # --- extraction -------------------------------------------------------------------------------------------
 
@@ -36,7 +35,7 @@ from agents.evaluation.math_check import extract_answer, is_equivalent, score_ma
     ],
 )
 def test_extract_answer(text: str, benchmark: str | None, expected: str | None) -> None:
-    assert extract_answer(text, benchmark) == expected
+    assert extract_math_answer(text, benchmark) == expected
 
 
 def test_last_boxed_unbalanced_returns_none() -> None:
@@ -167,7 +166,7 @@ def test_gold_answer_sources(data_dir) -> None:
 
 def test_gsm8k_worked_solutions_score_full_marks(data_dir) -> None:
     """The reference worked solutions (ending in ``#### n``) are correct answers; shifted ones are not."""
-    rows = [json.loads(line) for line in (data_dir / "gsm8k.test.jsonl").open()][:100]
+    rows = list(_read_jsonl(data_file("gsm8k", data_dir)))[:100]
     problems = load_math("gsm8k", data_dir, limit=100)
     assert all(score_math(p, r["answer"]).correct for p, r in zip(problems, rows, strict=True))
     shifted = rows[1:] + rows[:1]
@@ -176,6 +175,6 @@ def test_gsm8k_worked_solutions_score_full_marks(data_dir) -> None:
 
 
 def test_math500_solutions_match_answers(data_dir) -> None:
-    rows = [json.loads(line) for line in (data_dir / "math500.test.jsonl").open()][:60]
+    rows = list(_read_jsonl(data_file("math500", data_dir)))[:60]
     problems = load_math("math500", data_dir, limit=60)
     assert all(score_math(p, r["solution"]).correct for p, r in zip(problems, rows, strict=True))

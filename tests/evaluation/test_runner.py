@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from agents.evaluation.cli import eval_main
-from agents.evaluation.data import load_code, load_humaneval, load_math
-from agents.evaluation.results import markdown_tables, summarize_benchmark, tensorboard_scalars
-from agents.evaluation.runner import EvalConfig, run_eval
+from populora_cli.eval import eval_main
+from evaluation.data import load_code, load_humaneval, load_math
+from evaluation.scores import markdown_tables, summarize_benchmark, tensorboard_scalars
+from evaluation.runner import EvalConfig, run_eval
 
 
 def _fake_run(root: Path, name: str, members: list[str], seed: int = 0) -> Path:
@@ -115,7 +115,7 @@ def test_answers_are_scored_per_entry(runs, data_dir, monkeypatch, tmp_path) -> 
     he = {p.task_id: p for p in load_humaneval(2)}
     gsm = load_math("gsm8k", data_dir, limit=2)
     by_prompt = {}
-    from agents.evaluation.prompts import code_prompt, math_prompt
+    from evaluation.prompting import code_prompt, math_prompt
 
     for p in he.values():
         by_prompt[code_prompt(p)] = f"```python\n{p.prompt}{p.canonical_solution}```"

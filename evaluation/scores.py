@@ -1,6 +1,6 @@
 """Result summaries: ``<run>/eval/results.json``, ``<run>/eval/results.md`` and TensorBoard scalars.
 
-Per benchmark the record is (the schema :mod:`agents.report` reads)::
+Per benchmark the record is (the schema :mod:`evaluation.report` reads)::
 
     {"n": problems, "members": {member: pass@1}, "population_mean": x,
      "best": {"member": m, "score": x}, "weakest": {"member": m, "score": x},

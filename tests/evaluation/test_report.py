@@ -19,7 +19,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.scalar.summary import scalar_pb
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from agents.report import NoEventsError, ReportConfig, load_scalars, make_report, run_report, smooth
+from evaluation.report import NoEventsError, ReportConfig, load_scalars, make_report, run_report, smooth
 
 STEPS_A = 50
 STEPS_B = 30
@@ -39,7 +39,7 @@ def _simple(tag: str, value: float) -> summary_pb2.Summary:
 def _write_run_a(root: Path) -> Path:
     run = root / "pop-a-dir"
     run.mkdir()
-    (run / "config.json").write_text(json.dumps({"name": "pop-a", "kind": "population", "model": "tiny"}))
+    (run / "config.json").write_text(json.dumps({"name": "pop-a", "arm": "population", "model": "tiny"}))
     writer = EventFileWriter(str(run))
     t0 = time.time()
     for step in range(STEPS_A):
@@ -132,7 +132,7 @@ def _write_run_b(root: Path) -> Path:
 
     run = root / "azr-b"
     run.mkdir()
-    (run / "config.json").write_text(json.dumps({"name": "azr-b", "kind": "baseline", "model": "tiny"}))
+    (run / "config.json").write_text(json.dumps({"name": "azr-b", "arm": "baseline", "model": "tiny"}))
     t0 = time.time()
     for start, stop, solve, offset in ((0, 20, 0.5, 0.0), (15, STEPS_B, 0.25, 1000.0)):
         # the resumed session purges from its checkpoint step on, like agents/logger.py does

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.run.conftest import populora
+from tests.selfplay.conftest import populora
 
 
 @pytest.mark.parametrize(
@@ -21,7 +21,7 @@ from tests.run.conftest import populora
         (["--env.task-types", "deduction", "guessing"], "--env.task-types"),
         (["--trainer.advantage", "no-such-estimator"], "--trainer.advantage"),
         (["--preset", "no-such-preset"], "--preset"),
-        (["--num-teachers", "0"], "--num-teachers"),
+        (["--env.num-teachers", "0"], "--env.num-teachers"),
     ],
 )
 def test_bad_value_exits_2_naming_the_field(args: list[str], needle: str, tmp_path) -> None:

@@ -1,6 +1,6 @@
 """Test harness that runs INSIDE the sandbox (evalplus 0.3.1 scoring semantics).
 
-This module is self-contained (standard library only, no project imports): :mod:`agents.evaluation.code`
+This module is self-contained (standard library only, no project imports): :mod:`evaluation.code`
 embeds its source text at the top of every checker program it sends to the sandbox. The host imports it only
 for the pure helpers that never execute model code (:func:`mbpp_deserialize_inputs`, and
 :func:`outputs_match` / :func:`allclose` in unit tests on trusted values).

@@ -1,6 +1,6 @@
 """Math answer extraction and equivalence (math-verify), for GSM8K, MATH-500, AIME, AMC, Minerva, OlympiadBench.
 
-Extraction (:func:`extract_answer`) looks, in order, for
+Extraction (:func:`extract_math_answer`) looks, in order, for
 
 1. the content of an ``<answer>...</answer>`` block (R1/AZR format) — the steps below then run inside it;
 2. the last ``\\boxed{...}`` (balanced braces, ``\\fbox`` too);
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from agents.evaluation.data import MathProblem, last_boxed
+from evaluation.data import MathProblem, last_boxed
 
 logging.getLogger("math_verify").setLevel(logging.ERROR)  # its "timeout disabled" warning is expected here
 
@@ -66,13 +66,13 @@ def _after_marker(text: str) -> str | None:
     return tail or None
 
 
-def extract_answer(text: str, benchmark: str | None = None) -> str | None:
+def extract_math_answer(text: str, benchmark: str | None = None) -> str | None:
     """The final answer of a completion as a string, or ``None`` when there is none (see module docstring)."""
     if not text:
         return None
     tags = _ANSWER_TAG_RE.findall(text)
     if tags and tags[-1].strip():
-        inner = extract_answer(tags[-1], benchmark)
+        inner = extract_math_answer(tags[-1], benchmark)
         return inner if inner is not None else _clean(tags[-1]) or None
     boxed = last_boxed(text)
     if boxed is not None and boxed.strip():
@@ -159,5 +159,5 @@ class MathScore:
 
 def score_math(problem: MathProblem, completion: str) -> MathScore:
     """Extract the answer of ``completion`` and check it against ``problem``'s gold answers."""
-    extracted = extract_answer(completion, problem.benchmark)
+    extracted = extract_math_answer(completion, problem.benchmark)
     return MathScore(problem.task_id, extracted, is_equivalent(problem.answers, extracted, problem.unit))

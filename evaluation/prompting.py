@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import re
 
-from agents.evaluation.data import CodeProblem, MathProblem
+from evaluation.data import CodeProblem, MathProblem
 
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 

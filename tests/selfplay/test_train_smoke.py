@@ -12,7 +12,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from tests.run.conftest import REPO, TINY, cli_env, populora
+from tests.selfplay.conftest import REPO, TINY, cli_env, populora
 
 
 def _adapters(run: Path) -> dict[str, dict]:
@@ -34,7 +34,7 @@ def test_train_smoke_writes_everything(tmp_path: Path) -> None:
     assert list(run.glob("events.out.tfevents.*")), "no TensorBoard events"
     assert (run / "checkpoints" / "step_2" / "DONE").is_file()
     cfg = json.loads((run / "config.json").read_text())
-    assert cfg["kind"] == "population" and cfg["model"] == "tiny-random"
+    assert cfg["arm"] == "population" and cfg["model"] == "tiny-random"
     members = sorted(d.name for d in (run / "adapters").iterdir())
     assert members == ["student_0", "student_1", "teacher_0", "teacher_1"]
     for m in members:
@@ -56,7 +56,7 @@ def test_baseline_smoke_one_adapter(tmp_path: Path) -> None:
     p = populora("baseline", *TINY, "--steps", "1", "--run-dir", str(run))
     assert p.returncode == 0, p.stderr[-4000:]
     cfg = json.loads((run / "config.json").read_text())
-    assert cfg["kind"] == "baseline"
+    assert cfg["arm"] == "baseline"
     assert cfg["config"]["env"]["reward_scheme"] == "azr"
     assert [d.name for d in (run / "adapters").iterdir()] == ["azr"]
 
@@ -68,7 +68,7 @@ def test_kill_9_mid_run_resumes_and_matches_uninterrupted(tmp_path: Path) -> Non
     assert p.returncode == 0, p.stderr[-4000:]
 
     run = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "agents.cli", "train", *TINY, *steps, "--run-dir", str(run)],
+    proc = subprocess.Popen([sys.executable, "-m", "populora_cli.main", "train", *TINY, *steps, "--run-dir", str(run)],
                             cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.time() + 300

@@ -8,10 +8,10 @@
    fit (same base, rank, alpha, target modules; their names get a ``bl-`` prefix), else a second population;
 3. per benchmark, ONE ``generate`` call serves every entry's requests (members' adapters mixed in the batch,
    plus ``adapter=None`` rows for the base model), greedy (temperature 0);
-4. scores answers: code in the sandbox (:class:`~agents.evaluation.code.CodeEvaluator`), math with
-   math-verify (:mod:`~agents.evaluation.math_check`);
+4. scores answers: code in the sandbox (:class:`~evaluation.code.CodeEvaluator`), math with
+   math-verify (:mod:`~evaluation.math_check`);
 5. writes ``<run>/eval/results.json``, ``results.md``, ``generations/<benchmark>.jsonl`` and TensorBoard
-   scalars ``eval/<benchmark>/<member>`` into ``<run>/`` (:mod:`~agents.evaluation.results`).
+   scalars ``eval/<benchmark>/<member>`` into ``<run>/`` (:mod:`~evaluation.scores`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from agents.evaluation.code import CodeEvaluator
-from agents.evaluation.data import (
+from evaluation.code import CodeEvaluator
+from evaluation.data import (
     CODE_BENCHMARKS,
     CodeProblem,
     MathProblem,
@@ -34,9 +34,9 @@ from agents.evaluation.data import (
     load_math,
     parse_benchmarks,
 )
-from agents.evaluation.math_check import extract_answer, is_equivalent
-from agents.evaluation.prompts import code_prompt, math_prompt, program_for
-from agents.evaluation.results import summarize_benchmark, write_results
+from evaluation.math_check import extract_math_answer, is_equivalent
+from evaluation.prompting import code_prompt, math_prompt, program_for
+from evaluation.scores import summarize_benchmark, write_results
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class EvalConfig:
     limit: int | None = None
     """Evaluate only the first N problems of each benchmark (None: all)."""
     data_dir: str | None = None
-    """Directory of the offline benchmark files (default: $POPULORA_EVALDATA, else <repo>/../shared/evaldata)."""
+    """Directory of the benchmark files (default: $POPULORA_EVALDATA, else evaluation/evaldata)."""
     members: str | None = None
     """Comma-separated subset of the run's members to evaluate (None: every adapter under adapters/)."""
     include_base: bool = True
@@ -326,7 +326,7 @@ def _score(
         for key in keys:
             ok = []
             for p, a in zip(probs, answers[key], strict=True):
-                extracted = extract_answer(a, p.benchmark)  # type: ignore[union-attr]
+                extracted = extract_math_answer(a, p.benchmark)  # type: ignore[union-attr]
                 correct = is_equivalent(p.answers, extracted, p.unit)  # type: ignore[union-attr]
                 ok.append(correct)
                 rows.append(

@@ -1,0 +1,240 @@
+"""The env's settings: one dataclass, one source of truth for their defaults and their validation.
+
+:class:`EnvConfig` holds every setting of :class:`populora_env.env.PopuLoRAParallelEnv` that is plain data, with
+the env's own defaults. The env is built from it (``PopuLoRAParallelEnv(config)`` or
+``parallel_env(**overrides)``), and a training run embeds it unchanged as its ``env`` section, so a preset, a
+command-line flag (``--env.samples-per-task 4``) and a Python caller all name the same fields.
+
+:meth:`EnvConfig.validate` checks every value, nested ones included (the TrueSkill parameters, the reward
+scheme's keyword arguments against its signature, finite and bounded time/memory limits, an upper bound on
+the number of agents), and raises :class:`ConfigError` naming the field before any work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from populora_env.matching import TrueSkillConfig
+from populora_env.tasks import TaskType
+
+TASK_TYPES: tuple[str, ...] = tuple(t.value for t in TaskType)
+
+#: Upper bounds that no sensible run reaches; they turn a typo (``num_students=10**6``) into an error at once
+#: instead of minutes of set-up.
+MAX_AGENTS = 1024
+MAX_PER_ROUND = 4096
+MAX_TIMEOUT_S = 600.0
+MAX_MEMORY_MB = 1 << 20
+MAX_WORKERS = 1024
+MAX_CHARS = 1 << 20
+
+
+class ConfigError(ValueError):
+    """A setting is invalid. ``field`` is its dotted name (``trueskill.beta``, ``env.timeout_s``)."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        self.field = field_name
+        self.reason = message
+        super().__init__(f"{field_name}: {message}")
+
+    def prefixed(self, prefix: str) -> ConfigError:
+        """The same error with ``prefix`` before the field name (``env.`` inside a run config)."""
+        return ConfigError(prefix + self.field, self.reason)
+
+
+def check(condition: bool, field_name: str, message: str) -> None:
+    """Raise :class:`ConfigError` for ``field_name`` unless ``condition`` holds."""
+    if not condition:
+        raise ConfigError(field_name, message)
+
+
+def check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
+    """``value`` as an int in ``[minimum, maximum]`` (bools are not ints here)."""
+    check(not isinstance(value, bool) and isinstance(value, numbers.Integral), name, f"must be an int, got {value!r}")
+    check(value >= minimum, name, f"must be >= {minimum}, got {value}")
+    if maximum is not None:
+        check(value <= maximum, name, f"must be <= {maximum}, got {value}")
+    return int(value)
+
+
+def check_number(name: str, value: Any, *, low: float, high: float, low_open: bool = False) -> float:
+    """``value`` as a finite float in ``[low, high]`` (``(low, high]`` with ``low_open``)."""
+    ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    check(ok, name, f"must be a finite number, got {value!r}")
+    check(value > low if low_open else value >= low, name, f"must be {'>' if low_open else '>='} {low}, got {value}")
+    check(value <= high, name, f"must be <= {high}, got {value}")
+    return float(value)
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` if it is a bool."""
+    check(isinstance(value, bool), name, f"must be a bool, got {value!r}")
+    return bool(value)
+
+
+@dataclass
+class EnvConfig:
+    """Settings of the teacher–student game (the env's own defaults; presets override what they need)."""
+
+    num_teachers: int = 4
+    """Teacher agents ``teacher_0..``."""
+    num_students: int = 4
+    """Student agents ``student_0..``."""
+    tasks_per_teacher: int = 3
+    """Proposals each teacher makes per round (task types assigned in turn); also the filler target per
+    student."""
+    samples_per_task: int = 8
+    """Attempts each matched student makes at every valid task (they estimate the solve rate p̂)."""
+    task_types: tuple[str, ...] = TASK_TYPES
+    """Task types in play: deduction (predict the output), abduction (find an input), induction (write f)."""
+    reward_scheme: str = "populora"
+    """Registered reward scheme: 'populora' (cross-evaluation), 'azr' (learnability), or a plugin's."""
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the reward scheme, as JSON on the command line (e.g. '{"extreme_reward": -0.5}');
+    checked against the scheme's signature."""
+    references_k: int = 3
+    """Reference tasks from the buffer shown in each deduction/abduction proposer prompt (AZR: 6)."""
+    induction_inputs: int = 6
+    """Inputs an induction proposal must give, half shown to the student and half hidden (AZR: 10)."""
+    buffer_cap: int = 4096
+    """Maximum tasks per task-type buffer (FIFO, the newest kept)."""
+    student_fill: bool = True
+    """Top students up with buffer tasks (newest first) to tasks_per_teacher tasks when their matched teachers
+    produced fewer valid ones; filler attempts never count towards p̂."""
+    reject_duplicates: bool = True
+    """A proposal whose (type, program, input) is already buffered is invalid ('duplicate'; AZR accepts it)."""
+    require_think: bool = True
+    """A well-formatted completion needs <think>…</think> before <answer>…</answer>."""
+    prompts: str = "chat"
+    """Registered prompt set (populora_env.prompts.list_prompt_sets())."""
+    max_program_chars: int = 4000
+    """Longest program a proposal may contain ('too_long')."""
+    max_input_chars: int = 1000
+    """Longest input a proposal may contain ('too_long')."""
+    max_message_chars: int = 1000
+    """Longest induction message ('too_long')."""
+    max_output_chars: int = 1000
+    """Longest repr of a program's output; longer outputs are rejected ('output_too_large'), never cut."""
+    max_completion_chars: int = 16384
+    """max_length of the action space's Text (documentation: longer completions are still processed)."""
+    timeout_s: float = 2.0
+    """Sandbox wall-clock limit per program execution, seconds (applied to every job)."""
+    memory_mb: int = 512
+    """Sandbox memory limit per execution, MiB (the env's own sandbox)."""
+    sandbox_workers: int = 2
+    """Warm workers of the env's own sandbox."""
+    trueskill: TrueSkillConfig = field(default_factory=TrueSkillConfig)
+    """TrueSkill parameters of the ratings used for matching and evolution."""
+
+    def validate(self, reward_scheme: Any = None, prompt_set: Any = None) -> None:
+        """Check every setting; raise :class:`ConfigError` naming the first bad one.
+
+        ``reward_scheme`` / ``prompt_set``: the objects actually used when the caller passed its own (a callable
+        scheme, a :class:`~populora_env.prompts.PromptTemplates`) instead of registered names.
+        """
+        check_int("num_teachers", self.num_teachers, 1, MAX_AGENTS)
+        check_int("num_students", self.num_students, 1, MAX_AGENTS)
+        check(self.num_teachers + self.num_students <= MAX_AGENTS, "num_students",
+              f"num_teachers + num_students must be <= {MAX_AGENTS}, got {self.num_teachers + self.num_students}")
+        check_int("tasks_per_teacher", self.tasks_per_teacher, 1, MAX_PER_ROUND)
+        check_int("samples_per_task", self.samples_per_task, 1, MAX_PER_ROUND)
+        check(isinstance(self.task_types, tuple | list) and len(self.task_types) > 0, "task_types",
+              f"must be a non-empty list of {TASK_TYPES}, got {self.task_types!r}")
+        seen: set[str] = set()
+        for t in self.task_types:
+            name = t.value if isinstance(t, TaskType) else t
+            check(name in TASK_TYPES, "task_types", f"unknown task type {t!r} (known: {', '.join(TASK_TYPES)})")
+            check(name not in seen, "task_types", f"{name!r} appears twice")
+            seen.add(name)
+        check_int("references_k", self.references_k, 0, 64)
+        check_int("induction_inputs", self.induction_inputs, 2, 64)
+        check_int("buffer_cap", self.buffer_cap, 1, 1 << 24)
+        for name in ("student_fill", "reject_duplicates", "require_think"):
+            check_bool(name, getattr(self, name))
+        check_int("max_program_chars", self.max_program_chars, 16, MAX_CHARS)
+        check_int("max_input_chars", self.max_input_chars, 1, MAX_CHARS)
+        check_int("max_message_chars", self.max_message_chars, 0, MAX_CHARS)
+        check_int("max_output_chars", self.max_output_chars, 1, MAX_CHARS)
+        check_int("max_completion_chars", self.max_completion_chars, 1, 1 << 24)
+        check_number("timeout_s", self.timeout_s, low=0.0, high=MAX_TIMEOUT_S, low_open=True)
+        check_int("memory_mb", self.memory_mb, 16, MAX_MEMORY_MB)
+        check_int("sandbox_workers", self.sandbox_workers, 1, MAX_WORKERS)
+        self._validate_trueskill()
+        self._validate_prompts(prompt_set)
+        self._validate_reward(reward_scheme)
+
+    def _validate_trueskill(self) -> None:
+        ts = self.trueskill
+        check(isinstance(ts, TrueSkillConfig), "trueskill", f"must be a TrueSkillConfig, got {ts!r}")
+        check_number("trueskill.mu", ts.mu, low=-1e6, high=1e6)
+        check_number("trueskill.sigma", ts.sigma, low=0.0, high=1e6, low_open=True)
+        check_number("trueskill.beta", ts.beta, low=0.0, high=1e6, low_open=True)
+        check_number("trueskill.tau", ts.tau, low=0.0, high=1e6)
+        check_number("trueskill.draw_probability", ts.draw_probability, low=0.0, high=1.0)
+        check(ts.draw_probability < 1.0, "trueskill.draw_probability", "must be < 1")
+
+    def _validate_prompts(self, prompt_set: Any) -> None:
+        from populora_env.prompts import get_prompt_set
+
+        if prompt_set is None:
+            check(isinstance(self.prompts, str), "prompts", f"must be a prompt-set name, got {self.prompts!r}")
+            try:
+                prompt_set = get_prompt_set(self.prompts)
+            except KeyError as exc:
+                raise ConfigError("prompts", str(exc)) from None
+        try:
+            prompt_set.validate()
+        except ValueError as exc:
+            raise ConfigError("prompts", str(exc)) from None
+
+    def _validate_reward(self, scheme: Any) -> None:
+        from populora_env.rewards import get_reward_scheme
+
+        if scheme is None:
+            check(isinstance(self.reward_scheme, str), "reward_scheme",
+                  f"must be a registered name, got {self.reward_scheme!r}")
+            try:
+                scheme = get_reward_scheme(self.reward_scheme)
+            except KeyError as exc:
+                raise ConfigError("reward_scheme", str(exc)) from None
+        check(isinstance(self.reward_kwargs, Mapping), "reward_kwargs",
+              f"must be a mapping, got {self.reward_kwargs!r}")
+        check(all(isinstance(k, str) for k in self.reward_kwargs), "reward_kwargs", "keys must be strings")
+        try:
+            signature = inspect.signature(scheme)
+        except (TypeError, ValueError):  # a builtin or C callable: nothing to check against
+            return
+        try:
+            signature.bind(None, **self.reward_kwargs)
+        except TypeError as exc:
+            params = [p for p in list(signature.parameters)[1:]]
+            raise ConfigError(
+                "reward_kwargs",
+                f"{exc} (scheme {getattr(scheme, '__name__', scheme)!r} takes: {', '.join(params) or 'nothing'})",
+            ) from None
+
+
+def env_config(config: EnvConfig | None = None, **overrides: Any) -> EnvConfig:
+    """``config`` (default :class:`EnvConfig`) with ``overrides`` applied; unknown names raise
+    :class:`ConfigError` listing the known ones. ``trueskill`` may be a dict of its fields. Not validated."""
+    base = config if config is not None else EnvConfig()
+    names = {f.name for f in dataclasses.fields(EnvConfig)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise ConfigError(unknown[0], f"unknown env setting (known: {', '.join(sorted(names))})")
+    if isinstance(overrides.get("trueskill"), Mapping):
+        try:
+            overrides["trueskill"] = TrueSkillConfig(**dict(overrides["trueskill"]))
+        except TypeError as exc:
+            raise ConfigError("trueskill", str(exc)) from None
+    if "task_types" in overrides and isinstance(overrides["task_types"], list):
+        overrides["task_types"] = tuple(overrides["task_types"])
+    if overrides.get("reward_kwargs") is None and "reward_kwargs" in overrides:
+        overrides["reward_kwargs"] = {}
+    return dataclasses.replace(base, **overrides)

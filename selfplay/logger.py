@@ -1,0 +1,172 @@
+"""TensorBoard logging of a training step, read from the typed :class:`~selfplay.loop.StepRecord`.
+
+Tag names come from :mod:`selfplay.tags` (the report reads the same constants). Rates are computed from the
+round's records (:class:`populora_env.RoundResults`), roles from the agent mapping, rewards from the round's
+per-completion rewards.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+from torch.utils.tensorboard import SummaryWriter
+
+from selfplay import tags
+from selfplay.loop import StepRecord
+
+
+def _mean(xs: Iterable[float | None]) -> float | None:
+    vals = [float(x) for x in xs if x is not None and np.isfinite(x)]
+    return float(np.mean(vals)) if vals else None
+
+
+def hparams_markdown(cfg_dict: Mapping[str, Any]) -> str:
+    """A ``|param|value|`` markdown table of a (flattened) config."""
+
+    def flat(d: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+        out = []
+        for k, v in d.items():
+            if isinstance(v, Mapping):
+                out += flat(v, prefix + k + ".")
+            else:
+                out.append((prefix + k, v))
+        return out
+
+    rows = "\n".join(f"|{k}|{v}|" for k, v in flat(cfg_dict))
+    return "|param|value|\n|-|-|\n" + rows
+
+
+def step_scalars(record: StepRecord) -> dict[str, float]:
+    """Every scalar tag of one step."""
+    out: dict[str, float] = {}
+    results = record.outcome.results
+    roles = record.mapping.agent_roles
+
+    # rewards and lengths: per agent, per role (means over completions)
+    agent_rewards: dict[str, list[float]] = defaultdict(list)
+    agent_lengths: dict[str, list[int]] = defaultdict(list)
+    for (agent, index), c in record.completions.items():
+        agent_lengths[agent].append(len(c.token_ids))
+        agent_rewards[agent].append(record.outcome.reward(agent, index))
+    for agent in agent_rewards:
+        out[tags.member(agent, "reward")] = float(np.mean(agent_rewards[agent]))
+        out[tags.member(agent, "response_length")] = float(np.mean(agent_lengths[agent]))
+    for role, reward_tag in (("teacher", tags.TEACHER_REWARD), ("student", tags.STUDENT_REWARD)):
+        rewards = [r for a, rs in agent_rewards.items() if roles.get(a) == role for r in rs]
+        lengths = [n for a, ns in agent_lengths.items() if roles.get(a) == role for n in ns]
+        if rewards:
+            out[reward_tag] = float(np.mean(rewards))
+            out[tags.response_length(role)] = float(np.mean(lengths))
+
+    # students: solve rate on matched tasks, filler apart, format rate
+    matched = [a for a in results.attempts if a.matched]
+    filler = [a for a in results.attempts if not a.matched]
+    if matched:
+        out[tags.SOLVE_RATE] = sum(a.correct for a in matched) / len(matched)
+    if filler:
+        out[tags.FILLER_SOLVE_RATE] = sum(a.correct for a in filler) / len(filler)
+    if results.attempts:
+        out[tags.STUDENT_FORMAT_RATE] = sum(a.format_ok for a in results.attempts) / len(results.attempts)
+
+    # teachers: validity, per type and per reason
+    if results.proposals:
+        out[tags.VALID_RATE] = sum(p.valid for p in results.proposals) / len(results.proposals)
+        by_type: dict[str, list[bool]] = defaultdict(list)
+        reasons: dict[str, int] = defaultdict(int)
+        for p in results.proposals:
+            by_type[p.task_type].append(p.valid)
+            reasons["valid" if p.valid else (p.reason or "invalid")] += 1
+        for task_type, vs in by_type.items():
+            out[tags.valid_rate(task_type)] = sum(vs) / len(vs)
+        for reason, n in reasons.items():
+            out[tags.validity(reason)] = float(n)
+
+    # ratings
+    for agent, (mu, sigma) in record.outcome.ratings.items():
+        out[tags.member(agent, "mu")] = float(mu)
+        out[tags.member(agent, "sigma")] = float(sigma)
+        out[tags.member(agent, "conservative")] = float(mu) - 3.0 * float(sigma)
+
+    # programs
+    metrics = record.outcome.summary.get("metrics") or {}
+    if metrics.get("n_programs"):  # complexity means only over rounds that produced valid programs
+        for key in tags.PROGRAM_KEYS:
+            if metrics.get(f"{key}_mean") is not None:
+                out[tags.program(key)] = float(metrics[f"{key}_mean"])
+    for key in tags.COVERAGE_KEYS:
+        if metrics.get(key) is not None:
+            out[tags.program(key)] = float(metrics[key])
+
+    # updates
+    members = record.member_metrics
+    for m, mm in members.items():
+        for key in tags.MEMBER_KEYS:
+            if mm.get(key) is not None:
+                out[tags.member(m, key)] = float(mm[key])
+    for tag, key in tags.LOSS_KEYS.items():
+        v = _mean(mm.get(key) for mm in members.values())
+        if v is not None:
+            out[tags.loss(tag)] = v
+    v = _mean(mm.get("frac_reward_zero_std") for mm in members.values())
+    if v is not None:
+        out[tags.FRAC_REWARD_ZERO_STD] = v
+    role_entropy: dict[str, list[float]] = defaultdict(list)
+    for m, mm in members.items():
+        for role in record.mapping.roles_of(m):
+            if mm.get("entropy") is not None:
+                role_entropy[role].append(mm["entropy"])
+    for role, values in role_entropy.items():
+        out[tags.entropy(role)] = float(np.mean(values))
+
+    for phase, seconds in record.times.items():
+        out[tags.STEP_SECONDS if phase == "step" else tags.time(phase)] = float(seconds)
+    out[tags.REPLACEMENTS] = float(len(record.evolution))
+    return out
+
+
+def samples_markdown(record: StepRecord, role: str, limit: int) -> str | None:
+    """A few prompt / completion / reward samples of one role as markdown."""
+    parts = []
+    for (agent, index), c in sorted(record.completions.items()):
+        if record.mapping.agent_roles.get(agent) != role:
+            continue
+        reward = record.outcome.reward(agent, index)
+        parts.append(f"**{agent}** #{index} reward={reward}\n\n```\n{c.text[:2000]}\n```")
+        if len(parts) >= limit:
+            break
+    return "\n\n".join(parts) if parts else None
+
+
+class TensorBoardLogger:
+    """Writes each step's scalars and samples under the run directory."""
+
+    def __init__(self, run_dir: str, purge_step: int | None = None):
+        self.writer = SummaryWriter(str(run_dir), purge_step=purge_step)
+
+    def log_hparams(self, cfg_dict: Mapping[str, Any]) -> None:
+        self.writer.add_text(tags.HYPERPARAMETERS, hparams_markdown(cfg_dict), 0)
+
+    def log_step(self, record: StepRecord) -> dict[str, float]:
+        """Write (and return) the step's scalars."""
+        scalars = step_scalars(record)
+        for k, v in scalars.items():
+            self.writer.add_scalar(k, v, record.step)
+        self.writer.flush()
+        return scalars
+
+    def log_samples(self, record: StepRecord, limit: int) -> None:
+        """Write up to ``limit`` completions per role as text."""
+        for role in ("teacher", "student"):
+            md = samples_markdown(record, role, limit) if limit else None
+            if md:
+                self.writer.add_text(tags.samples(role), md, record.step)
+        self.writer.flush()
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self.writer.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        self.writer.close()

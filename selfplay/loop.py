@@ -1,0 +1,317 @@
+"""The self-play training loop over the env: the single controller of a run.
+
+One step = one env round::
+
+    reset -> teachers generate (one batched call, adapters mixed) -> env.step (validate in the sandbox,
+    PFSP matching) -> students generate -> env.step (verify, rewards, rating update)
+    -> rollouts per member (joined by completion id) -> one update per member -> PBT evolution
+
+The loop knows agents only through an :class:`~selfplay.mapping.AgentMapping` (which adapter acts for which
+agent); whether that is a population or a single-agent baseline is the caller's choice. It talks to its parts
+through their interfaces — the generator (``generate``, ``refresh``), the trainer (``update``), the population
+(state, save/load), the env (PettingZoo) and the PBT controller — so another backend can fill them.
+
+The loop is resumable: a checkpoint holds adapters, optimizer states, env state (ratings, buffers, RNG), the
+PBT controller and the loop's counters and RNG states; sampling seeds are derived from (seed, step, phase,
+agent, index), so a resumed run repeats the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import random
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from agents.generation import Completion, GenerationRequest, make_generator
+from agents.models import load_base
+from agents.population import LoRAPopulation
+from agents.trainer import PolicyGradientTrainer
+from evolution.pbt import PBTController
+from populora_env import parallel_env
+from populora_env.results import RoundOutcome
+from selfplay.checkpoint import (
+    cleanup_partial,
+    latest_checkpoint,
+    write_checkpoint,
+    write_json,
+    write_text_atomic,
+)
+from selfplay.config import TrainConfig
+from selfplay.mapping import AgentMapping
+from selfplay.rollouts import CompletionId, rollouts_from_round
+
+log = logging.getLogger(__name__)
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A 31-bit seed derived deterministically from ``parts`` (ints or strings)."""
+    ints = [p if isinstance(p, int) else int.from_bytes(str(p).encode()[:16].ljust(16, b"\0"), "little")
+            for p in parts]
+    return int(np.random.SeedSequence(ints).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+@dataclass
+class StepRecord:
+    """Everything one training step produced, typed (what the logger and callbacks read).
+
+    Attributes:
+        step: the training step just finished (1-based).
+        outcome: the env's finished round (records, rewards, ratings, summary).
+        completions: the generated completions by id ``(agent, index)``.
+        prompts: the observation each completion answered, by the same id.
+        mapping: the agent -> member mapping.
+        member_metrics: the trainer's metrics of every updated member.
+        evolution: the PBT step's lineage records (empty when nothing was replaced).
+        times: seconds per phase (``generation``, ``sandbox``, ``update``, ``evolution``, ``step``; the run adds
+            ``checkpoint``).
+    """
+
+    step: int
+    outcome: RoundOutcome
+    completions: dict[CompletionId, Completion]
+    prompts: dict[CompletionId, str]
+    mapping: AgentMapping
+    member_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    evolution: list[dict] = field(default_factory=list)
+    times: dict[str, float] = field(default_factory=dict)
+
+
+class SelfPlayLoop:
+    """Compose env, population, generator, trainer and PBT, and play rounds.
+
+    Args:
+        cfg: the run configuration (its ``env`` section builds the env as is).
+        assignment: env agent -> adapter name; ``None`` = one adapter per env agent (a population).
+        run_dir: where checkpoints and the lineage are written.
+        callbacks: extra ``fn(loop, record)`` called at the end of every step.
+    """
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, assignment: Mapping[str, str] | None = None,
+                 callbacks: Sequence[Callable[[SelfPlayLoop, StepRecord], None]] = ()):
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.assignment = None if assignment is None else dict(assignment)
+        self.callbacks = list(callbacks)
+
+    # ------------------------------------------------------------------------------------- set-up
+    def _device(self) -> str:
+        if self.cfg.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.cfg.device
+
+    def setup(self) -> None:
+        """Build every component (the slow part: model loading)."""
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.threads > 0:
+            torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        self.env = parallel_env(cfg.env, seed=cfg.seed)
+        self.mapping = AgentMapping.build(self.env.teachers, self.env.students, self.assignment)
+        base, self.tokenizer = load_base(cfg.model, dtype=getattr(torch, cfg.dtype))
+        base.to(self._device())
+        self.population = LoRAPopulation(base, self.mapping.members, rank=cfg.rank, alpha=cfg.alpha,
+                                         target_modules=cfg.target_modules, seed=cfg.seed)
+        g = cfg.generation
+        gen_kw: dict[str, Any] = {"batch_size": g.batch_size} if g.backend == "hf" else {
+            "model_path": cfg.model, "gpu_memory_utilization": g.vllm_gpu_memory_utilization,
+            "max_model_len": g.vllm_max_model_len}
+        self.generator = make_generator(g.backend, self.population, self.tokenizer, **gen_kw)
+        self.trainer = PolicyGradientTrainer(self.population, cfg.trainer)
+        evolve = cfg.evolution and any(len(ms) >= 2 for ms in self.mapping.roles.values())
+        pbt_cfg = dataclasses.replace(cfg.pbt, seed=cfg.seed + cfg.pbt.seed)  # one seed drives the run
+        self.pbt = PBTController(pbt_cfg, self.run_dir / "lineage.jsonl") if evolve else None
+        self.step = 0
+        self._seeded = False
+        self.totals: dict[str, float] = defaultdict(float)
+        self.history: list[dict[str, Any]] = []  # one summary row per step (run_summary.json)
+
+    # -------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self) -> Path:
+        """Atomic checkpoint of everything needed to continue exactly."""
+
+        def write(d: Path) -> None:
+            self.population.save_all(d / "population")
+            write_json(d / "env_state.json", self.env.state_dict())
+            if self.pbt is not None:
+                write_json(d / "pbt_state.json", self.pbt.state_dict())
+            write_json(d / "loop_state.json", {
+                "step": self.step, "totals": dict(self.totals), "history": self.history,
+                "python_rng": repr(random.getstate()),
+                "numpy_rng": _np_state_to_json(np.random.get_state()),
+            })
+            torch.save({"torch_rng": torch.get_rng_state()}, d / "torch_rng.pt")
+
+        return write_checkpoint(self.run_dir, self.step, write, keep=self.cfg.keep_checkpoints)
+
+    def load_checkpoint(self) -> bool:
+        """Restore from the newest complete checkpoint; False if there is none."""
+        cleanup_partial(self.run_dir)
+        found = latest_checkpoint(self.run_dir)
+        if found is None:
+            return False
+        step, d = found
+        self.population.load_all(d / "population")
+        self.env.load_state_dict(json.loads((d / "env_state.json").read_text()))
+        if self.pbt is not None and (d / "pbt_state.json").is_file():
+            self.pbt.load_state_dict(json.loads((d / "pbt_state.json").read_text()))
+        st = json.loads((d / "loop_state.json").read_text())
+        self.step = int(st["step"])
+        self._seeded = True
+        self.totals = defaultdict(float, st.get("totals", {}))
+        self.history = list(st.get("history", []))
+        random.setstate(_eval_py_rng(st["python_rng"]))
+        np.random.set_state(_np_state_from_json(st["numpy_rng"]))
+        torch.set_rng_state(torch.load(d / "torch_rng.pt")["torch_rng"])
+        self._truncate_lineage(step)
+        self.generator.refresh(self.population.names)
+        log.info("resumed %s from checkpoint step %d", self.run_dir, step)
+        return True
+
+    def _truncate_lineage(self, step: int) -> None:
+        """Drop lineage lines written after checkpoint ``step`` by a run that was killed later."""
+        path = self.run_dir / "lineage.jsonl"
+        if not path.is_file():
+            return
+        keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+        write_text_atomic(path, "".join(ln + "\n" for ln in keep))
+
+    # ------------------------------------------------------------------------------- generation
+    def _generate(self, obs: Mapping[str, Sequence[str]], infos: Mapping[str, dict], phase: str
+                  ) -> tuple[dict[CompletionId, Completion], dict[CompletionId, str], float]:
+        """One batched generate call over every active agent's prompts (adapters mixed).
+
+        Returns the completions and their prompts keyed by ``(agent, index in the agent's observation)``, and
+        the seconds spent generating.
+        """
+        g = self.cfg.generation
+        max_new = g.teacher_max_new_tokens if phase == "propose" else g.student_max_new_tokens
+        requests: list[GenerationRequest] = []
+        first_index: list[tuple[str, int]] = []  # (agent, observation index of sample 0) per request
+        prompts: dict[CompletionId, str] = {}
+        for agent in sorted(obs):
+            agent_prompts = list(obs[agent])
+            if not agent_prompts or not infos.get(agent, {}).get("active", True):
+                continue
+            i = 0
+            while i < len(agent_prompts):  # consecutive identical prompts = n samples of one request
+                j = i
+                while j + 1 < len(agent_prompts) and agent_prompts[j + 1] == agent_prompts[i]:
+                    j += 1
+                requests.append(GenerationRequest(
+                    adapter=self.mapping.agent_to_member[agent], prompt=agent_prompts[i], max_new_tokens=max_new,
+                    temperature=g.temperature, top_p=g.top_p, n=j - i + 1,
+                    seed=derive_seed(self.cfg.seed, self.step, phase, agent, i)))
+                first_index.append((agent, i))
+                for k in range(i, j + 1):
+                    prompts[(agent, k)] = agent_prompts[i]
+                i = j + 1
+        completions: dict[CompletionId, Completion] = {}
+        if not requests:
+            return completions, prompts, 0.0
+        t0 = time.perf_counter()
+        threads = torch.get_num_threads()
+        if g.threads > 0 and self._device() == "cpu":
+            torch.set_num_threads(g.threads)
+        try:
+            generated = self.generator.generate(requests)
+        finally:
+            torch.set_num_threads(threads)
+        seconds = time.perf_counter() - t0
+        for c in generated:
+            agent, start = first_index[c.request_index]
+            if not 0 <= c.sample_index < requests[c.request_index].n:
+                raise RuntimeError(f"generator returned sample {c.sample_index} for a request of "
+                                   f"{requests[c.request_index].n}")
+            completions[(agent, start + c.sample_index)] = c
+        missing = sorted(set(prompts) - set(completions))
+        if missing:
+            raise RuntimeError(f"generator returned no completion for {missing[:5]}")
+        return completions, prompts, seconds
+
+    @staticmethod
+    def _actions(completions: Mapping[CompletionId, Completion], agents: Sequence[str]) -> dict[str, tuple[str, ...]]:
+        """Each agent's completion texts in observation order (the env's action format)."""
+        by_agent: dict[str, dict[int, str]] = defaultdict(dict)
+        for (agent, index), c in completions.items():
+            by_agent[agent][index] = c.text
+        return {a: tuple(by_agent[a][k] for k in sorted(by_agent[a])) for a in agents}
+
+    # ------------------------------------------------------------------------------------ a step
+    def train_step(self) -> StepRecord:
+        """Play one round, update every member, run the PBT step and the callbacks."""
+        cfg, env = self.cfg, self.env
+        t_step = time.perf_counter()
+        if not self._seeded:
+            obs, infos = env.reset(seed=cfg.seed)
+            self._seeded = True
+        else:
+            obs, infos = env.reset()
+        completions, prompts, gen_s = self._generate(obs, infos, "propose")
+        t0 = time.perf_counter()
+        obs, _r, _te, _tr, infos = env.step(self._actions(completions, env.agents))
+        sandbox_s = time.perf_counter() - t0
+        solved, solve_prompts, gen2_s = self._generate(obs, infos, "solve")
+        t0 = time.perf_counter()
+        env.step(self._actions(solved, env.agents))
+        sandbox_s += time.perf_counter() - t0
+        outcome = env.last_outcome
+        if outcome is None:
+            raise RuntimeError("the env finished a round without an outcome")
+        completions.update(solved)
+        prompts.update(solve_prompts)
+
+        t0 = time.perf_counter()
+        batches = rollouts_from_round(outcome, completions, self.mapping)
+        member_metrics = {m: self.trainer.update(m, batches[m]) for m in self.mapping.members if batches.get(m)}
+        self.generator.refresh(list(member_metrics))
+        update_s = time.perf_counter() - t0
+
+        self.step += 1
+        t0 = time.perf_counter()
+        events: list[dict] = []
+        if self.pbt is not None:
+            member_ratings = {m: outcome.ratings[self.mapping.agents_of(m)[0]] for m in self.mapping.members}
+            events = self.pbt.maybe_evolve(
+                self.step, self.mapping.roles, self.population, member_ratings,
+                lambda m: [self.env.reset_rating(a) for a in self.mapping.agents_of(m)])
+            if events:
+                self.generator.refresh([e["culled"] for e in events])
+        record = StepRecord(
+            step=self.step, outcome=outcome, completions=completions, prompts=prompts, mapping=self.mapping,
+            member_metrics=member_metrics, evolution=events,
+            times={"generation": gen_s + gen2_s, "sandbox": sandbox_s, "update": update_s,
+                   "evolution": time.perf_counter() - t0})
+        record.times["step"] = time.perf_counter() - t_step
+        for cb in self.callbacks:
+            cb(self, record)
+        return record
+
+
+def _np_state_to_json(state: tuple) -> list:
+    name, keys, pos, has_gauss, cached = state
+    return [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
+
+
+def _np_state_from_json(s: list) -> tuple:
+    return (s[0], np.array(s[1], dtype=np.uint32), s[2], s[3], s[4])
+
+
+def _eval_py_rng(text: str) -> tuple:
+    import ast
+
+    return ast.literal_eval(text)  # our own repr of random.getstate(): a tuple of ints
+
+
+__all__ = ["SelfPlayLoop", "StepRecord", "derive_seed"]

@@ -1,0 +1,114 @@
+"""Run a training job end to end: set-up, the step loop with logging and checkpoints, the final adapters and
+``run_summary.json``. The ``populora`` command calls :func:`train` with the arm it chose (a population, or a
+baseline's config and agent assignment); nothing here knows which arm it runs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from selfplay import tags
+from selfplay.checkpoint import write_json
+from selfplay.config import TrainConfig, to_dict
+from selfplay.logger import TensorBoardLogger
+from selfplay.loop import SelfPlayLoop
+
+log = logging.getLogger(__name__)
+
+HISTORY_KEYS = {
+    "valid_rate": tags.VALID_RATE,
+    "solve_rate": tags.SOLVE_RATE,
+    "student_format_rate": tags.STUDENT_FORMAT_RATE,
+    "teacher_reward": tags.TEACHER_REWARD,
+    "student_reward": tags.STUDENT_REWARD,
+    "step_seconds": tags.STEP_SECONDS,
+}
+"""``run_summary.json`` history field -> the TensorBoard tag it copies (``solve_rate``: matched tasks only)."""
+
+
+def default_run_dir(cfg: TrainConfig) -> Path:
+    """``cfg.run_dir``, else ``runs/<cfg.name>`` (the caller names the run)."""
+    if cfg.run_dir is not None:
+        return Path(cfg.run_dir)
+    return Path("runs") / (cfg.name or f"{Path(cfg.preset).stem}-s{cfg.seed}")
+
+
+def _summary_line(step: int, total: int, sc: Mapping[str, float]) -> str:
+    def f(key: str, fmt: str = "{:.3f}") -> str:
+        return fmt.format(sc[key]) if key in sc else "-"
+
+    return (f"step {step}/{total} | valid {f(tags.VALID_RATE)} | solve {f(tags.SOLVE_RATE)} | "
+            f"fmt {f(tags.STUDENT_FORMAT_RATE)} | R_teacher {f(tags.TEACHER_REWARD)} | "
+            f"R_student {f(tags.STUDENT_REWARD)} | gen {f(tags.time('generation'), '{:.1f}s')} "
+            f"sandbox {f(tags.time('sandbox'), '{:.1f}s')} update {f(tags.time('update'), '{:.1f}s')} "
+            f"evo {f(tags.time('evolution'), '{:.2f}s')}")
+
+
+def train(cfg: TrainConfig, assignment: Mapping[str, str] | None = None,
+          meta: Mapping[str, Any] | None = None) -> Path:
+    """Run (or, with ``cfg.resume``, continue) a job; returns the run directory.
+
+    Args:
+        cfg: the validated run configuration.
+        assignment: env agent -> adapter name (``None``: one adapter per agent). Saved in ``config.json``.
+        meta: extra fields for ``config.json`` (e.g. ``{"arm": "baseline"}``), read by the report.
+    """
+    resuming = cfg.resume is not None
+    run_dir = Path(cfg.resume) if resuming else default_run_dir(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    loop = SelfPlayLoop(cfg, run_dir, assignment)
+    t_setup = time.perf_counter()
+    loop.setup()
+    if not resuming:
+        write_json(run_dir / "config.json", {"name": run_dir.name, **dict(meta or {}), "model": cfg.model,
+                                             "rank": cfg.rank, "alpha": cfg.alpha,
+                                             "mapping": loop.mapping.to_dict(), "config": to_dict(cfg)})
+    resumed = loop.load_checkpoint() if resuming else False
+    if resuming and not resumed:
+        log.warning("no checkpoint in %s: starting from step 0", run_dir)
+    tb = TensorBoardLogger(str(run_dir), purge_step=loop.step if resumed else None)
+    if not resumed:
+        tb.log_hparams(to_dict(cfg))
+    setup_s = time.perf_counter() - t_setup
+    bar = tqdm(total=cfg.steps, initial=loop.step, desc=run_dir.name, disable=not cfg.progress, unit="step")
+    try:
+        while loop.step < cfg.steps:
+            record = loop.train_step()
+            for k, v in record.times.items():  # before the checkpoint, so a resumed run keeps the sums
+                if k != "step":
+                    loop.totals[f"time/{k}"] += v
+            scalars = tb.log_step(record)  # before the checkpoint: the history goes into it
+            loop.history.append({"step": loop.step, **{k: scalars.get(tag) for k, tag in HISTORY_KEYS.items()}})
+            ckpt_s = 0.0
+            if loop.step % cfg.checkpoint_every == 0 or loop.step == cfg.steps:
+                t0 = time.perf_counter()
+                loop.save_checkpoint()
+                ckpt_s = time.perf_counter() - t0
+            loop.totals["time/checkpoint"] += ckpt_s
+            tb.add_scalar(tags.time("checkpoint"), ckpt_s, loop.step)
+            tb.log_samples(record, cfg.log_samples)
+            bar.update(1)
+            line = _summary_line(loop.step, cfg.steps, scalars)
+            tqdm.write(line) if cfg.progress else log.info(line)
+    finally:
+        bar.close()
+        tb.close()
+        loop.env.close()
+    adapters = run_dir / "adapters"
+    for member in loop.population.names:
+        loop.population.save(member, adapters / member)
+    step_times = [h["step_seconds"] for h in loop.history if h.get("step_seconds") is not None]
+    summary = {"steps": loop.step, "setup_seconds": setup_s,
+               "median_step_seconds": float(np.median(step_times)) if step_times else None,
+               "totals_seconds": dict(loop.totals), "members": list(loop.population.names),
+               "history": loop.history}
+    write_json(run_dir / "run_summary.json", summary)
+    log.info("run finished: %s", json.dumps({k: v for k, v in summary.items() if k != "history"}))
+    return run_dir
