@@ -57,3 +57,61 @@ def tiny_llama():
         vocab_size=128,
     )
     return LlamaForCausalLM(cfg)
+
+
+# ------------------------------------------------------------------ independent float64 references of the operators
+# Each follows the operator's docstring: the same documented draws (one seed per module from the operator's
+# generator, ``torch.randint(0, 2**62, (L,))``; module j draws from ``Generator().manual_seed(seed_j)``), the math
+# redone densely in float64 (``torch.linalg.svd`` of B·A, not the operators' Gram route).
+
+
+def module_generators(generator: torch.Generator, n: int) -> list[torch.Generator]:
+    """The per-module generators an operator derives from ``generator`` (its next draw)."""
+    return [gen(s) for s in torch.randint(0, 2**62, (n,), generator=generator).tolist()]
+
+
+def canonical_svd(A: torch.Tensor, B: torch.Tensor):
+    """Dense float64 SVD of B·A, top r = rank(A) triplets, signs with 1ᵀuᵢ ≥ 0 (vᵢ flipped alongside)."""
+    r = A.shape[0]
+    U, S, Vh = torch.linalg.svd(B.double() @ A.double(), full_matrices=False)
+    U, S, V = U[:, :r], S[:r], Vh[:r].mT
+    sums = U.sum(0)
+    assert float(sums.abs().min()) > 1e-3, "a sign tie would make the reference ambiguous"
+    sign = torch.where(sums < 0, -1.0, 1.0).to(torch.float64)
+    return U * sign, S, V * sign
+
+
+def cayley_rotation(G: torch.Tensor, eps: float) -> torch.Tensor:
+    """``(I − εK/2)⁻¹ (I + εK/2)`` with ``K = (G − Gᵀ)/2`` (float64)."""
+    K = 0.5 * (G - G.mT)
+    eye = torch.eye(G.shape[-1], dtype=torch.float64)
+    return torch.linalg.solve(eye - 0.5 * eps * K, eye + 0.5 * eps * K)
+
+
+def svd_mutation_reference(parent, seed: int, eps: float) -> dict[str, torch.Tensor]:
+    """M1 child factors: ``B' = U R_U diag(√S')``, ``A' = diag(√S') (V R_V)ᵀ``, ``S' = S·exp(εz)``; module j
+    draws z (r), G_U (r×r), G_V (r×r), float64. Assumes every component is live."""
+    mods = lora_modules(parent)
+    out = {}
+    for m, g in zip(mods, module_generators(gen(seed), len(mods)), strict=True):
+        U, S, V = canonical_svd(parent[m.a_key], parent[m.b_key])
+        r = S.shape[0]
+        assert float(S[-1]) > 1e-6 * float(S[0]), "reference assumes full rank"
+        z = torch.randn(r, generator=g, dtype=torch.float64)
+        R_U = cayley_rotation(torch.randn(r, r, generator=g, dtype=torch.float64), eps)
+        R_V = cayley_rotation(torch.randn(r, r, generator=g, dtype=torch.float64), eps)
+        root = (S * torch.exp(eps * z)).sqrt()
+        out[m.b_key] = (U @ R_U) * root
+        out[m.a_key] = root[:, None] * (V @ R_V).mT
+    return out
+
+
+def noise_reference(parent, modules, gens, eps: float) -> dict[str, torch.Tensor]:
+    """M2/M4 on ``modules``: ``X + ε·std(X)·Z`` (unbiased std), Z = randn of X's shape (float32 draw), A then B."""
+    out = {}
+    for m, g in zip(modules, gens, strict=True):
+        for key in (m.a_key, m.b_key):
+            X = parent[key].double()
+            Z = torch.randn(parent[key].shape, generator=g, dtype=torch.float32).double()
+            out[key] = X + eps * X.std() * Z
+    return out
