@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-SKIP_DIRS = {".venv", ".git", "build", "dist", "runs", "__pycache__"}
+SKIP_DIRS = {"build", "dist", "runs", "__pycache__", "node_modules"}  # and every directory starting with "."
 
 OUTSIDE = re.compile(
     r"DESIGN\.md|populora-method|\bnotes/\w+\.md|\.\./shared|shared/evaldata|(?<!docs/)\b(?:azr|anchors)\.md"
@@ -26,10 +27,13 @@ ANY_CITE = re.compile(r"docs/(?P<page>[\w-]+)\.md")
 
 
 def _python_files() -> list[Path]:
-    return sorted(
-        p for p in ROOT.rglob("*.py")
-        if not SKIP_DIRS.intersection(p.relative_to(ROOT).parts) and p.resolve() != Path(__file__).resolve()
-    )
+    """The project's Python files: hidden directories (virtual environments, caches, .git) are never entered."""
+    found = []
+    for directory, subdirs, files in os.walk(ROOT):
+        subdirs[:] = [d for d in subdirs if not d.startswith(".") and d not in SKIP_DIRS and "site-packages" != d]
+        found += [Path(directory) / f for f in files if f.endswith(".py")]
+    this = Path(__file__).resolve()
+    return sorted(p for p in found if p.resolve() != this)
 
 
 def _headings(page: str) -> list[str]:
