@@ -296,6 +296,12 @@ class PolicyGradientTrainer:
         ``response_length``, ``tokens`` (completion tokens trained on), ``num_rollouts``, ``num_steps``,
         ``skipped_steps``, ``lr``, ``seconds``; ``skipped`` = 1.0 when nothing was trained (no rollouts or
         no completion token), else 0.0.
+
+        Per role, when rollouts carry ``meta["role"]`` (the single-agent baseline trains its proposer and
+        solver completions in one batch): ``reward_mean/<role>``, ``response_length/<role>``,
+        ``tokens/<role>`` over that role's rollouts, and ``entropy/<role>`` = sum of H_t over the role's
+        completion tokens / their count, accumulated over every micro-batch of every step like ``entropy``
+        (same forward pass, no extra one). ``entropy`` is the token-weighted mean of the ``entropy/<role>``.
         """
         t0 = time.perf_counter()
         cfg = self.config
@@ -308,7 +314,7 @@ class PolicyGradientTrainer:
         batch = self._pack(rollouts)
         rewards = torch.tensor([float(r.reward) for r in rollouts], dtype=torch.float32)
         groups: list[Hashable] = [r.group for r in rollouts]
-        reward_metrics = _reward_metrics(rewards, groups)
+        reward_metrics = _reward_metrics(rewards, groups) | _role_metrics(rollouts, rewards, batch.mask)
         n_tokens = float(batch.mask.sum().item())
         if n_tokens == 0:
             return base | reward_metrics | {"seconds": time.perf_counter() - t0}
@@ -393,6 +399,9 @@ class PolicyGradientTrainer:
         device = self._device
         sums: dict[str, float] = defaultdict(float)
         tok_total = 0.0
+        role_rows = _role_rows(rollouts)  # role -> [B] float indicator of its rows (empty without meta roles)
+        role_ent: dict[str, float] = defaultdict(float)
+        role_tok: dict[str, float] = defaultdict(float)
         losses, pg_losses, grad_norms = [], [], []
         skipped = 0
         for _epoch in range(cfg.epochs):
@@ -432,6 +441,10 @@ class PolicyGradientTrainer:
                     for key in ("clip_frac", "approx_kl", "entropy", "kl"):
                         if key in out.metrics:
                             sums[key] += out.metrics[key] * t
+                    for role, sel in role_rows.items():
+                        rm = m * sel[rows].to(device).unsqueeze(-1)
+                        role_ent[role] += float((ent.detach() * rm).sum().item())
+                        role_tok[role] += float(rm.sum().item())
                     if cfg.kl_mode == "reward":
                         kl_tok = kl_penalty(lp.detach(), ref_lp[rows].to(device), estimator)
                         sums["kl"] += float((kl_tok * m).sum().item())
@@ -461,6 +474,9 @@ class PolicyGradientTrainer:
         }
         for key, total in sums.items():
             metrics[key] = total / max(tok_total, 1.0)
+        for role, n in role_tok.items():
+            if n > 0:
+                metrics[f"entropy/{role}"] = role_ent[role] / n
         return metrics
 
 
@@ -489,6 +505,32 @@ def _length_order(batch: _Batch, rows: Sequence[int] | None = None) -> list[int]
 
 def _mean(xs: Sequence[float]) -> float:
     return float(sum(xs) / len(xs)) if xs else math.nan
+
+
+def _roles(rollouts: Sequence[Rollout]) -> list[str | None]:
+    return [r.meta.get("role") if isinstance(r.meta, Mapping) else None for r in rollouts]
+
+
+def _role_rows(rollouts: Sequence[Rollout]) -> dict[str, Tensor]:
+    """Role -> ``[B]`` float indicator of the rows whose ``meta["role"]`` is that role."""
+    roles = _roles(rollouts)
+    return {
+        str(role): torch.tensor([x == role for x in roles], dtype=torch.float32)
+        for role in sorted({x for x in roles if x is not None}, key=str)
+    }
+
+
+def _role_metrics(rollouts: Sequence[Rollout], rewards: Tensor, mask: Tensor) -> dict[str, float]:
+    """``reward_mean/<role>`` (mean reward of the role's rollouts), ``response_length/<role>`` (mean
+    completion tokens per rollout) and ``tokens/<role>`` (their sum)."""
+    out: dict[str, float] = {}
+    lengths = mask.sum(-1)
+    for role, sel in _role_rows(rollouts).items():
+        rows = sel.bool()
+        out[f"reward_mean/{role}"] = float(rewards[rows].mean().item())
+        out[f"response_length/{role}"] = float(lengths[rows].mean().item())
+        out[f"tokens/{role}"] = float(lengths[rows].sum().item())
+    return out
 
 
 def _reward_metrics(rewards: Tensor, groups: Sequence[Hashable]) -> dict[str, float]:
