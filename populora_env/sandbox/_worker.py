@@ -3,17 +3,26 @@
 This file is NOT imported by the host. Its source is handed to a fresh interpreter
 (``python -S -s -c <source> <config-json>``), usually inside bubblewrap namespaces, so it must only use the
 standard library (plus ``pyseccomp``, which is pure ctypes). Protocol on the worker's stdin/stdout:
-frames of a 4-byte big-endian length followed by UTF-8 JSON.
+frames of a 4-byte big-endian length followed by UTF-8 JSON. Per job the host sends one job frame; the
+worker answers a ``result`` frame as soon as the job is over, then restores its job area and its own state
+and answers ``clean`` (or ``retire`` followed by its exit, when it cannot).
 
-Per job the worker forks a child which, before touching any job text:
-  1. becomes its own process group (the worker kills the whole group afterwards);
-  2. drops to the worker's unprivileged uid/gid if the worker is still root (fallback mode);
-  3. moves into a fresh private temp dir, takes stdin from /dev/null, stdout into a bounded pipe;
+Per job the worker prepares a fresh job area (namespaced modes: a new tmpfs mounted on the job area, with a
+size and an inode limit; plain mode: a new directory) and forks a child which, before touching any job text:
+  1. starts its own session (so its own process group, which the worker kills afterwards, and its own
+     scheduler autogroup, so even the autogroup nice it may set is its own);
+  2. gives up every capability the worker holds (bounding and ambient sets emptied, then the uid switch to
+     the job's uid, or ``capset`` to nothing where the job keeps the worker's uid);
+  3. moves into the job area, takes stdin from /dev/null, stdout into a bounded pipe;
   4. sets rlimits (AS, CPU, NPROC, FSIZE, NOFILE, CORE);
-  5. loads a seccomp deny-list (no process creation, sockets, exec, ptrace, namespaces, signals aimed
-     outside itself, ...).
-The worker enforces the wall clock with SIGKILL of the child's process group, always reaps it, kills
-stragglers, wipes the temp area and reports. Only the first framed reply of the child is parsed.
+  5. loads a seccomp filter (no process creation, sockets, exec, ptrace, namespaces; signals, priority,
+     scheduling, affinity, rlimits and memory policy only for itself; no signal ownership (F_SETOWN/
+     F_SETSIG/FIOSETOWN), no memfd, SysV IPC, POSIX message queues, inotify, byte-range locks or pipe
+     resizing).
+The worker enforces the wall clock with SIGKILL of the child's process group, always reaps it, answers, then
+kills stragglers, unmounts (or wipes, iteratively) the job area and checks that its own priority, scheduling
+policy and parameters, affinity, I/O priority, rlimits and autogroup nice are what they were at start-up.
+Only the first framed reply of the child is parsed.
 """
 
 from __future__ import annotations
@@ -24,18 +33,31 @@ import json
 import os
 import resource
 import select
-import shutil
 import signal
+import stat
 import struct
 import sys
 import time
 
 _HEADER = struct.Struct(">I")
 _PR_SET_DUMPABLE = 4
+_PR_CAPBSET_READ = 23
+_PR_CAPBSET_DROP = 24
 _PR_SET_CHILD_SUBREAPER = 36
-_CLONE_THREAD = 0x00010000
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_CAP_SETPCAP = 8
+_CAP_LAST = 63  # prctl(PR_CAPBSET_READ) answers EINVAL past the kernel's last capability
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+_CLONE_THREAD = 0x00010000
+_CLONE_NEWNS = 0x00020000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND = 1, 2, 4, 8, 32, 4096
+_ST_FLAGS_TO_MS = {os.ST_RDONLY: _MS_RDONLY, os.ST_NOSUID: _MS_NOSUID, os.ST_NODEV: _MS_NODEV,
+                   os.ST_NOEXEC: _MS_NOEXEC}
 _SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}
+_SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}
+_IOPRIO_WHO_PROCESS = 1
 _SECCOMP_SET_MODE_FILTER = 1
 _BPF_JEQ_K = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
 # Stand-in for the job's pid while the filter is compiled once per worker; patched per child.
@@ -52,7 +74,7 @@ _DENY_EPERM = (
     "socket", "socketpair",
     # debugging / other processes' memory
     "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_open", "pidfd_getfd",
-    "pidfd_send_signal", "tkill",
+    "pidfd_send_signal", "tkill", "process_madvise", "process_mrelease",
     # file systems and namespaces
     "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "fsopen", "fsmount", "fsconfig",
     "fspick", "move_mount", "open_tree", "mount_setattr", "name_to_handle_at", "open_by_handle_at",
@@ -66,14 +88,34 @@ _DENY_EPERM = (
     # identity changes
     "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setfsuid", "setfsgid",
     "setgroups", "capset",
-    # leaving the process group the worker kills
+    # leaving the session / process group the worker kills
     "setsid", "setpgid",
+    # I/O priority: no job needs it, and IOPRIO_WHO_PGRP/USER reach other processes
+    "ioprio_set",
+    # memory no rlimit counts, some of it outliving the job in the worker's IPC namespace: memfd, SysV shared
+    # memory / message queues / semaphores, POSIX message queues; inotify/fanotify marks
+    "memfd_create", "memfd_secret", "shmget", "shmat", "shmctl", "msgget", "msgsnd", "msgrcv", "msgctl",
+    "semget", "semop", "semtimedop", "semctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive",
+    "mq_notify", "mq_getsetattr", "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init",
+    "fanotify_mark",
 )
-# Syscalls refused unless their first argument is the job's own pid (signals, rlimits of others).
+# Syscalls refused unless their first argument is the job's own pid (signals).
 _SELF_ONLY = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
-# Syscalls refused unless their first argument is 0 (= the calling process).
-_ZERO_ONLY = ("prlimit64", "setpriority", "sched_setaffinity", "sched_setscheduler", "sched_setparam",
-              "migrate_pages", "move_pages", "ioprio_set")
+# Syscalls refused unless their first argument is exactly 0 (= the calling thread/process). The comparison is
+# on all 64 bits, so a value whose low 32 bits are 0 but high bits are not is refused too.
+_ZERO_ONLY = ("prlimit64", "sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr",
+              "migrate_pages", "move_pages")
+# fcntl commands refused: signal ownership (the kernel signals the owner on I/O: a way to signal the worker),
+# pipe resizing (pipe buffers are kernel memory outside RLIMIT_AS) and byte-range locks (one unaccounted
+# kernel object per locked range). Compared on the low 32 bits, the width the kernel reads.
+_F_SETOWN, _F_SETSIG, _F_SETOWN_EX, _F_SETPIPE_SZ = 8, 10, 15, 1031
+_F_SETLK, _F_SETLKW, _F_OFD_SETLK, _F_OFD_SETLKW = 6, 7, 37, 38
+_FCNTL_DENY = (_F_SETOWN, _F_SETSIG, _F_SETOWN_EX, _F_SETPIPE_SZ, _F_SETLK, _F_SETLKW, _F_OFD_SETLK,
+               _F_OFD_SETLKW)
+# ioctl commands refused: FIOSETOWN and SIOCSPGRP set the same owner as F_SETOWN.
+_IOCTL_DENY = (0x8901, 0x8902)
+_LOW32 = 0xFFFFFFFF
+_RLIMITS = tuple(getattr(resource, n) for n in sorted(dir(resource)) if n.startswith("RLIMIT_"))
 
 
 class _SockFprog(ctypes.Structure):
@@ -124,13 +166,15 @@ class Worker:
 
     def __init__(self, cfg: dict) -> None:
         self.cfg = cfg
-        self.uid: int = cfg["uid"]
+        self.uid: int = cfg["uid"]  # the job's uid/gid
         self.gid: int = cfg["gid"]
-        self.drop_in_child: bool = cfg["drop_in_child"]
+        self.drop_uid: bool = cfg["drop_uid"]  # the worker is root: the child switches to uid/gid
+        self.drop_caps: bool = cfg["drop_caps"]  # the worker holds capabilities the child must give up
+        self.reach_runtime: bool = cfg["reach_runtime"]  # plain root mode: runtime reached through O_PATH fds
+        self.area: str = cfg["area"]  # "mount": a fresh tmpfs per job; "dir": a directory wiped per job
         self.base: str = cfg["tmp_base"]
-        self.wipe_keep: frozenset[str] = frozenset(cfg.get("wipe_keep", ()))  # read-only binds inside base
-        # In fallback mode the worker is root and the job another uid, which must traverse the base.
-        self.base_mode = 0o711 if self.drop_in_child else 0o700
+        # A root worker's job (another uid) must traverse the base to reach its own directory.
+        self.base_mode = 0o711 if self.drop_uid else 0o700
         self.pidns_private: bool = False
         self.seccomp_error: str | None = None
         self.pyseccomp = None
@@ -138,25 +182,29 @@ class Worker:
         self.bpf_pid_offsets: list[int] = []
         self.libc = ctypes.CDLL(cfg["libs"].get("c") or None, use_errno=True)
         self.baseline_as = 0
+        self.bounding: list[int] = []  # capabilities in the worker's bounding set (dropped in every child)
+        self.mounted = False
+        self.base_dev = 0
+        self.attrs: dict | None = None  # the worker's own scheduling/rlimit attributes at start-up
+        self._arch = os.uname().machine
 
     # ------------------------------------------------------------------ start-up
     def boot(self) -> dict:
-        """Confine the worker itself, import what jobs need, and describe the result."""
+        """Confine the worker itself, prepare the job area, import what jobs need, and describe the result."""
         cfg = self.cfg
-        if cfg["setuid_at_boot"]:
-            # Privileged bubblewrap (root host): the only capabilities left are SETUID/SETGID/CHOWN.
-            os.makedirs(self.base, mode=0o700, exist_ok=True)
-            os.chown(self.base, self.uid, self.gid)
-            os.setgroups([])
-            os.setgid(self.gid)
-            os.setuid(self.uid)  # clears every remaining capability
+        if self.area == "mount":
+            self._prepare_mount_area()
         else:
             os.makedirs(self.base, mode=self.base_mode, exist_ok=True)
             os.chmod(self.base, self.base_mode)
-        # Same-uid jobs must not open /proc/<worker>/mem, /proc/<worker>/fd, ... (ptrace access check).
+        # Jobs must not open /proc/<worker>/mem, /proc/<worker>/fd, write /proc/<worker>/autogroup, ...: the
+        # files of a non-dumpable process belong to root (of its user namespace).
         self.libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         # Orphans of a job come back to us, so we can always reap them.
         self.libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        if _effective_caps() & (1 << _CAP_SETPCAP):  # else the bounding set cannot (and need not) be emptied
+            self.bounding = [c for c in range(_CAP_LAST + 1)
+                             if self.libc.prctl(_PR_CAPBSET_READ, c, 0, 0, 0) == 1]
         sys.path[:] = cfg["sys_path"]
         if cfg["seccomp"]:
             self._import_pyseccomp()
@@ -181,17 +229,63 @@ class Worker:
                 ns[name] = None
         host_ns = cfg.get("host_ns") or {}
         self.pidns_private = bool(ns["pid"] and host_ns.get("pid") and ns["pid"] != host_ns["pid"])
+        self.attrs = self._attributes()
         return {
             "type": "ready",
             "pid": os.getpid(),
             "uid": os.getuid(),
             "gid": os.getgid(),
+            "job_uid": self.uid,
+            "job_gid": self.gid,
+            "area": self.area,
             "ns": ns,
             "seccomp_error": self.seccomp_error,
             "preload_errors": preload_errors,
             "baseline_as": self.baseline_as,
+            "attributes": self.attrs,
             "python": sys.version.split()[0],
         }
+
+    def _prepare_mount_area(self) -> None:
+        """Namespaced modes: a mount namespace of our own, the job-area mount point, the rest of /tmp read-only.
+
+        In user-namespace mode bubblewrap's mount namespace belongs to an outer user namespace, so the worker's
+        capabilities do not reach it; a mount namespace created here belongs to the worker's user namespace.
+        """
+        if self.libc.unshare(_CLONE_NEWNS) != 0:
+            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) for the job-area mounts failed")
+        os.makedirs(self.base, mode=0o711, exist_ok=True)
+        os.chmod(self.base, 0o711)
+        parent = os.path.dirname(self.base)
+        # Keep the flags the mount already has (a mount inherited from a more privileged namespace must keep
+        # them), add read-only.
+        flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY
+        have = os.statvfs(parent).f_flag
+        for st_flag, ms_flag in _ST_FLAGS_TO_MS.items():
+            if have & st_flag:
+                flags |= ms_flag
+        if self.libc.mount(None, parent.encode(), None, flags, None) != 0:
+            raise OSError(ctypes.get_errno(), f"could not make {parent} read-only")
+        self.base_dev = os.stat(self.base).st_dev
+        self._mount_job_area(1, 16)  # fail at start-up, not at the first job
+        self._unmount_job_area()
+
+    def _mount_job_area(self, size_mb: int, max_files: int) -> None:
+        opts = (f"size={int(size_mb)}m,nr_inodes={int(max_files) + 1},mode=0700,"
+                f"uid={self.uid},gid={self.gid}").encode()
+        if self.libc.mount(b"tmpfs", self.base.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, opts) != 0:
+            raise OSError(ctypes.get_errno(), "mounting the job's tmpfs failed")
+        self.mounted = True
+
+    def _unmount_job_area(self) -> None:
+        """Unmount the job's tmpfs: the kernel frees the whole tree, however deep or strange, in one call.
+
+        No lazy detach: every job process is dead and reaped by now, so EBUSY means something survived, and
+        the worker must not go on.
+        """
+        if self.libc.umount2(self.base.encode(), 0) != 0:
+            raise OSError(ctypes.get_errno(), "unmounting the job's tmpfs failed")
+        self.mounted = False
 
     def _import_pyseccomp(self) -> None:
         import ctypes.util
@@ -220,13 +314,10 @@ class Worker:
         Building and loading through libseccomp costs about 2 ms per fork on a busy 2-core VM; loading a
         ready BPF program is a single syscall.
         """
-        import platform
-        import tempfile
-
-        if platform.machine() not in _SYS_SECCOMP:
-            raise RuntimeError(f"no seccomp syscall number known for {platform.machine()}")
-        self.seccomp_nr = _SYS_SECCOMP[platform.machine()]
-        with tempfile.TemporaryFile(dir=self.base) as fh:
+        if self._arch not in _SYS_SECCOMP:
+            raise RuntimeError(f"no seccomp syscall number known for {self._arch}")
+        self.seccomp_nr = _SYS_SECCOMP[self._arch]
+        with os.fdopen(os.memfd_create("populora-bpf", os.MFD_CLOEXEC), "w+b") as fh:
             self._build_filter(_PID_PLACEHOLDER).export_bpf(fh)
             fh.seek(0)
             bpf = fh.read()
@@ -313,11 +404,26 @@ class Worker:
             rule(eperm, name, sc.Arg(0, sc.NE, pid))
         for name in _ZERO_ONLY:
             rule(eperm, name, sc.Arg(0, sc.NE, 0))
+        # setpriority(which, who, prio): only (PRIO_PROCESS, 0), i.e. the calling thread. Its first argument is
+        # `which`, not a pid: PRIO_PROCESS is 0, so a rule on argument 0 alone lets (PRIO_PROCESS, ppid) through.
+        # (These exist everywhere: a failure to add them must fail the set-up, not pass silently.)
+        flt.add_rule(eperm, "setpriority", sc.Arg(0, sc.NE, 0))
+        flt.add_rule(eperm, "setpriority", sc.Arg(1, sc.NE, 0))
+        for cmd in _FCNTL_DENY:
+            flt.add_rule(eperm, "fcntl", sc.Arg(1, sc.MASKED_EQ, _LOW32, cmd))
+        for cmd in _IOCTL_DENY:
+            flt.add_rule(eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, _LOW32, cmd))
         return flt
 
     # ------------------------------------------------------------------ per job
     def serve(self, req_fd: int, rep_fd: int) -> None:
-        """Answer job frames until the host closes our stdin."""
+        """Answer job frames until the host closes our stdin.
+
+        The result goes out as soon as the job is over; restoring the job area and checking our own state
+        come after it, under the host's separate cleanup budget, so a job that fills its area until its
+        deadline never makes the worker look unresponsive. A worker that cannot restore itself says why and
+        exits (the host starts a fresh one) instead of answering later jobs from a dirty state.
+        """
         while True:
             job = _read_frame(req_fd)
             if job is None:
@@ -327,16 +433,29 @@ class Worker:
             except Exception as exc:  # a bug here must not kill the worker silently
                 result = {"status": "crashed", "value": None, "match": None, "stdout": "",
                           "error": f"sandbox worker error: {type(exc).__name__}: {exc}", "seconds": 0.0}
+            result["type"] = "result"
             _write_frame(rep_fd, result)
+            try:
+                why = self._restore()
+            except Exception as exc:
+                why = f"{type(exc).__name__}: {exc}"
+            if why:
+                _write_frame(rep_fd, {"type": "retire", "why": why})
+                return
+            _write_frame(rep_fd, {"type": "clean"})
 
     def run(self, job: dict) -> dict:
         lim = job["limits"]
         cap = int(lim["max_output_chars"])
         timeout = float(job["timeout_s"])
-        jobdir = os.path.join(self.base, f"job-{os.getpid()}-{time.monotonic_ns()}")
-        os.mkdir(jobdir, 0o700)
-        if self.drop_in_child:
-            os.chown(jobdir, self.uid, self.gid)
+        if self.area == "mount":
+            self._mount_job_area(lim["tmp_mb"], lim["max_files"])
+            jobdir = self.base
+        else:
+            jobdir = os.path.join(self.base, "job")
+            os.mkdir(jobdir, 0o700)
+            if self.drop_uid:
+                os.chown(jobdir, self.uid, self.gid)
         r_rep, w_rep = os.pipe2(os.O_CLOEXEC)
         r_out, w_out = os.pipe2(os.O_CLOEXEC)
         t0 = time.monotonic()
@@ -351,15 +470,10 @@ class Worker:
         os.close(w_rep)
         os.close(w_out)
         try:
-            os.setpgid(pid, pid)  # also done by the child: whichever runs first wins the race
-        except OSError:
-            pass
-        try:
             return self._supervise(pid, r_rep, r_out, t0, timeout, cap, lim)
         finally:
             os.close(r_rep)
             os.close(r_out)
-            self._cleanup()
 
     def _supervise(self, pid: int, r_rep: int, r_out: int, t0: float, timeout: float, cap: int,
                    lim: dict) -> dict:
@@ -480,10 +594,14 @@ class Worker:
         return {"status": status, "value": value, "match": match,
                 "error": None if error is None else _short(error)}
 
-    def _cleanup(self) -> None:
-        if self.pidns_private and os.getuid() != 0:
-            # Our own pid namespace and an unprivileged uid: this reaches only job stragglers
-            # (bubblewrap's init is root; kill(-1) never signals the caller itself).
+    def _restore(self) -> str | None:
+        """After a job: kill and reap stragglers, empty the job area, check our own attributes.
+
+        Returns why the worker cannot go on (it then retires), or None when it is as it was at start-up.
+        """
+        if self.pidns_private:
+            # Our own pid namespace: this reaches only job stragglers (kill(-1) skips the namespace's init, which
+            # is bubblewrap's, and the caller).
             try:
                 os.kill(-1, signal.SIGKILL)
             except OSError:
@@ -495,51 +613,86 @@ class Worker:
                 break
             if pid == 0:
                 break
-        self._wipe(self.base, self.base_mode, self.wipe_keep)
-
-    @staticmethod
-    def _wipe(base: str, mode: int, keep: frozenset[str] = frozenset()) -> None:
-        """Empty the job area. A job may have chmod-ed things to 0: restore access and retry once."""
-        failed = []
-
-        def note(*_args: object) -> None:
-            failed.append(True)
-
-        for attempt in range(2):
-            failed.clear()
+        problems = []
+        if self.area == "mount":
+            if self.mounted:
+                try:
+                    self._unmount_job_area()
+                except OSError as exc:
+                    problems.append(f"job area: {exc}")
             try:
-                os.chmod(base, mode)
-                entries = os.listdir(base)
-            except OSError:
-                return
-            for name in entries:
-                if name in keep:
-                    continue
-                path = os.path.join(base, name)
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path, onerror=note)
-                else:
-                    try:
-                        os.unlink(path)
-                    except OSError:
-                        failed.append(True)
-            if not failed or attempt:
-                return
-            for root, dirs, _files in os.walk(base):  # top-down: fix each dir before descending into it
-                if root == base:
-                    dirs[:] = [d for d in dirs if d not in keep]
-                for d in dirs:
-                    try:
-                        os.chmod(os.path.join(root, d), 0o700, follow_symlinks=False)
-                    except OSError:
-                        pass
+                st = os.stat(self.base)
+                left = os.listdir(self.base)
+            except OSError as exc:
+                problems.append(f"job area: {exc}")
+            else:
+                if st.st_dev != self.base_dev or left:
+                    problems.append("job area: the mount point is still mounted or not empty")
+        else:
+            try:
+                os.chmod(self.base, self.base_mode)
+                wipe_tree(self.base)
+                left = os.listdir(self.base)
+            except OSError as exc:
+                problems.append(f"job area: could not be wiped: {exc}")
+            else:
+                if left:
+                    problems.append(f"job area: {len(left)} entries left after the wipe")
+        now = self._attributes()
+        for key, value in self.attrs.items():
+            if now.get(key) != value:
+                problems.append(f"worker {key} changed from {value!r} to {now.get(key)!r}")
+        return "; ".join(problems) or None
+
+    def _attributes(self) -> dict:
+        """The worker's own attributes a job might try to change for good (each read is one syscall)."""
+        out: dict = {
+            "nice": os.getpriority(os.PRIO_PROCESS, 0),
+            "policy": os.sched_getscheduler(0),
+            "sched_priority": os.sched_getparam(0).sched_priority,
+            "affinity": sorted(os.sched_getaffinity(0)),
+            "rlimits": [list(resource.getrlimit(r)) for r in _RLIMITS],
+        }
+        nr = _SYS_IOPRIO_GET.get(self._arch)
+        if nr is not None:
+            out["ioprio"] = self.libc.syscall(nr, _IOPRIO_WHO_PROCESS, 0)
+        try:
+            with open("/proc/self/autogroup") as fh:  # "/autogroup-N nice K" (absent without autogroup)
+                out["autogroup_nice"] = fh.read().split()[-1]
+        except (OSError, IndexError):
+            out["autogroup_nice"] = None
+        return out
 
     # ------------------------------------------------------------------ in the child
+    def _drop_privileges(self) -> None:
+        """In the child: give up every capability and, where the worker is root, its uid, for good."""
+        libc = self.libc
+        for cap in self.bounding:  # needs CAP_SETPCAP (held by the worker wherever its bounding set is not empty)
+            if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), f"prctl(PR_CAPBSET_DROP, {cap}) failed")
+        libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+        if self.drop_uid:
+            if self.reach_runtime:
+                self._reach_runtime_after_drop()
+            os.setgroups([])
+            os.setgid(self.gid)
+            os.setuid(self.uid)  # real, effective and saved uid all non-zero: every capability is cleared
+            if self.reach_runtime:
+                # setuid made us non-dumpable (so /proc/self/fd would be root's); imports through /proc/self/fd
+                # need it, and the job is the only process of its uid.
+                libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+        elif self.drop_caps:
+            header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+            data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable x 2: all empty
+            if libc.capset(header, data) != 0:
+                raise OSError(ctypes.get_errno(), "capset to no capabilities failed")
+
     def _child(self, job: dict, w_rep: int, w_out: int, jobdir: str) -> None:  # pragma: no cover
         lim = job["limits"]
         rep_fd = w_rep
         try:
-            os.setpgid(0, 0)
+            # Own session: own process group (killed as a whole afterwards) and own scheduler autogroup.
+            os.setsid()
             devnull = os.open("/dev/null", os.O_RDWR)
             os.dup2(devnull, 0)
             os.dup2(w_out, 1)
@@ -547,14 +700,7 @@ class Worker:
             os.dup2(w_rep, 3, inheritable=False)
             rep_fd = 3
             os.closerange(4, 1 << 16)
-            if self.drop_in_child:
-                self._reach_runtime_after_drop()
-                os.setgroups([])
-                os.setgid(self.gid)
-                os.setuid(self.uid)
-                # setuid made us non-dumpable (so /proc/self/fd would be root's); we need it for imports and
-                # no other process of this uid exists while the job runs.
-                self.libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+            self._drop_privileges()
             os.chdir(jobdir)
             mb = 1024 * 1024
             as_bytes = self.baseline_as + int(lim["memory_mb"]) * mb
@@ -611,6 +757,87 @@ class Worker:
                 view = view[write(rep_fd, view):]
         finally:
             exit_(0)
+
+
+def _effective_caps() -> int:
+    """The calling process's effective capability set, from /proc/self/status."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    return 0
+
+
+def _open_dir(name: str, dir_fd: int | None) -> int:
+    """Open a directory without following a symlink; restore its permissions if the job took them away."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except PermissionError:
+        os.chmod(name, 0o700, dir_fd=dir_fd)  # a directory (never a symlink: checked by the caller's lstat type)
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    try:
+        mode = os.fstat(fd).st_mode
+        if mode & 0o700 != 0o700:
+            os.fchmod(fd, stat.S_IMODE(mode) | 0o700)  # we need to list it and remove its entries
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _clear_entries(fd: int) -> list[str]:
+    """Unlink every non-directory entry of the directory ``fd``; return the names of its subdirectories."""
+    subdirs = []
+    with os.scandir(fd) as it:
+        for entry in it:
+            if entry.is_dir(follow_symlinks=False):
+                subdirs.append(entry.name)
+            else:  # files, symlinks (never followed), fifos (never opened), sockets, device nodes
+                try:
+                    os.unlink(entry.name, dir_fd=fd)
+                except FileNotFoundError:
+                    pass
+    return subdirs
+
+
+def wipe_tree(path: str) -> None:
+    """Remove everything below the directory ``path`` (not ``path`` itself), for any tree a job can make.
+
+    Iterative depth-first walk with O(1) open descriptors and no recursion: it descends with ``openat`` of the
+    child (``O_NOFOLLOW``) and climbs back with ``openat(fd, "..")``, keeping only the names on the way down,
+    so a tree thousands of levels deep (deeper than ``PATH_MAX`` allows a path to name) is no harder than a
+    flat one. Directories the job made unreadable are given back their owner permissions first. Only used
+    where nothing else can change the tree any more (every job process is dead), so ``..`` is the directory
+    we came from.
+    """
+    top = _open_dir(path, None)
+    fd = top
+    trail: list[tuple[str, list[str]]] = []  # (directory we went into, its parent's subdirectories left)
+    try:
+        pending = _clear_entries(fd)
+        while True:
+            if pending:
+                name = pending.pop()
+                child = _open_dir(name, fd)
+                trail.append((name, pending))
+                if fd != top:
+                    os.close(fd)
+                fd = child
+                pending = _clear_entries(fd)
+                continue
+            if not trail:
+                return
+            parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            if fd != top:
+                os.close(fd)
+            fd = parent
+            name, pending = trail.pop()
+            os.rmdir(name, dir_fd=fd)
+    finally:
+        if fd != top:
+            os.close(fd)
+        os.close(top)
 
 
 def _describe(exc: BaseException, tb_limit: int = 5, type=type, str=str) -> str:  # noqa: A002

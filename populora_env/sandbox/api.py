@@ -37,7 +37,9 @@ class Limits:
             allowance for the worker itself).
         max_file_mb: largest file the job may write (RLIMIT_FSIZE).
         max_open_files: RLIMIT_NOFILE.
-        tmp_mb: size of the private ``/tmp`` tmpfs of a namespaced worker (the job's cwd lives there).
+        tmp_mb: size of the job's private tmpfs (its cwd; a fresh one per job in namespaced modes).
+        max_files: files, directories, fifos and symlinks a job may create there (the tmpfs ``nr_inodes``):
+            each costs about 1 KiB of kernel memory that no rlimit counts, so this bounds that memory.
     """
 
     timeout_s: float = 5.0
@@ -48,6 +50,7 @@ class Limits:
     max_file_mb: int = 16
     max_open_files: int = 64
     tmp_mb: int = 64
+    max_files: int = 10_000
 
     def __post_init__(self) -> None:
         if not self.timeout_s > 0:
@@ -56,7 +59,8 @@ class Limits:
             raise ValueError(f"Limits.memory_mb must be >= 16, got {self.memory_mb!r}")
         if self.cpu_s is not None and not self.cpu_s > 0:
             raise ValueError(f"Limits.cpu_s must be > 0 or None, got {self.cpu_s!r}")
-        for name in ("max_output_chars", "max_threads", "max_file_mb", "max_open_files", "tmp_mb"):
+        for name in ("max_output_chars", "max_threads", "max_file_mb", "max_open_files", "tmp_mb",
+                     "max_files"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Limits.{name} must be >= 1, got {getattr(self, name)!r}")
         if self.max_open_files < 8:

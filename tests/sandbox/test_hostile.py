@@ -45,7 +45,9 @@ class Hostile:
     call: str | None = None
     expect: frozenset[str] = frozenset(ANY_FAIL)
     value: str | None = None  # exact expected value when given
-    timeout_s: float | None = None
+    # Generous by default, so a busy machine cannot turn an expected result into a timeout; programs meant to
+    # run into the wall clock set a short one and check that this clock (named in the error) killed them.
+    timeout_s: float = 20.0
     check: Callable[[ExecResult], None] | None = None
 
 
@@ -58,14 +60,17 @@ def H(name: str, code: str, call: str | None = None, expect: set[str] | str = AN
     return Hostile(name, prefix + textwrap.dedent(code).strip() + "\n", call, exp, **kw)
 
 
-def _fast(limit: float) -> Callable[[ExecResult], None]:
-    def check(r: ExecResult) -> None:
-        assert r.seconds < limit, f"took {r.seconds:.2f} s, expected < {limit} s"
-    return check
+def _stopped_early(r: ExecResult) -> None:
+    """The worker stopped the job at once (output cap, reply), not at its 20 s deadline: even on a loaded
+    machine such a job ends within seconds."""
+    assert r.seconds < 10.0, f"took {r.seconds:.2f} s: the worker waited for the deadline"
 
 
-def _killed_near_timeout(r: ExecResult) -> None:
-    assert 0.4 <= r.seconds < 2.5, f"timeout took {r.seconds:.2f} s for a 0.5 s limit"
+def _killed_by_wall_clock(r: ExecResult) -> None:
+    """Killed by the 0.5 s wall clock: the error names it (not the CPU limit, not a worker restart), and the
+    worker measured at least the limit (it never kills early)."""
+    assert r.error == "wall-clock limit of 0.5 s exceeded; the job was killed", r.error
+    assert r.seconds >= 0.5
 
 
 RAW = f"import ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\nNR = {_SYSCALLS!r}\n"
@@ -188,7 +193,7 @@ CORPUS: list[Hostile] = [
                     files += 1
                     if 'populora_sandbox_secret' in n or 'populora-canary' in root:
                         hits.append(os.path.join(root, n))
-        """, "hits", expect="ok", value="[]", timeout_s=5.0),
+        """, "hits", expect="ok", value="[]"),
     # ---------------------------------------------------------------- network
     H("tcp_connect", "import socket\nsocket.create_connection(('127.0.0.1', $TCP_PORT), timeout=1)",
       expect="error"),
@@ -228,16 +233,20 @@ CORPUS: list[Hostile] = [
         os.mkdir('d')
         open('d/g', 'w').close()
         os.chmod('d', 0)
-        os.chmod(os.path.dirname(os.getcwd()), 0)
-        os.chmod('.', 0)
-        """, expect="ok"),
+        refused = []
+        for p in (os.path.dirname(os.getcwd()), '/tmp', '.'):
+            try:
+                os.chmod(p, 0)
+            except OSError as exc:
+                refused.append((p, exc.errno))
+        """, "refused", expect="ok", value="[('/tmp', 30), ('/tmp', 30)]"),
     H("fill_tmp", """
         i = 0
         while True:
             with open(f'f{i}', 'wb') as fh:
                 fh.write(b'x' * (8 << 20))
             i += 1
-        """, expect="error", timeout_s=5.0),
+        """, expect="error"),
     H("file_size_bomb", "open('big', 'wb').write(b'x' * (100 << 20))", expect={"error", "memory_limit"}),
     H("fd_bomb", "fds = [open('/dev/null') for _ in range(100000)]", expect="error"),
     H("proc_root_of_parent", "import os\nprint(os.listdir(f'/proc/{os.getppid()}/root/'))", expect="error"),
@@ -269,7 +278,7 @@ CORPUS: list[Hostile] = [
     H("bytearray_bomb", "x = bytearray(8 << 30)", expect="memory_limit"),
     H("list_growth", "x = []\nwhile True:\n    x.append(' ' * 10**6)", expect="memory_limit"),
     H("string_doubling", "s = 'x'\nwhile True:\n    s += s", expect="memory_limit"),
-    H("huge_pow", "x = 2 ** (10 ** 11)", expect={"memory_limit", "timeout"}),
+    H("huge_pow", "x = 2 ** (10 ** 11)", expect={"memory_limit", "timeout"}, timeout_s=1.0),
     H("threads_allocating", """
         import threading
         def grab():
@@ -278,37 +287,38 @@ CORPUS: list[Hostile] = [
         ts = [threading.Thread(target=grab) for _ in range(8)]
         [t.start() for t in ts]
         [t.join() for t in ts]
-        """, "len(keep)", expect={"memory_limit", "error", "ok"}, timeout_s=5.0),
+        """, "len(keep)", expect={"memory_limit", "error", "ok"}),
     # ---------------------------------------------------------------- CPU
-    H("while_true", "while True:\n    pass", expect="timeout", timeout_s=0.5, check=_killed_near_timeout),
-    H("c_level_loop", "sum(range(10**12))", expect="timeout", timeout_s=0.5, check=_killed_near_timeout),
+    H("while_true", "while True:\n    pass", expect="timeout", timeout_s=0.5, check=_killed_by_wall_clock),
+    H("c_level_loop", "sum(range(10**12))", expect="timeout", timeout_s=0.5, check=_killed_by_wall_clock),
     H("c_level_factorial", "import math\nmath.factorial(10**8)", expect={"timeout", "memory_limit"},
       timeout_s=0.5),
     H("regex_catastrophe", "import re\nre.match(r'(a+)+$', 'a' * 60 + 'b')", expect="timeout", timeout_s=0.5,
-      check=_killed_near_timeout),
+      check=_killed_by_wall_clock),
     H("ignore_sigxcpu", """
         import signal
         signal.signal(signal.SIGXCPU, signal.SIG_IGN)
         while True:
             pass
-        """, expect="timeout"),
+        """, expect="timeout", timeout_s=0.5, check=_killed_by_wall_clock),
     H("block_all_signals", """
         import signal
         signal.pthread_sigmask(signal.SIG_BLOCK, set(signal.Signals))
         while True:
             pass
-        """, expect="timeout", timeout_s=0.5, check=_killed_near_timeout),
+        """, expect="timeout", timeout_s=0.5, check=_killed_by_wall_clock),
     H("sleep_past_timeout", "import time\ntime.sleep(60)", expect="timeout", timeout_s=0.5,
-      check=_killed_near_timeout),
-    H("select_forever", "import select\nselect.select([], [], [])", expect="timeout", timeout_s=0.5),
+      check=_killed_by_wall_clock),
+    H("select_forever", "import select\nselect.select([], [], [])", expect="timeout", timeout_s=0.5,
+      check=_killed_by_wall_clock),
     H("thread_outlives_job", """
         import threading, time
         threading.Thread(target=time.sleep, args=(60,)).start()
-        """, "'returned'", expect="ok", value="'returned'", check=_fast(0.5)),
+        """, "'returned'", expect="ok", value="'returned'", check=_stopped_early),
     # ---------------------------------------------------------------- output
-    H("print_flood", "while True:\n    print('x' * 1000)", expect="output_limit", check=_fast(0.9)),
+    H("print_flood", "while True:\n    print('x' * 1000)", expect="output_limit", check=_stopped_early),
     H("raw_stdout_flood", "import os\nwhile True:\n    os.write(1, b'y' * 65536)", expect="output_limit",
-      check=_fast(0.9)),
+      check=_stopped_early),
     H("huge_repr", "s = 'x' * 10**6", "s", expect="output_limit", check=lambda r: _no_value(r)),
     H("repr_raises", "class A:\n    def __repr__(self):\n        raise ValueError('no repr')", "A()",
       expect="error"),
@@ -338,7 +348,7 @@ CORPUS: list[Hostile] = [
         def f(n):
             return f(n + 1) + 1
         f(0)
-        """, expect={"crashed", "error", "memory_limit", "timeout"}),
+        """, expect={"crashed", "error", "memory_limit", "timeout"}, timeout_s=1.0),
     # ---------------------------------------------------------------- tampering (state must not leak)
     H("tamper_builtins", """
         import builtins
