@@ -6,15 +6,22 @@ them as ``student_0``. What changes against a PopuLoRA run of the same preset:
 - **reward**: the ``azr`` scheme: the proposer is paid the *learnability of its own tasks*,
   r = 1 − p̂ if 0 < p̂ < 1 else 0 (``extreme_reward``), −1 for an invalid task, where p̂ is its own solve
   rate over the ``samples_per_task`` attempts; solver rewards are the same (+1 / −0.5 / −1);
-- **advantages**: task-relative REINFORCE++ (TRR++): ``reinforce_pp`` whitened separately within each
-  (role, task type) scope, as AZR's code does (token-weighted statistics);
 - **no evolution**, one adapter, one optimizer.
+
+What does **not** change: the trainer section. Both arms use the run's advantage estimator; every shipped
+preset sets AZR's task-relative REINFORCE++ (TRR++: ``reinforce_pp`` whitened per member × role × task type,
+token-weighted, with the role-wide fallback of ``selfplay.rollouts.whitening_scopes`` for scopes of one
+completion), and ``--trainer.advantage X`` changes it for either arm alike. (Switching the baseline alone to
+another estimator would confound the comparison: e.g. per-task centring gives a task solved 8/8 advantage 0,
+plain whitening gives it a positive one, i.e. it reinforces easy tasks.)
 
 **Compute matching (per adapter, per role).** Each step the baseline adapter makes exactly one proposer's
 budget — ``tasks_per_teacher`` proposals of ``teacher_max_new_tokens`` at most — and exactly one matched
-student's budget — ``samples_per_task`` attempts at each of its valid tasks, ``student_max_new_tokens`` at
-most — and takes **one** optimizer update per step over both (AZR concatenates its role batches into one
-step). A population member of the same preset also takes one update per step, over its own role's batch of
+student's budget — ``samples_per_task`` attempts at each of its tasks (its teacher's valid tasks, topped up
+with buffer tasks to ``tasks_per_teacher`` when ``student_fill``), ``student_max_new_tokens`` at most — and
+takes **one** update per step over both (AZR concatenates its role batches into one step; one update is one
+optimizer step with the default ``epochs = 1`` and no mini-batches, and the same trainer section either way).
+A population member of the same preset also takes one update per step, over its own role's batch of
 the same size (with ``num_teachers == num_students``, every student solves exactly one teacher's tasks). So
 per step, per role, the baseline adapter sees the same number of completions and generation-token budget
 as one population member; the population as a whole spends ``num_teachers + num_students`` adapters' worth
@@ -54,8 +61,9 @@ def azr_mapping() -> dict[str, str]:
 
 
 def azr_config(cfg: C) -> C:
-    """The baseline's configuration derived from a run configuration (same budgets, AZR's choices)."""
+    """The baseline's configuration derived from a run configuration: one teacher and one student (one adapter,
+    see :func:`azr_mapping`), the ``azr`` reward scheme, no evolution; budgets, token limits and the trainer
+    section (estimator included) unchanged."""
     env = dataclasses.replace(cfg.env, num_teachers=1, num_students=1, reward_scheme="azr")
-    trainer = dataclasses.replace(cfg.trainer, advantage="reinforce_pp")
-    changes: dict[str, Any] = {"env": env, "trainer": trainer, "evolution": False}
+    changes: dict[str, Any] = {"env": env, "evolution": False}
     return dataclasses.replace(cfg, **changes)  # type: ignore[type-var]

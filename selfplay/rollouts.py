@@ -10,13 +10,16 @@ Grouping keys (what the advantage estimators centre and whiten within, per membe
 
 - ``group``: the baseline group. Students: ``(agent, task_id)`` — the ``samples_per_task`` attempts at one
   task. Teachers: ``(agent, task_id)`` — unique per proposal (one sample per prompt).
-- ``scope``: the whitening scope, ``(role, task_type)``; within one member's batch this is AZR's task-relative
-  scoping (per member × role × task type).
+- ``scope``: the whitening scope of the REINFORCE++ estimators, chosen per member's batch by
+  :func:`whitening_scopes`: ``(role, task_type)`` — AZR's task-relative scoping, per member × role × task
+  type — when every task type of that role holds at least :data:`MIN_SCOPE_SIZE` completions, else
+  ``(role, ANY_TYPE)`` for the whole role (see :func:`whitening_scopes` for why).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from agents.rollout import Rollout
@@ -24,6 +27,11 @@ from populora_env.results import AttemptResult, ProposalResult, RoundOutcome
 from selfplay.mapping import AgentMapping
 
 CompletionId = tuple[str, int]
+
+MIN_SCOPE_SIZE = 2
+"""Fewest completions a (role, task type) scope needs to be whitened on its own."""
+ANY_TYPE = "*"
+"""The task-type slot of a role-wide scope ``(role, ANY_TYPE)``."""
 
 
 class GeneratedCompletion(Protocol):
@@ -45,6 +53,39 @@ def _rollout(record: ProposalResult | AttemptResult, role: str, completion: Gene
         group=(record.agent, record.task_id), scope=(role, record.task_type),
         logprobs=None if completion.logprobs is None else list(completion.logprobs), meta=meta,
     )
+
+
+def whitening_scopes(keys: Sequence[tuple[str, str]], min_size: int = MIN_SCOPE_SIZE) -> list[tuple[str, str]]:
+    """Whitening scopes of ONE member's batch, from each completion's ``(role, task_type)``.
+
+    AZR's task-relative REINFORCE++ (TRR++) whitens the returns separately in each (role, task type) scope
+    ``S``: ``A_{i,t} = (G_{i,t} - mu_S) / sqrt(var_S + 1e-8)``, ``mu_S``/``var_S`` the token-weighted mean and
+    Bessel-corrected variance over the valid tokens of the completions in ``S``
+    (:func:`agents.advantages.reinforce_pp`). Its purpose is a separate baseline (and scale) per scope, so
+    that a task type whose rewards are higher on average (an easier type, or the proposer of one) is not
+    reinforced merely for its type. That needs at least two completions per scope: a scope holding one
+    completion has ``G - mu_S = 0`` on every token, so its advantage is **0 whatever its reward** — a member
+    making fewer proposals than there are task types (two proposals, three types) would never learn.
+
+    Rule, per role of the member's batch: if every task type of that role has at least ``min_size``
+    completions, each keeps its own scope ``(role, task_type)`` (TRR++ exactly); otherwise the whole role
+    is one scope ``(role, ANY_TYPE)`` (REINFORCE++ whitening over the role's batch). Roles are never merged
+    with each other (the baseline's single adapter keeps its proposer and solver statistics apart).
+
+    Why the fallback is sound: a scope's mean acts as a baseline. Pooling types moves each type's baseline
+    from ``mu_type`` to ``mu_role``, i.e. adds a constant ``c_x`` to the advantages of every completion of a
+    prompt ``x`` of that type, and ``E_{y ~ pi(.|x)}[c_x grad log pi(y|x)] = 0`` for any constant, so the
+    policy-gradient estimate keeps its expectation (up to the self-inclusion and the common whitening scale
+    that every REINFORCE++ scope has); what is given up is TRR++'s variance reduction across types. A
+    role-wide scope with a single completion (``tasks_per_teacher = 1``) still has no baseline and gets 0,
+    which is why the shipped presets give every teacher at least two proposals.
+
+    Returns:
+        one scope key per input key, aligned.
+    """
+    counts = Counter(keys)
+    role_wide = {role for (role, _), n in counts.items() if n < min_size}
+    return [(role, ANY_TYPE) if role in role_wide else (role, task_type) for role, task_type in keys]
 
 
 def rollouts_from_round(outcome: RoundOutcome, completions: Mapping[CompletionId, GeneratedCompletion],
@@ -75,4 +116,8 @@ def rollouts_from_round(outcome: RoundOutcome, completions: Mapping[CompletionId
     extra = sorted(set(completions) - seen)
     if extra:
         raise KeyError(f"completions without an env record: {extra[:5]}{' ...' if len(extra) > 5 else ''}")
+    for batch in batches.values():
+        scopes = whitening_scopes([(r.meta["role"], r.meta["task_type"]) for r in batch])
+        for rollout, scope in zip(batch, scopes, strict=True):
+            rollout.scope = scope
     return batches
