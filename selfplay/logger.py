@@ -2,7 +2,12 @@
 
 Tag names come from :mod:`selfplay.tags` (the report reads the same constants). Rates are computed from the
 round's records (:class:`populora_env.RoundResults`), roles from the agent mapping, rewards from the round's
-per-completion rewards.
+per-completion rewards. Everything per role is measured on that role's completions only, so the single-agent
+baseline's proposer (teacher) and solver (student) stay apart: rewards and lengths from the records, entropy
+from the trainer's per-role metric ``entropy/<role>``.
+
+Everything is a scalar at ``global_step`` = step, including the teacher × student pair counts, so a resumed
+run's writer (``purge_step``) drops the replayed steps of every diagnostic alike.
 """
 
 from __future__ import annotations
@@ -70,6 +75,10 @@ def step_scalars(record: StepRecord) -> dict[str, float]:
         out[tags.FILLER_SOLVE_RATE] = sum(a.correct for a in filler) / len(filler)
     if results.attempts:
         out[tags.STUDENT_FORMAT_RATE] = sum(a.format_ok for a in results.attempts) / len(results.attempts)
+    # the teacher x student matrix: each matched pair's attempts at the teacher's tasks and correct ones
+    for match in results.matches:
+        out[tags.pair(match.teacher, match.student, "attempts")] = float(match.n_attempts)
+        out[tags.pair(match.teacher, match.student, "correct")] = float(match.n_correct)
 
     # teachers: validity, per type and per reason
     if results.proposals:
@@ -113,13 +122,11 @@ def step_scalars(record: StepRecord) -> dict[str, float]:
     v = _mean(mm.get("frac_reward_zero_std") for mm in members.values())
     if v is not None:
         out[tags.FRAC_REWARD_ZERO_STD] = v
-    role_entropy: dict[str, list[float]] = defaultdict(list)
-    for m, mm in members.items():
-        for role in record.mapping.roles_of(m):
-            if mm.get("entropy") is not None:
-                role_entropy[role].append(mm["entropy"])
-    for role, values in role_entropy.items():
-        out[tags.entropy(role)] = float(np.mean(values))
+    # per role: each member's entropy over that role's tokens only (trainer metric entropy/<role>)
+    for role in tags.ROLES:
+        v = _mean(mm.get(f"entropy/{role}") for mm in members.values())
+        if v is not None:
+            out[tags.entropy(role)] = v
 
     for phase, seconds in record.times.items():
         out[tags.STEP_SECONDS if phase == "step" else tags.time(phase)] = float(seconds)

@@ -9,10 +9,18 @@ Scalars are logged at ``global_step`` = training step. Families (CleanRL/TRL sty
 - ``validity/<reason>``: proposals with that outcome this step (``validity/valid`` for valid ones);
 - ``time/<phase>``: seconds per phase of the step;
 - ``evolution/replacements``: members replaced by the PBT step;
+- ``pairs/<teacher>/<student>/{attempts,correct}``: the matched pair's attempts and correct ones this step
+  (the teacher × student solve-rate matrix of the report);
 - text: ``samples/<role>`` and ``hyperparameters``.
+
+Every family has a builder (``member(name, key)``) and, where the report discovers names from the logged tags,
+a parser (``parse_member(tag) -> (name, key)``), so no other module spells a tag.
 """
 
 from __future__ import annotations
+
+ROLES = ("teacher", "student")
+"""The two roles; the single-agent baseline's member plays both (teacher = proposer, student = solver)."""
 
 # ------------------------------------------------------------------------------------------- charts/
 SOLVE_RATE = "charts/student_solve_rate"
@@ -38,13 +46,19 @@ def valid_rate(task_type: str) -> str:
     return f"{VALID_RATE}/{task_type}"
 
 
+def parse_valid_rate(tag: str) -> str | None:
+    """The task type of a :func:`valid_rate` tag, else ``None``."""
+    return _suffix(tag, f"{VALID_RATE}/")
+
+
 def response_length(role: str) -> str:
     """Mean completion length in tokens of one role (``teacher``/``student``)."""
     return f"charts/response_length/{role}"
 
 
 def entropy(role: str) -> str:
-    """Mean token entropy of the updates of one role's members."""
+    """Token entropy of one role: per member, the mean of H_t over that role's completion tokens in its update
+    (the trainer's ``entropy/<role>``, so a member playing both roles is split), averaged over the members."""
     return f"charts/entropy/{role}"
 
 
@@ -54,10 +68,22 @@ AGENT_KEYS = ("reward", "response_length")
 MEMBER_KEYS = ("loss", "entropy", "grad_norm")
 
 
+MEMBER_PREFIX = "population/"
+
+
 def member(name: str, key: str) -> str:
     """``population/<agent or member>/<key>``: ``mu``, ``sigma``, ``conservative`` (μ − 3σ), ``reward``,
     ``response_length`` per agent; ``loss``, ``entropy``, ``grad_norm`` per member."""
-    return f"population/{name}/{key}"
+    return f"{MEMBER_PREFIX}{name}/{key}"
+
+
+def parse_member(tag: str) -> tuple[str, str] | None:
+    """``(name, key)`` of a :func:`member` tag, else ``None``."""
+    rest = _suffix(tag, MEMBER_PREFIX)
+    if rest is None:
+        return None
+    name, sep, key = rest.partition("/")
+    return (name, key) if sep and name and key else None
 
 
 # ------------------------------------------------------------------------------------------- losses/
@@ -83,6 +109,8 @@ def program(key: str) -> str:
 # -------------------------------------------------------------------------------------- the others
 VALIDITY_PREFIX = "validity/"
 TIME_PREFIX = "time/"
+PAIRS_PREFIX = "pairs/"
+PAIR_KEYS = ("attempts", "correct")
 TIME_PHASES = ("generation", "sandbox", "update", "evolution", "checkpoint")
 REPLACEMENTS = "evolution/replacements"
 HYPERPARAMETERS = "hyperparameters"
@@ -93,11 +121,39 @@ def validity(reason: str) -> str:
     return f"{VALIDITY_PREFIX}{reason}"
 
 
+def parse_validity(tag: str) -> str | None:
+    """The reason of a :func:`validity` tag, else ``None``."""
+    return _suffix(tag, VALIDITY_PREFIX)
+
+
 def time(phase: str) -> str:
     """Seconds spent in ``phase`` this step."""
     return f"{TIME_PREFIX}{phase}"
 
 
+def parse_time(tag: str) -> str | None:
+    """The phase of a :func:`time` tag, else ``None``."""
+    return _suffix(tag, TIME_PREFIX)
+
+
+def pair(teacher: str, student: str, key: str) -> str:
+    """``pairs/<teacher>/<student>/<key>``: the pair's matched ``attempts`` (the student's attempts at the
+    teacher's valid tasks) or ``correct`` ones this step; logged for every pair matched this step (0 attempts
+    when the teacher had no valid task)."""
+    return f"{PAIRS_PREFIX}{teacher}/{student}/{key}"
+
+
+def parse_pair(tag: str) -> tuple[str, str, str] | None:
+    """``(teacher, student, key)`` of a :func:`pair` tag, else ``None``."""
+    rest = _suffix(tag, PAIRS_PREFIX)
+    parts = rest.split("/") if rest is not None else []
+    return (parts[0], parts[1], parts[2]) if len(parts) == 3 and parts[2] in PAIR_KEYS else None
+
+
 def samples(role: str) -> str:
     """Text tag of prompt/completion samples of one role."""
     return f"samples/{role}"
+
+
+def _suffix(tag: str, prefix: str) -> str | None:
+    return tag[len(prefix):] if tag.startswith(prefix) and len(tag) > len(prefix) else None
