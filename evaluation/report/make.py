@@ -1,0 +1,211 @@
+"""``populora report``: load the runs, draw the figures, write ``summary.md`` and ``figures.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from evaluation.report import numerics as nx
+from evaluation.report.loading import load_run
+from evaluation.report.plots import Plotter
+from evaluation.report.summary import summary_markdown, unique_names
+from selfplay import tags
+
+
+@dataclass
+class ReportConfig:
+    """Configuration of ``populora report``.
+
+    Attributes:
+        runs: run directories to compare (``runs/<name>``), at least one.
+        out: output directory; default ``<first run>/report``.
+        smoothing: EMA weight of the smoothed curves, in [0, 1) (0 = raw only); raw curves are drawn faintly.
+        formats: image formats to write; ``png`` is always written (``summary.md`` links the PNGs).
+        dpi: resolution of the images.
+    """
+
+    runs: list[Path] = field(default_factory=list)
+    out: Path | None = None
+    smoothing: float = 0.6
+    formats: tuple[str, ...] = ("png",)
+    dpi: int = 110
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def make_report(
+    runs: Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str] | None = None,
+    smoothing: float = 0.6,
+    *,
+    formats: Sequence[str] = ("png",),
+    dpi: int = 110,
+) -> Path:
+    """Write the figures, ``summary.md`` and ``figures.json`` comparing ``runs``; return the output directory.
+
+    Args:
+        runs: run directories (``runs/<name>``), at least one.
+        out: output directory, created if needed; default ``<first run>/report``.
+        smoothing: EMA weight for the smoothed curves, in [0, 1).
+        formats: image formats; PNG is always written.
+        dpi: image resolution.
+
+    Raises:
+        ValueError: no runs, or a smoothing weight outside [0, 1).
+        NoEventsError: a run directory is missing or holds no event files (the message names it).
+    """
+    if not runs:
+        raise ValueError("make_report needs at least one run directory")
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
+    paths = [Path(r) for r in runs]
+    data = [load_run(p) for p in paths]
+    unique_names(data)
+    out_dir = Path(out) if out is not None else paths[0] / "report"
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    notes: list[str] = [n for r in data for n in r.notes]
+    for r in data:
+        if not r.scalars:
+            notes.append(f"{r.name}: the event files hold no scalars yet (an early or partial run).")
+    plot = Plotter(data, out_dir, smoothing, formats, dpi)
+    entries = {r.name: nx.eval_entries(r) for r in data}
+    kids = {r.name: nx.children(r) for r in data}
+    windows = {r.name: nx.pair_windows(r) for r in data}
+
+    solve_panels = [("matched tasks (fillers excluded)", tags.SOLVE_RATE)]
+    if any(nx.has(r, tags.FILLER_SOLVE_RATE) for r in data):
+        solve_panels.append(("filler tasks", tags.FILLER_SOLVE_RATE))
+    solve_panels.append(("well-formatted attempts", tags.STUDENT_FORMAT_RATE))
+    figures: list[tuple[str, str | None, str]] = [
+        (
+            "Student solve rate",
+            plot.lines("solve_rate", "Student solve rate on matched tasks", solve_panels, 3, notes),
+            "Correct fraction of the students' attempts at their matched teachers' tasks (the p̂ that rewards and "
+            f"ratings use; `{tags.SOLVE_RATE}`); filler attempts at buffered tasks are excluded and shown apart "
+            "when a run has any.",
+        ),
+        (
+            "Teacher reward",
+            plot.lines("teacher_reward", "Teacher reward", [("teacher reward", tags.TEACHER_REWARD)], 1, notes),
+            "",
+        ),
+        (
+            "Student reward",
+            plot.lines("student_reward", "Student reward", [("student reward", tags.STUDENT_REWARD)], 1, notes),
+            "",
+        ),
+        (
+            "Teacher × student solve rate",
+            plot.pairs(windows, notes),
+            f"Per window of steps (the run's steps in {nx.PAIR_WINDOWS} equal parts), the solve rate of each "
+            "matched pair: correct / attempts of the student (column) at the teacher's (row) tasks; grey: not "
+            "matched or no valid task in the window.",
+        ),
+        ("Ratings", plot.ratings(notes), ""),
+        (
+            "Evolution retention",
+            plot.retention(kids, notes),
+            "Thin lines: each child's rank within its role (μ − 3σ, 1 = best) k steps after its birth; crosses at "
+            "k = 0: the rank of the member it replaced, when culled; thick: mean per operator at "
+            f"k ∈ {{{', '.join(str(k) for k in nx.RETENTION_KS[:4])}, …}}.",
+        ),
+        (
+            "Valid rate",
+            plot.lines(
+                "valid_rate",
+                "Proposal valid rate",
+                [("all task types", tags.VALID_RATE)] + [(tt, tags.valid_rate(tt)) for tt in nx.task_types(data)],
+                4,
+                notes,
+            ),
+            "",
+        ),
+        ("Validity reasons", plot.validity(notes), ""),
+        (
+            "Program complexity",
+            plot.lines(
+                "complexity",
+                "Program complexity (valid teacher programs)",
+                [(label, tags.program(key)) for key, label in
+                 (("ast_depth", "AST depth"), ("cyclomatic", "cyclomatic complexity"), ("loc", "lines of code"),
+                  ("variables", "variables"))],
+                2,
+                notes,
+            ),
+            "",
+        ),
+        (
+            "Coverage",
+            plot.lines(
+                "coverage",
+                "Problem-space coverage (cumulative distinct)",
+                [("programs", tags.program("coverage_programs")), ("signatures", tags.program("coverage_signatures"))],
+                2,
+                notes,
+            ),
+            "",
+        ),
+        (
+            "Per role",
+            plot.roles(notes),
+            "Entropy, response length and reward of each role measured on that role's completions only; for the "
+            "single-agent baseline the teacher curve is its proposer and the student curve its solver.",
+        ),
+        (
+            "Response length",
+            plot.lines(
+                "response_length",
+                "Response length (tokens)",
+                [(role, tags.response_length(role)) for role in tags.ROLES],
+                2,
+                notes,
+            ),
+            "",
+        ),
+        (
+            "Entropy",
+            plot.lines(
+                "entropy",
+                "Policy entropy (mean per token of the role's completions)",
+                [(role, tags.entropy(role)) for role in tags.ROLES],
+                2,
+                notes,
+            ),
+            "",
+        ),
+        (
+            "Losses",
+            plot.lines(
+                "losses",
+                "Policy update (means over members)",
+                [
+                    ("policy loss", tags.loss("policy_loss")),
+                    ("grad norm", tags.loss("grad_norm")),
+                    ("clip fraction", tags.loss("clip_frac")),
+                    ("entropy (loss)", tags.loss("entropy")),
+                    ("fraction of zero-std reward groups", tags.FRAC_REWARD_ZERO_STD),
+                ],
+                3,
+                notes,
+            ),
+            "",
+        ),
+        ("Time per phase", plot.timing(notes), ""),
+        ("Evaluation", plot.evaluation(entries, notes), ""),
+    ]
+    _write_atomic(out_dir / "summary.md", summary_markdown(data, smoothing, entries, kids, windows, figures, notes))
+    _write_atomic(out_dir / "figures.json", json.dumps({"figures": plot.manifest}, indent=1) + "\n")
+    return out_dir
+
+
+def run_report(cfg: ReportConfig) -> Path:
+    """Entry point for ``populora report``: :func:`make_report` from a :class:`ReportConfig`."""
+    return make_report(cfg.runs, cfg.out, cfg.smoothing, formats=cfg.formats, dpi=cfg.dpi)
