@@ -1,4 +1,14 @@
-"""Shipped seed tasks: 13 small hand-written programs (AZR's identity zero triplet first) and input generators.
+"""Shipped seed tasks: 20 small hand-written programs and the input generators of their arguments.
+
+The seeds start every buffer, so they are the students' first filler tasks, the proposers' first reference
+snippets and the first programs of induction proposals. They are chosen so that a small model can work with
+them from step 1 (``benchmarks/seed_solvability.py`` measures how often SmolLM2-135M solves them):
+
+- AZR's identity zero triplet first (``f(a) = a`` with ``'Hello world'``);
+- 13 one-operation programs (``n + 1``, ``s.upper()``, ``len(s)``, ``max(nums)``, ``sorted(nums)``...) with
+  short, small inputs: a deduction is one step of arithmetic or string work; some abductions are solved by
+  copying the output (``sorted``, ``s.upper()``, the identity); an induction is one line;
+- 6 multi-step programs (loops, a helper function, string building) for variety.
 
 Every seed has ten inputs; the outputs were computed in the sandbox (two runs each, as in validation) and are
 re-verified by ``tests/env/test_seeds.py``. The buffers start with:
@@ -55,6 +65,7 @@ ARG_GENERATORS: dict[str, Callable[[np.random.Generator], Any]] = {
     "letters": lambda rng: _word(rng, 5, 12),
     "posint": lambda rng: int(rng.integers(1, 10**6)),
     "smallint": lambda rng: int(rng.integers(0, 10)),
+    "number": lambda rng: int(rng.integers(-99, 100)),
     "bigint": lambda rng: int(rng.integers(10, 10**12)),
     "runs": _runs,
     "wordlist": lambda rng: [_word(rng, 1, 6) for _ in range(int(rng.integers(3, 7)))],
@@ -92,6 +103,435 @@ SEED_PROGRAMS: tuple[SeedProgram, ...] = (
         message='returns whatever you input',
         inputs=_IDENTITY_IO,
         outputs=_IDENTITY_IO,
+    ),
+    SeedProgram(
+        name='add_one',
+        program=(
+            'def f(n):\n'
+            '    return n + 1\n'
+        ),
+        arg_kinds=('posint',),
+        message='adds one to the number',
+        inputs=(
+            '7',
+            '41',
+            '3',
+            '100',
+            '58',
+            '12',
+            '999',
+            '26',
+            '5',
+            '80',
+        ),
+        outputs=(
+            '8',
+            '42',
+            '4',
+            '101',
+            '59',
+            '13',
+            '1000',
+            '27',
+            '6',
+            '81',
+        ),
+    ),
+    SeedProgram(
+        name='double',
+        program=(
+            'def f(x):\n'
+            '    return x * 2\n'
+        ),
+        arg_kinds=('number',),
+        message='doubles the number',
+        inputs=(
+            '4',
+            '9',
+            '0',
+            '1',
+            '2',
+            '3',
+            '5',
+            '6',
+            '7',
+            '8',
+        ),
+        outputs=(
+            '8',
+            '18',
+            '0',
+            '2',
+            '4',
+            '6',
+            '10',
+            '12',
+            '14',
+            '16',
+        ),
+    ),
+    SeedProgram(
+        name='upper',
+        program=(
+            'def f(s):\n'
+            '    return s.upper()\n'
+        ),
+        arg_kinds=('letters',),
+        message='the text in capital letters',
+        inputs=(
+            "'hello'",
+            "'cat'",
+            "'python'",
+            "'abc'",
+            "'zebra'",
+            "'moon'",
+            "'quick'",
+            "'lamp'",
+            "'river'",
+            "'gold'",
+        ),
+        outputs=(
+            "'HELLO'",
+            "'CAT'",
+            "'PYTHON'",
+            "'ABC'",
+            "'ZEBRA'",
+            "'MOON'",
+            "'QUICK'",
+            "'LAMP'",
+            "'RIVER'",
+            "'GOLD'",
+        ),
+    ),
+    SeedProgram(
+        name='length',
+        program=(
+            'def f(s):\n'
+            '    return len(s)\n'
+        ),
+        arg_kinds=('text',),
+        message='the number of characters in the text',
+        inputs=(
+            "'apple'",
+            "'hi there'",
+            "'code'",
+            "'a b c'",
+            "'sunny day'",
+            "'x'",
+            "'hello world'",
+            "'tree'",
+            "'blue sky'",
+            "'ok'",
+        ),
+        outputs=(
+            '5',
+            '8',
+            '4',
+            '5',
+            '9',
+            '1',
+            '11',
+            '4',
+            '8',
+            '2',
+        ),
+    ),
+    SeedProgram(
+        name='first',
+        program=(
+            'def f(nums):\n'
+            '    return nums[0]\n'
+        ),
+        arg_kinds=('ints',),
+        message='the first number of the list',
+        inputs=(
+            '[5, 2, 8]',
+            '[1, 9]',
+            '[-3, 4, 7, 0]',
+            '[10, 20, 30]',
+            '[7]',
+            '[0, 6, 2]',
+            '[42, 1]',
+            '[-1, -2, -3]',
+            '[3, 3, 4]',
+            '[8, 5, 1, 9]',
+        ),
+        outputs=(
+            '5',
+            '1',
+            '-3',
+            '10',
+            '7',
+            '0',
+            '42',
+            '-1',
+            '3',
+            '8',
+        ),
+    ),
+    SeedProgram(
+        name='largest',
+        program=(
+            'def f(nums):\n'
+            '    return max(nums)\n'
+        ),
+        arg_kinds=('ints',),
+        message='the largest number in the list',
+        inputs=(
+            '[3, 9, 4]',
+            '[1, 2]',
+            '[-5, -2, -9]',
+            '[7, 7, 1]',
+            '[0, 10, 5]',
+            '[12, 4, 8, 6]',
+            '[-1, 0]',
+            '[5]',
+            '[2, 11, 3, 9]',
+            '[6, 15, 14]',
+        ),
+        outputs=(
+            '9',
+            '2',
+            '-2',
+            '7',
+            '10',
+            '12',
+            '0',
+            '5',
+            '11',
+            '15',
+        ),
+    ),
+    SeedProgram(
+        name='add',
+        program=(
+            'def f(a, b):\n'
+            '    return a + b\n'
+        ),
+        arg_kinds=('smallint', 'smallint'),
+        message='the sum of the two numbers',
+        inputs=(
+            '2, 3',
+            '5, 4',
+            '0, 7',
+            '1, 1',
+            '6, 8',
+            '9, 2',
+            '3, 3',
+            '4, 0',
+            '7, 5',
+            '8, 9',
+        ),
+        outputs=(
+            '5',
+            '9',
+            '7',
+            '2',
+            '14',
+            '11',
+            '6',
+            '4',
+            '12',
+            '17',
+        ),
+    ),
+    SeedProgram(
+        name='last_digit',
+        program=(
+            'def f(n):\n'
+            '    return n % 10\n'
+        ),
+        arg_kinds=('bigint',),
+        message='the last digit of the number',
+        inputs=(
+            '123',
+            '58',
+            '9071',
+            '46',
+            '3315',
+            '20',
+            '77',
+            '1000004',
+            '89',
+            '642',
+        ),
+        outputs=(
+            '3',
+            '8',
+            '1',
+            '6',
+            '5',
+            '0',
+            '7',
+            '4',
+            '9',
+            '2',
+        ),
+    ),
+    SeedProgram(
+        name='count_words',
+        program=(
+            'def f(words):\n'
+            '    return len(words)\n'
+        ),
+        arg_kinds=('wordlist',),
+        message='how many words are in the list',
+        inputs=(
+            "['a', 'b']",
+            "['cat', 'dog', 'fish']",
+            "['x']",
+            "['one', 'two', 'three', 'four']",
+            "['red', 'blue', 'green']",
+            "['sun', 'moon']",
+            "['hi']",
+            "['up', 'down', 'left', 'right', 'top']",
+            "['tea', 'milk']",
+            "['a', 'bb', 'ccc', 'dddd']",
+        ),
+        outputs=(
+            '2',
+            '3',
+            '1',
+            '4',
+            '3',
+            '2',
+            '1',
+            '5',
+            '2',
+            '4',
+        ),
+    ),
+    SeedProgram(
+        name='sort',
+        program=(
+            'def f(nums):\n'
+            '    return sorted(nums)\n'
+        ),
+        arg_kinds=('ints',),
+        message='the numbers sorted from smallest to largest',
+        inputs=(
+            '[3, 1, 2]',
+            '[5, 4]',
+            '[9, 0, 7, 1]',
+            '[2, 2, 1]',
+            '[10, -1, 5]',
+            '[8, 6, 7, 5]',
+            '[1, 2, 3]',
+            '[4, -2]',
+            '[0, 9, 3, 6, 2]',
+            '[7, 1]',
+        ),
+        outputs=(
+            '[1, 2, 3]',
+            '[4, 5]',
+            '[0, 1, 7, 9]',
+            '[1, 2, 2]',
+            '[-1, 5, 10]',
+            '[5, 6, 7, 8]',
+            '[1, 2, 3]',
+            '[-2, 4]',
+            '[0, 2, 3, 6, 9]',
+            '[1, 7]',
+        ),
+    ),
+    SeedProgram(
+        name='reverse_text',
+        program=(
+            'def f(s):\n'
+            '    return s[::-1]\n'
+        ),
+        arg_kinds=('letters',),
+        message='the text backwards',
+        inputs=(
+            "'abc'",
+            "'hello'",
+            "'stop'",
+            "'python'",
+            "'level'",
+            "'cat'",
+            "'moon'",
+            "'drawer'",
+            "'xyz'",
+            "'lamp'",
+        ),
+        outputs=(
+            "'cba'",
+            "'olleh'",
+            "'pots'",
+            "'nohtyp'",
+            "'level'",
+            "'tac'",
+            "'noom'",
+            "'reward'",
+            "'zyx'",
+            "'pmal'",
+        ),
+    ),
+    SeedProgram(
+        name='square',
+        program=(
+            'def f(n):\n'
+            '    return n * n\n'
+        ),
+        arg_kinds=('number',),
+        message='the number times itself',
+        inputs=(
+            '3',
+            '5',
+            '2',
+            '0',
+            '1',
+            '4',
+            '6',
+            '7',
+            '8',
+            '9',
+        ),
+        outputs=(
+            '9',
+            '25',
+            '4',
+            '0',
+            '1',
+            '16',
+            '36',
+            '49',
+            '64',
+            '81',
+        ),
+    ),
+    SeedProgram(
+        name='is_even',
+        program=(
+            'def f(n):\n'
+            '    return n % 2 == 0\n'
+        ),
+        arg_kinds=('posint',),
+        message='True if the number is even, else False',
+        inputs=(
+            '4',
+            '7',
+            '10',
+            '13',
+            '22',
+            '35',
+            '100',
+            '1',
+            '58',
+            '91',
+        ),
+        outputs=(
+            'True',
+            'False',
+            'True',
+            'False',
+            'True',
+            'False',
+            'True',
+            'False',
+            'True',
+            'False',
+        ),
     ),
     SeedProgram(
         name='even_squares',
@@ -200,129 +640,6 @@ SEED_PROGRAMS: tuple[SeedProgram, ...] = (
         ),
     ),
     SeedProgram(
-        name='char_counts',
-        program=(
-            'def f(text):\n'
-            '    counts = {}\n'
-            '    for ch in text:\n'
-            '        counts[ch] = counts.get(ch, 0) + 1\n'
-            '    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))\n'
-        ),
-        arg_kinds=('letters',),
-        message='character counts, most frequent first, ties alphabetical',
-        inputs=(
-            "'tjwvrwtdk'",
-            "'jimnvpszjggw'",
-            "'tynxitrdi'",
-            "'zartc'",
-            "'dixxk'",
-            "'ywyluiagjxq'",
-            "'xhaaifzy'",
-            "'dkqpcdfzxv'",
-            "'yewgvchz'",
-            "'bamzzebgcrxb'",
-        ),
-        outputs=(
-            "[('t', 2), ('w', 2), ('d', 1), ('j', 1), ('k', 1), ('r', 1), ('v', 1)]",
-            "[('g', 2), ('j', 2), ('i', 1), ('m', 1), ('n', 1), ('p', 1), ('s', 1), ('v', 1), ('w', 1), ('z', 1)]",
-            "[('i', 2), ('t', 2), ('d', 1), ('n', 1), ('r', 1), ('x', 1), ('y', 1)]",
-            "[('a', 1), ('c', 1), ('r', 1), ('t', 1), ('z', 1)]",
-            "[('x', 2), ('d', 1), ('i', 1), ('k', 1)]",
-            "[('y', 2), ('a', 1), ('g', 1), ('i', 1), ('j', 1), ('l', 1), ('q', 1), ('u', 1), ('w', 1), ('x', 1)]",
-            "[('a', 2), ('f', 1), ('h', 1), ('i', 1), ('x', 1), ('y', 1), ('z', 1)]",
-            "[('d', 2), ('c', 1), ('f', 1), ('k', 1), ('p', 1), ('q', 1), ('v', 1), ('x', 1), ('z', 1)]",
-            "[('c', 1), ('e', 1), ('g', 1), ('h', 1), ('v', 1), ('w', 1), ('y', 1), ('z', 1)]",
-            "[('b', 3), ('z', 2), ('a', 1), ('c', 1), ('e', 1), ('g', 1), ('m', 1), ('r', 1), ('x', 1)]",
-        ),
-    ),
-    SeedProgram(
-        name='collatz',
-        program=(
-            'def f(n):\n'
-            '    steps = 0\n'
-            '    while n != 1 and steps < 500:\n'
-            '        n = n // 2 if n % 2 == 0 else 3 * n + 1\n'
-            '        steps += 1\n'
-            '    return steps\n'
-        ),
-        arg_kinds=('posint',),
-        message='number of Collatz steps to reach 1 (at most 500)',
-        inputs=(
-            '534889',
-            '414481',
-            '274571',
-            '713495',
-            '393175',
-            '236270',
-            '598794',
-            '324415',
-            '241397',
-            '513950',
-        ),
-        outputs=(
-            '71',
-            '68',
-            '176',
-            '123',
-            '161',
-            '49',
-            '203',
-            '184',
-            '212',
-            '138',
-        ),
-    ),
-    SeedProgram(
-        name='stack_machine',
-        program=(
-            'class Stack:\n'
-            '    def __init__(self):\n'
-            '        self.items = []\n'
-            '\n'
-            '    def push(self, x):\n'
-            '        self.items.append(x)\n'
-            '\n'
-            '    def pop(self):\n'
-            '        return self.items.pop() if self.items else 0\n'
-            '\n'
-            '\n'
-            'def f(ops):\n'
-            '    stack = Stack()\n'
-            '    for op in ops:\n'
-            '        if op >= 0:\n'
-            '            stack.push(op)\n'
-            '        else:\n'
-            '            stack.push(stack.pop() + stack.pop())\n'
-            '    return stack.items\n'
-        ),
-        arg_kinds=('ints',),
-        message='a stack: non-negative numbers are pushed, a negative number adds the top two',
-        inputs=(
-            '[23, 33, 15, -22, -29]',
-            '[23, 16, -21]',
-            '[2, -36, 21, -44, -33, 0, 8]',
-            '[17, 4, 1, -1]',
-            '[-38, 14, 32, 9, -50, 1]',
-            '[15, -36, -49, -17]',
-            '[-31, 37, -48, 39, 5, -14]',
-            '[-9, -28, 8]',
-            '[14, -22, -15]',
-            '[-47, 35, 42, -19, -4, -38, -50]',
-        ),
-        outputs=(
-            '[71]',
-            '[39]',
-            '[23, 0, 8]',
-            '[17, 5]',
-            '[0, 14, 41, 1]',
-            '[15]',
-            '[37, 44]',
-            '[0, 8]',
-            '[14]',
-            '[77]',
-        ),
-    ),
-    SeedProgram(
         name='caesar',
         program=(
             'def f(text, shift):\n'
@@ -401,40 +718,6 @@ SEED_PROGRAMS: tuple[SeedProgram, ...] = (
         ),
     ),
     SeedProgram(
-        name='window_sums',
-        program=(
-            'def f(nums, k):\n'
-            '    k = max(1, k)\n'
-            '    return [sum(nums[i:i + k]) for i in range(len(nums) - k + 1)]\n'
-        ),
-        arg_kinds=('ints', 'smallint'),
-        message='sums of every window of k consecutive numbers',
-        inputs=(
-            '[44, -38, -12, -18, -21, -28], 5',
-            '[27, -25, 22, -8, -31, -6], 2',
-            '[0, 19, 38, -18, -1], 0',
-            '[43, -24, -21, -19, -20, -21], 3',
-            '[-48, -14, -41, 10, 39, -41, -43, 26], 4',
-            '[-25, 7, 46, -34, 39, 19, 6, 31], 4',
-            '[-3, -35, -39, -18, -28, -47], 6',
-            '[0, 14, -15, -21, 15, 44], 8',
-            '[-6, -5, -47, 7], 3',
-            '[20, -24, 34, -14, -37, -46], 3',
-        ),
-        outputs=(
-            '[-45, -117]',
-            '[2, -3, 14, -39, -37]',
-            '[0, 19, 38, -18, -1]',
-            '[-2, -64, -60, -60]',
-            '[-93, -6, -33, -35, -19]',
-            '[-6, 58, 70, 30, 95]',
-            '[-170]',
-            '[]',
-            '[-58, -45]',
-            '[30, -4, -17, -97]',
-        ),
-    ),
-    SeedProgram(
         name='run_length',
         program=(
             'def f(s):\n'
@@ -473,78 +756,6 @@ SEED_PROGRAMS: tuple[SeedProgram, ...] = (
             "'c4a2'",
             "'a4c2'",
             "'a6'",
-        ),
-    ),
-    SeedProgram(
-        name='group_by_length',
-        program=(
-            'def f(words):\n'
-            '    table = {}\n'
-            '    for w in words:\n'
-            '        table.setdefault(len(w), []).append(w)\n'
-            '    return {k: sorted(v) for k, v in sorted(table.items())}\n'
-        ),
-        arg_kinds=('wordlist',),
-        message='groups the words by length, each group sorted',
-        inputs=(
-            "['d', 'imitd', 'dijyiv', 'cr']",
-            "['byyy', 'g', 'mkanqv', 'xvww', 'n']",
-            "['k', 'jkq', 'jz', 'fbsrgs']",
-            "['focnz', 'fqlp', 'fv', 'qc']",
-            "['tb', 'rf', 'naxs']",
-            "['jppefb', 'segyi', 'vmihb', 'yjuw']",
-            "['p', 'u', 'h', 'zngdg', 'zz']",
-            "['fnh', 'cf', 'pwwnhq']",
-            "['fg', 'uo', 'ro', 'abduly']",
-            "['ey', 'uuu', 'ncpdf', 'fn', 'j']",
-        ),
-        outputs=(
-            "{1: ['d'], 2: ['cr'], 5: ['imitd'], 6: ['dijyiv']}",
-            "{1: ['g', 'n'], 4: ['byyy', 'xvww'], 6: ['mkanqv']}",
-            "{1: ['k'], 2: ['jz'], 3: ['jkq'], 6: ['fbsrgs']}",
-            "{2: ['fv', 'qc'], 4: ['fqlp'], 5: ['focnz']}",
-            "{2: ['rf', 'tb'], 4: ['naxs']}",
-            "{4: ['yjuw'], 5: ['segyi', 'vmihb'], 6: ['jppefb']}",
-            "{1: ['h', 'p', 'u'], 2: ['zz'], 5: ['zngdg']}",
-            "{2: ['cf'], 3: ['fnh'], 6: ['pwwnhq']}",
-            "{2: ['fg', 'ro', 'uo'], 6: ['abduly']}",
-            "{1: ['j'], 2: ['ey', 'fn'], 3: ['uuu'], 5: ['ncpdf']}",
-        ),
-    ),
-    SeedProgram(
-        name='fib_mod',
-        program=(
-            'def f(n, m):\n'
-            '    a, b = 0, 1\n'
-            '    for _ in range(n % 200):\n'
-            '        a, b = b, (a + b) % m\n'
-            '    return a\n'
-        ),
-        arg_kinds=('posint', 'posint'),
-        message='the (n mod 200)-th Fibonacci number modulo m',
-        inputs=(
-            '906220, 920236',
-            '684335, 888689',
-            '826887, 172693',
-            '703757, 502524',
-            '807313, 967804',
-            '916477, 246769',
-            '553047, 39033',
-            '645007, 837445',
-            '565180, 465344',
-            '736396, 617630',
-        ),
-        outputs=(
-            '6765',
-            '107841',
-            '104651',
-            '26369',
-            '373889',
-            '222800',
-            '23113',
-            '13',
-            '136048',
-            '261417',
         ),
     ),
 )
