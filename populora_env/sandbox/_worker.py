@@ -651,14 +651,17 @@ class Worker:
             "policy": os.sched_getscheduler(0),
             "sched_priority": os.sched_getparam(0).sched_priority,
             "affinity": sorted(os.sched_getaffinity(0)),
-            "rlimits": [list(resource.getrlimit(r)) for r in _RLIMITS],
+            "rlimits": [resource.getrlimit(r) for r in _RLIMITS],
         }
         nr = _SYS_IOPRIO_GET.get(self._arch)
         if nr is not None:
             out["ioprio"] = self.libc.syscall(nr, _IOPRIO_WHO_PROCESS, 0)
-        try:
-            with open("/proc/self/autogroup") as fh:  # "/autogroup-N nice K" (absent without autogroup)
-                out["autogroup_nice"] = fh.read().split()[-1]
+        try:  # "/autogroup-N nice K" (absent without CONFIG_SCHED_AUTOGROUP); os.open: 4x cheaper than open()
+            fd = os.open("/proc/self/autogroup", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                out["autogroup_nice"] = os.read(fd, 256).split()[-1].decode()
+            finally:
+                os.close(fd)
         except (OSError, IndexError):
             out["autogroup_nice"] = None
         return out

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import pytest
 
 from populora_env.sandbox import ExecJob, ExecResult, Sandbox
+from populora_env.sandbox import isolation as iso
 
 from .conftest import HostBait, assert_workers_clean
 
@@ -110,19 +111,19 @@ CORPUS: list[Hostile] = [
         p.join()
         """),
     H("subprocess_run", 'import subprocess\nsubprocess.run(["touch", "$MARKER_DIR/subprocess"])'),
-    H("os_system", 'import os\nrc = os.system("touch $MARKER_DIR/system")', "rc != 0", expect={"ok", "error"}),
+    H("os_system", 'import os\nrc = os.system("touch $MARKER_DIR/system")', "rc != 0", expect="ok", value="True"),
     H("posix_spawn", 'import os\nos.posix_spawn("/usr/bin/touch", ["touch", "$MARKER_DIR/spawn"], {})'),
     H("execv", 'import os\nos.execv("/usr/bin/touch", ["touch", "$MARKER_DIR/execv"])'),
     H("reload_os_then_posix_system", """
         import importlib, os, posix
         importlib.reload(os)
         rc = posix.system("touch $MARKER_DIR/posix")
-        """, "rc != 0", expect={"ok", "error"}),
+        """, "rc != 0", expect="ok", value="True"),
     H("pty_spawn", 'import pty\npty.spawn(["touch", "$MARKER_DIR/pty"])'),
     H("ctypes_libc_system", """
         import ctypes
         rc = ctypes.CDLL(None).system(b"touch $MARKER_DIR/ctypes")
-        """, "rc != 0", expect={"ok", "error"}),
+        """, "rc != 0", expect="ok", value="True"),
     H("raw_process_syscalls", RAW + """
         SIGCHLD = 17
         out = [raw("fork"), raw("vfork"), raw("clone", SIGCHLD, 0, 0, 0, 0), raw("clone3", 0, 0)]
@@ -227,7 +228,7 @@ CORPUS: list[Hostile] = [
         open('../leak', 'w').write('x')
         os.mkdir('../leakdir')
         open('inside', 'w').write('y')
-        """, "sorted(os.listdir('..'))", expect={"ok", "error"}),
+        """, "sorted(os.listdir('..'))", expect="error", check=lambda r: _erofs(r)),
     H("chmod_job_area", """
         import os
         open('f', 'w').close()
@@ -248,7 +249,8 @@ CORPUS: list[Hostile] = [
                 fh.write(b'x' * (8 << 20))
             i += 1
         """, expect="error"),
-    H("file_size_bomb", "open('big', 'wb').write(b'x' * (100 << 20))", expect={"error", "memory_limit"}),
+    H("file_size_bomb", "open('big', 'wb').write(b'x' * (100 << 20))", expect="error",
+      check=lambda r: _error_starts(r, "OSError: [Errno 27] File too large")),
     H("fd_bomb", "fds = [open('/dev/null') for _ in range(100000)]", expect="error"),
     H("proc_root_of_parent", "import os\nprint(os.listdir(f'/proc/{os.getppid()}/root/'))", expect="error"),
     H("sysrq_and_kmsg", "open('/proc/sysrq-trigger', 'w').write('b')", expect="error"),
@@ -258,14 +260,15 @@ CORPUS: list[Hostile] = [
         import ctypes, sys
         ctypes.c_long.from_address(id(5) + sys.getsizeof(0)).value = 6
         """, "2 + 3", expect={"ok", "crashed", "error"}),
-    H("mmap_bomb", "import mmap\nm = mmap.mmap(-1, 8 << 30)", expect={"error", "memory_limit"}),
+    H("mmap_bomb", "import mmap\nm = mmap.mmap(-1, 8 << 30)", expect="error",
+      check=lambda r: _error_starts(r, "OSError: [Errno 12] Cannot allocate memory")),
     H("mmap_touch_all", """
         import mmap
         m = mmap.mmap(-1, 200 << 20)
         for i in range(0, len(m), 4096):
             m[i] = 1
         m2 = mmap.mmap(-1, 200 << 20)
-        """, expect={"error", "memory_limit"}),
+        """, expect="error", check=lambda r: _error_starts(r, "OSError: [Errno 12] Cannot allocate memory")),
     H("raw_privileged_syscalls", RAW + """
         import os
         names = ('unshare', 'setns', 'mount', 'bpf', 'perf_event_open', 'io_uring_setup', 'keyctl',
@@ -325,7 +328,7 @@ CORPUS: list[Hostile] = [
       expect="error"),
     H("stderr_flood", "import sys\nfor _ in range(10000):\n    sys.stderr.write('e' * 1000)", "1",
       expect="ok", value="1"),
-    H("close_stdout", "import os\nos.close(1)\nprint('hidden')", "1", expect={"ok", "error"}),
+    H("close_stdout", "import os\nos.close(1)\nprint('hidden')", "1", expect="ok", value="1"),
     H("read_stdin", "x = input()", expect="error"),
     H("write_to_other_fds", """
         import os
@@ -357,20 +360,28 @@ CORPUS: list[Hostile] = [
         builtins.len = lambda x: 42
         """, "sorted([2, 1])", expect="ok", value="'hacked'"),
     H("tamper_sys_modules", "import sys, math\nmath.sqrt = lambda x: -1\nsys.modules.clear()", "1",
-      expect={"ok", "error", "crashed"}),
+      expect="ok", value="1"),
     H("tamper_reply_machinery", """
         import json, os
         json.dumps = lambda *a, **k: 1 / 0
         os.write = lambda *a: 0
-        """, "'tampered'", expect={"ok", "crashed", "error"}),
+        """, "'tampered'", expect="ok", value="'tampered'"),
     H("tamper_random_seed", "import random\nrandom.seed(0)", "random.random()", expect="ok"),
 ]
 
 
 def _no_host_env(r: ExecResult) -> None:
-    assert r.value is not None and r.value.startswith("(None, ")
-    assert "POPULORA_TEST_SECRET_TOKEN" not in r.value
-    assert "HOME" in r.value  # the scrubbed worker environment is all there is
+    # the scrubbed worker environment is all there is (PWD is set by bubblewrap's --chdir)
+    keys = sorted([*iso.worker_env(), "PWD"])
+    assert r.value == repr((None, keys))
+
+
+def _erofs(r: ExecResult) -> None:
+    assert r.error.startswith("OSError: [Errno 30] Read-only file system: '../leak'"), r.error
+
+
+def _error_starts(r: ExecResult, text: str) -> None:
+    assert r.error.startswith(text), r.error
 
 
 def _no_value(r: ExecResult) -> None:
@@ -378,7 +389,7 @@ def _no_value(r: ExecResult) -> None:
 
 
 def test_corpus_size() -> None:
-    assert len(CORPUS) >= 40
+    assert len(CORPUS) == 79  # update when adding programs: a shrinking corpus must not go unnoticed
     assert len({c.name for c in CORPUS}) == len(CORPUS)
 
 
@@ -432,7 +443,8 @@ def test_whole_corpus_as_one_batch_then_normal_job(sb: Sandbox, bait: HostBait, 
 def test_tampering_does_not_leak_to_later_jobs(bait: HostBait) -> None:
     """With one worker, every job after a tampering job runs on the same worker and sees pristine state."""
     tamper = [c for c in CORPUS if c.name.startswith(("tamper_", "ctypes_corrupt"))]
-    assert len(tamper) >= 4
+    assert [c.name for c in tamper] == ["ctypes_corrupt_small_int", "tamper_builtins", "tamper_sys_modules",
+                                        "tamper_reply_machinery", "tamper_random_seed"]
     check = ExecJob(
         code="import math, json, os, random\nstate = (sorted([2, 1]), len('ab'), math.sqrt(4), 2 + 3, "
              "json.dumps([1]), os.write.__name__)",

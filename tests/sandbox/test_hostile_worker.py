@@ -1,6 +1,6 @@
 """Jobs that try to change their worker (or any other process) for good, checked on the host.
 
-Each attack runs on a single-worker pool; afterwards, on the host: the same worker processes are still there
+Each attack runs on a single-worker pool, namespaced and plain; afterwards, on the host: the same worker processes are still there
 (no restart was needed), the fork server's nice, scheduling policy, real-time priority, affinity, I/O priority,
 rlimits and autogroup nice are exactly what they were before any job ran (and normal: nice 0, SCHED_OTHER),
 the next job sees the same values for itself as a job before the attacks did, and a real job answers
@@ -61,7 +61,8 @@ ATTACKS: dict[str, str] = {
         py('own pgrp', os.setpriority, os.PRIO_PGRP, 0, 19)
         py('own user', os.setpriority, os.PRIO_USER, 0, 19)
         py('user of job', os.setpriority, os.PRIO_USER, os.getuid(), 19)
-        py('user root', os.setpriority, os.PRIO_USER, 0 if os.getuid() else 1, 19)
+        worker_uid = int(open(f'/proc/{ppid}/status').read().split('Uid:')[1].split()[0])
+        py('user of worker', os.setpriority, os.PRIO_USER, worker_uid, 19)  # 0 (root) means "own uid" here
         """,
     "setpriority_init_and_pid_scan": """
         for pid in range(1, 200):
@@ -166,10 +167,11 @@ SELF_VIEW = (
 )
 
 
-@pytest.fixture(scope="module")
-def one():
-    """A single-worker pool and what was true before any attack: fork-server attributes, a job's self view."""
-    with Sandbox(workers=1, limits=Limits(timeout_s=20.0, memory_mb=256)) as box:
+@pytest.fixture(scope="module", params=["bwrap", "plain"])
+def one(request):
+    """A single-worker pool (each mode) and what was true before any attack: fork-server attributes, a job's
+    view of itself."""
+    with Sandbox(workers=1, mode=request.param, limits=Limits(timeout_s=20.0, memory_mb=256)) as box:
         view = box.run_one(SELF_VIEW, "state")
         assert view.status == "ok", view
         box.wait_clean()
