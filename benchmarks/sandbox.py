@@ -6,6 +6,11 @@
 
 Jobs are small pure functions applied to an input with an expected output (AZR's deduction check), e.g.
 ``f([3, 1, 2])`` compared with ``[1, 2, 3]``. Run: ``python benchmarks/sandbox.py [--jobs 2000] [--workers 2]``.
+
+``--baseline-ref REV`` adds a side-by-side figure for the sandbox as it was at git revision ``REV`` (e.g. the
+commit before a new isolation layer): that tree's ``populora_env`` is extracted to a temporary directory and
+both versions run the same jobs, each in its own subprocess, interleaved repeat by repeat (the order
+alternating), so load changes on a shared machine hit both alike. It prints each median and their ratio.
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ import resource
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from populora_env.sandbox import ExecJob, Limits, Sandbox
 
@@ -106,6 +114,63 @@ def run_exec_pool(pool, jobs: list[ExecJob]) -> list[tuple[str | None, bool | No
     return list(pool.imap(_exec_one, [(j.code, j.call, j.compare_to) for j in jobs], chunksize=1))
 
 
+# ---------------------------------------------------------------------------------------------- side by side
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def sandbox_once(n_jobs: int, workers: int) -> dict:
+    """One (a) measurement in this process: rate, wrong results, layers, where the sandbox was imported from."""
+    import populora_env.sandbox as sandbox_pkg
+
+    jobs = make_jobs(n_jobs)
+    with Sandbox(workers=workers, limits=Limits(timeout_s=5.0, memory_mb=512)) as sb:
+        t0 = time.perf_counter()
+        res = sb.run(jobs)
+        rate = len(jobs) / (time.perf_counter() - t0)
+        layers = [layer.split(":")[0] for layer in sb.isolation]
+    bad = sum(1 for r in res if not (r.status == "ok" and r.match is True))
+    return {"rate": rate, "bad": bad, "layers": layers, "module": sandbox_pkg.__file__}
+
+
+def _extract(rev: str, into: str) -> None:
+    """``populora_env`` as of git revision ``rev``, written under ``into``."""
+    data = subprocess.run(["git", "-C", str(_REPO), "archive", "--format=tar", rev, "populora_env"],
+                          capture_output=True, check=True).stdout
+    tar_path = Path(into) / "tree.tar"
+    tar_path.write_bytes(data)
+    with tarfile.open(tar_path) as tar:
+        tar.extractall(into, filter="data")
+
+
+def _measure_in_subprocess(root: str, n_jobs: int, workers: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=root)
+    out = subprocess.run([sys.executable, __file__, "--only-sandbox", "--jobs", str(n_jobs), "--workers",
+                          str(workers)], capture_output=True, text=True, env=env, check=True, timeout=3600)
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    if not res["module"].startswith(root):
+        raise RuntimeError(f"the subprocess imported {res['module']}, not the tree under {root}")
+    return res
+
+
+def side_by_side(rev: str, n_jobs: int, workers: int, repeats: int) -> None:
+    """The current sandbox against the one at ``rev``, interleaved, each measurement in a fresh subprocess."""
+    with tempfile.TemporaryDirectory(prefix="populora-bench-") as old_root:
+        _extract(rev, old_root)
+        runs: dict[str, list[dict]] = {"current": [], rev: []}
+        roots = {"current": str(_REPO), rev: old_root}
+        for i in range(repeats):
+            order = ["current", rev] if i % 2 == 0 else [rev, "current"]
+            for name in order:
+                runs[name].append(_measure_in_subprocess(roots[name], n_jobs, workers))
+    med = {name: statistics.median(r["rate"] for r in rs) for name, rs in runs.items()}
+    for name, rs in runs.items():
+        rates = ", ".join(f"{r['rate']:.0f}" for r in rs)
+        print(f"(a) sandbox {name:>12}: {med[name]:8.1f} jobs/s (median of {len(rs)}: {rates}); wrong results "
+              f"{sum(r['bad'] for r in rs)}; layers: {', '.join(rs[0]['layers'])}")
+    print(f"ratio current / {rev} = {med['current'] / med[rev]:.3f} (cost of the layers added since {rev}: "
+          f"{100 * (1 - med['current'] / med[rev]):.1f}% of the throughput)")
+
+
 # ---------------------------------------------------------------------------------------------- main
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -113,7 +178,22 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="parallel workers for each design (default 2)")
     ap.add_argument("--repeats", type=int, default=3, help="repeats of (a) and (c); medians are printed")
     ap.add_argument("--spawn-repeats", type=int, default=1, help="repeats of (b), the slow one (default 1)")
+    ap.add_argument("--baseline-ref", metavar="REV",
+                    help="also measure the sandbox of git revision REV side by side with the current one")
+    ap.add_argument("--only-sandbox", action="store_true", help=argparse.SUPPRESS)  # one (a) run, as JSON
     args = ap.parse_args()
+    for name in ("jobs", "workers", "repeats", "spawn_repeats"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.only_sandbox:
+        print(json.dumps(sandbox_once(args.jobs, args.workers)))
+        return
+    if args.baseline_ref:
+        try:
+            subprocess.run(["git", "-C", str(_REPO), "rev-parse", "--verify", f"{args.baseline_ref}^{{commit}}"],
+                           capture_output=True, check=True)
+        except (OSError, subprocess.CalledProcessError):
+            ap.error(f"--baseline-ref {args.baseline_ref!r} is not a git revision of {_REPO}")
     jobs = make_jobs(args.jobs)
     print(f"{args.jobs} jobs, {args.workers} workers, {os.cpu_count()} CPUs, "
           f"load average before: {os.getloadavg()[0]:.2f}")
@@ -152,6 +232,9 @@ def main() -> None:
           f"{', '.join(f'{x:.0f}' for x in rates_c)}) -- no isolation")
     print(f"ratio a/b = {a / b:.2f}x   ratio a/c = {a / c:.3f}x")
     print(f"wrong or failed results: a={bad_a} b={bad_b} c={bad_c}; a and b agree on {same}/{len(jobs)} values")
+    if args.baseline_ref:
+        print(f"side by side with {args.baseline_ref} (load average now {os.getloadavg()[0]:.2f}):")
+        side_by_side(args.baseline_ref, args.jobs, args.workers, args.repeats)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
