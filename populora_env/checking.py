@@ -18,8 +18,8 @@ Identical answers to the same task are checked once (students often repeat thems
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from populora_env.literals import (
@@ -60,8 +60,15 @@ class CheckConfig:
 
     require_think: bool = True
     response_prefix: str = ""
+    response_prefixes: Mapping[str, str] = field(default_factory=dict)
+    lenient_answer_close: bool = False
     max_program_chars: int = 4000
     timeout_s: float | None = None
+
+    def prefix_for(self, task_type: TaskType) -> str:
+        """The response prefix of answers to ``task_type`` tasks (``response_prefixes`` by task-type value,
+        else ``response_prefix``), prepended to the completion before the format check."""
+        return self.response_prefixes.get(task_type.value, self.response_prefix)
 
 
 class AnswerChecker:
@@ -109,7 +116,10 @@ class AnswerChecker:
 
     def _prepare(self, task: Task, completion: object) -> AttemptOutcome | tuple[str, list[ExecJob]]:
         cfg = self.config
-        formatted = extract_answer(completion, require_think=cfg.require_think, prefix=cfg.response_prefix)
+        formatted = extract_answer(
+            completion, require_think=cfg.require_think, prefix=cfg.prefix_for(task.task_type),
+            require_close=not cfg.lenient_answer_close,
+        )
         if not formatted.format_ok:
             return AttemptOutcome(False, False, Reason.FORMAT, "no <think>…</think><answer>…</answer> structure")
         answer = formatted.answer

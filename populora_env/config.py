@@ -111,8 +111,13 @@ class EnvConfig:
     """A proposal whose (type, program, input) is already buffered is invalid ('duplicate'; AZR accepts it)."""
     require_think: bool = True
     """A well-formatted completion needs <think>…</think> before <answer>…</answer>."""
+    lenient_answer_close: bool = False
+    """Accept a completion whose final </answer> is missing (the answer then runs to the end of the text). A
+    documented leniency for small models that close the answer's code fence and stop (docs/prompts.md); AZR
+    requires the closing tag."""
     prompts: str = "chat"
-    """Registered prompt set (populora_env.prompts.list_prompt_sets())."""
+    """Registered prompt set (populora_env.prompts.list_prompt_sets()): the prompt texts, whether the chat
+    template applies, the response prefix per prompt kind and the stop strings ('chat', 'r1', 'azr', 'small')."""
     max_program_chars: int = 4000
     """Longest program a proposal may contain ('too_long')."""
     max_input_chars: int = 1000
@@ -155,7 +160,7 @@ class EnvConfig:
         check_int("references_k", self.references_k, 0, 64)
         check_int("induction_inputs", self.induction_inputs, 2, 64)
         check_int("buffer_cap", self.buffer_cap, 1, 1 << 24)
-        for name in ("student_fill", "reject_duplicates", "require_think"):
+        for name in ("student_fill", "reject_duplicates", "require_think", "lenient_answer_close"):
             check_bool(name, getattr(self, name))
         check_int("max_program_chars", self.max_program_chars, 16, MAX_CHARS)
         check_int("max_input_chars", self.max_input_chars, 1, MAX_CHARS)

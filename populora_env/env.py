@@ -21,7 +21,11 @@ Contract (what a training loop may rely on):
   agent missing from the dict, non-string entries and garbage are format errors; extras and inactive agents'
   actions are ignored. Nothing an agent sends raises.
 - ``infos[a]`` always has ``"phase"`` (``"propose"``/``"solve"``/``"done"``), ``"active"``, ``"round_index"``
-  and ``"requests"`` (aligned with ``obs[a]``: ``task_type``, ``task_id``, ``group``; teachers' induction
+  and ``"requests"`` (aligned with ``obs[a]``: ``task_type``, ``task_id``, ``group``; how to generate it:
+  ``prefix`` (the response prefix the completion continues: the env checks ``prefix + completion``),
+  ``chat_template`` (apply the tokenizer's chat template, then the prefix after the assistant opening; when
+  false, the observation already ends with the prefix) and ``stop`` (strings that end generation); see
+  :mod:`populora_env.prompts`; teachers' induction
   requests also carry ``program``/``n_inputs``; students' carry ``teacher`` (``None`` for filler), ``source``
   (``"match"``/``"fill"``) and ``sample``). ``group`` is unique per teacher prompt and shared by the samples of
   one task of one student.
@@ -52,7 +56,7 @@ from populora_env.checking import AnswerChecker, AttemptOutcome, CheckConfig
 from populora_env.config import ConfigError, EnvConfig, check_int, env_config
 from populora_env.matching import Pairing, Ratings, match_outcome, pfsp_match
 from populora_env.metrics import CoverageTracker, summarize
-from populora_env.prompts import PromptTemplates, get_prompt_set
+from populora_env.prompts import PROMPT_KINDS, PromptTemplates, get_prompt_set, prompt_kind
 from populora_env.results import AttemptResult, MatchResult, ProposalResult, RoundOutcome, RoundResults
 from populora_env.rewards import RewardScheme, compute_rewards, get_reward_scheme
 from populora_env.seeds import seed_tasks
@@ -88,7 +92,8 @@ class PopuLoRAParallelEnv(ParallelEnv):
 
     ``num_teachers``/``num_students`` (agents), ``tasks_per_teacher``, ``samples_per_task``, ``task_types``,
     ``reward_scheme`` + ``reward_kwargs``, ``references_k``, ``induction_inputs``, ``buffer_cap``,
-    ``student_fill``, ``reject_duplicates``, ``require_think``, ``prompts`` (a prompt-set name), the length
+    ``student_fill``, ``reject_duplicates``, ``require_think``, ``lenient_answer_close``, ``prompts`` (a
+    prompt-set name), the length
     limits, ``timeout_s``/``memory_mb``/``sandbox_workers`` (the sandbox) and ``trueskill`` (a
     :class:`TrueSkillConfig` or a dict of its fields). Besides registered names, ``reward_scheme`` may be a
     callable and ``prompts`` a :class:`PromptTemplates`. Every value is validated here, before any work; a bad
@@ -188,6 +193,8 @@ class PopuLoRAParallelEnv(ParallelEnv):
                 reject_duplicates=self.reject_duplicates,
                 require_think=self.require_think,
                 response_prefix=self.prompts.response_prefix,
+                response_prefixes=self.prompts.prefixes("propose"),
+                lenient_answer_close=cfg.lenient_answer_close,
                 timeout_s=self._timeout_s,
             )
         )
@@ -195,6 +202,8 @@ class PopuLoRAParallelEnv(ParallelEnv):
             CheckConfig(
                 require_think=self.require_think,
                 response_prefix=self.prompts.response_prefix,
+                response_prefixes=self.prompts.prefixes("solve"),
+                lenient_answer_close=cfg.lenient_answer_close,
                 max_program_chars=self.max_program_chars,
                 timeout_s=self._timeout_s,
             )
@@ -259,7 +268,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
         templates = max(
             len(p.propose_deduction), len(p.propose_abduction), len(p.propose_induction),
             len(p.solve_deduction), len(p.solve_abduction), len(p.solve_induction),
-        ) + len(p.wrapper) + len(p.banned)
+        ) + len(p.wrapper) + len(p.banned) + max(len(p.prefix(kind)) for kind in PROMPT_KINDS)
         io = self.max_input_chars + self.max_output_chars
         references = self.references_k * (self.max_program_chars + io + len(p.reference) + 16)
         induction = self.induction_inputs * (io + len(p.pair) + 16) + self.max_message_chars
@@ -305,6 +314,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
                     "task_type": task_type.value,
                     "task_id": task_id,
                     "group": f"r{self._round}/{teacher}/{k}",
+                    **self._generation_info("propose", task_type),
                 }
                 if task_type is TaskType.INDUCTION:
                     source = self._buffers.program_source(self._rng)
@@ -445,6 +455,15 @@ class PopuLoRAParallelEnv(ParallelEnv):
 
     # ------------------------------------------------------------------ the two steps
 
+    def _generation_info(self, role: str, task_type: TaskType) -> dict[str, Any]:
+        """How a request is generated (the prompt set's rules): the response prefix the completion continues,
+        whether the chat template applies, and the stop strings."""
+        return {
+            "prefix": self.prompts.prefix(prompt_kind(role, task_type)),
+            "chat_template": self.prompts.chat_template,
+            "stop": list(self.prompts.stop),
+        }
+
     def _base_info(self, phase: str, active: bool, requests: list[dict[str, Any]]) -> dict[str, Any]:
         return {"phase": phase, "active": active, "requests": requests, "round_index": self._round}
 
@@ -505,6 +524,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
                             "teacher": teacher,
                             "source": "match" if teacher is not None else "fill",
                             "sample": j,
+                            **self._generation_info("solve", task.task_type),
                         }
                     )
             observations[student] = tuple(prompts)

@@ -2,9 +2,16 @@
 
 Format rule (docs/azr.md §3): a completion is well formatted iff it matches ``<think>…</think>`` then optional
 whitespace then ``<answer>…</answer>`` (DOTALL, non-greedy, at the start; leading whitespace allowed, trailing
-text ignored). One documented leniency: with ``require_think=False`` (for instruct models that do not emit
-``<think>``), a ``<answer>…</answer>`` pair anywhere suffices. The answer is the text after the **last**
-``<answer>`` up to the next ``</answer>``.
+text ignored). Two documented, optional leniencies (both off in AZR):
+
+- ``require_think=False`` (for instruct models that do not emit ``<think>``): an ``<answer>…</answer>`` pair
+  anywhere suffices;
+- ``require_close=False`` (the env's ``lenient_answer_close``, for small models that end their answer with
+  the closing fence and stop): the final ``</answer>`` may be missing, i.e. ``<think>…</think>\\s*<answer>``
+  (or, with ``require_think=False``, an ``<answer>`` anywhere) suffices.
+
+The answer is the text after the **last** ``<answer>`` up to the next ``</answer>`` (to the end of the text
+when there is none).
 
 Inside the answer, payloads live in fenced blocks: ```` ```python ````, ```` ```input ````, ```` ```output ````,
 ```` ```message ````. Every function here accepts any object and never raises: garbage yields ``None`` /
@@ -33,20 +40,28 @@ class FormattedAnswer:
     answer: str
 
 
-def extract_answer(completion: object, *, require_think: bool = True, prefix: str = "") -> FormattedAnswer:
+def extract_answer(
+    completion: object, *, require_think: bool = True, prefix: str = "", require_close: bool = True
+) -> FormattedAnswer:
     """Check the tag structure of ``prefix + completion`` and extract the answer.
 
     Args:
         completion: the model's text; non-strings are format errors.
         require_think: require ``<think>…</think>`` before ``<answer>`` (AZR); ``False`` accepts a bare
             ``<answer>…</answer>``.
-        prefix: text the prompt already ended with (e.g. ``"<think>"`` for the R1 base-model wrapper),
-            prepended before checking.
+        prefix: the response prefix the completion continues (e.g. ``"<think>"`` for the R1 base-model
+            wrapper, or a pre-filled answer opening), prepended before checking.
+        require_close: require the closing ``</answer>`` (AZR); ``False`` accepts an answer that runs to the
+            end of the text.
     """
     if not isinstance(completion, str):
         return FormattedAnswer(False, "")
     text = prefix + completion
-    if not (_has_think_answer(text) if require_think else _has_answer_pair(text, 0)):
+    if require_think:
+        ok = _has_think_answer(text, require_close)
+    else:
+        ok = _has_answer_pair(text, 0) if require_close else "<answer>" in text
+    if not ok:
         return FormattedAnswer(False, "")
     start = text.rfind("<answer>") + len("<answer>")
     end = text.find("</answer>", start)
@@ -60,8 +75,9 @@ def _has_answer_pair(text: str, start: int) -> bool:
     return opening != -1 and text.find("</answer>", opening + len("<answer>")) != -1
 
 
-def _has_think_answer(text: str) -> bool:
-    """AZR's ``\\s*<think>.*?</think>\\s*<answer>.*?</answer>`` (DOTALL, at the start), in linear time.
+def _has_think_answer(text: str, require_close: bool = True) -> bool:
+    """AZR's ``\\s*<think>.*?</think>\\s*<answer>.*?</answer>`` (DOTALL, at the start), in linear time
+    (without the final ``.*?</answer>`` when ``require_close`` is false).
 
     The regex engine would backtrack quadratically on degenerate completions such as
     ``"</think><answer>" * 10_000``; this scan gives the same answer: the first ``</think>`` that is followed
@@ -81,7 +97,7 @@ def _has_think_answer(text: str) -> bool:
         while rest < len(body) and body[rest].isspace():
             rest += 1
         if body.startswith("<answer>", rest):
-            return body.find("</answer>", rest + len("<answer>")) != -1
+            return not require_close or body.find("</answer>", rest + len("<answer>")) != -1
         position = after
 
 

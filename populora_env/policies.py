@@ -27,6 +27,18 @@ def format_answer(answer: str, thought: str = "Let me work it out.") -> str:
     return f"<think>{thought}</think>\n<answer>\n{answer}\n</answer>"
 
 
+def continue_prefix(prefix: str, answer: str, thought: str = "Let me work it out.") -> str:
+    """The completion that continues the response ``prefix`` of a request (``info["requests"][k]["prefix"]``) so
+    that ``prefix + completion`` reads ``format_answer(answer, thought)``, or with an empty thought when the
+    prefix pre-fills ``<think></think>``. If neither starts with ``prefix``, the whole formatted answer (the env
+    reads the answer after the last ``<answer>``, so a pre-filled opening followed by it still parses)."""
+    for t in (thought, ""):
+        full = format_answer(answer, t)
+        if full.startswith(prefix):
+            return full[len(prefix) :]
+    return format_answer(answer, thought)
+
+
 def _block(tag: str, content: str) -> str:
     return f"```{tag}\n{content.rstrip(chr(10))}\n```"
 
@@ -77,19 +89,21 @@ class SeedTeacher:
                 seed = self.programs[int(self.rng.integers(len(self.programs)))]
                 args = self._fresh_args(seed, str(task_type))
                 answer = _block("python", seed.program) + "\n" + _block("input", args)
-                out.append(format_answer(answer, f"I reuse the {seed.name} program with a new input."))
+                thought = f"I reuse the {seed.name} program with a new input."
+                out.append(continue_prefix(str(request.get("prefix", "")), answer, thought))
         return tuple(out) + ("",) * (len(observation) - len(out))
 
     def _induction(self, request: Mapping[str, Any]) -> str:
+        prefix = str(request.get("prefix", ""))
         seed = self._by_program.get(_canonical(str(request.get("program", ""))))
         if seed is None:
-            return format_answer(_block("message", "unknown program"), "I do not know this program.")
+            return continue_prefix(prefix, _block("message", "unknown program"), "I do not know this program.")
         n = int(request.get("n_inputs", 6))
         inputs: list[str] = []
         while len(inputs) < n:
             inputs.append(self._fresh_args(seed, "induction", set(inputs)))
         blocks = [_block("input", i) for i in inputs] + [_block("message", seed.message)]
-        return format_answer("\n".join(blocks), "Inputs that show what the program does.")
+        return continue_prefix(prefix, "\n".join(blocks), "Inputs that show what the program does.")
 
 
 class OracleStudent:
@@ -98,14 +112,14 @@ class OracleStudent:
     def __init__(self, env: Any) -> None:
         self.env = env
 
-    def answer(self, task: Any) -> str:
-        """The correct completion for ``task``."""
+    def answer(self, task: Any, prefix: str = "") -> str:
+        """The correct completion for ``task``, continuing the response ``prefix``."""
         kind = task.task_type.value
         if kind == "deduction":
-            return format_answer(_block("output", task.output))
+            return continue_prefix(prefix, _block("output", task.output))
         if kind == "abduction":
-            return format_answer(_block("input", task.input))
-        return format_answer(_block("python", task.program))
+            return continue_prefix(prefix, _block("input", task.input))
+        return continue_prefix(prefix, _block("python", task.program))
 
     def act(self, observation: tuple[str, ...], info: Mapping[str, Any]) -> tuple[str, ...]:
         """One correct answer per request."""
@@ -113,7 +127,7 @@ class OracleStudent:
         out = []
         for request in list(info.get("requests", []))[: len(observation)]:
             task = tasks.get(request.get("task_id"))
-            out.append("" if task is None else self.answer(task))
+            out.append("" if task is None else self.answer(task, str(request.get("prefix", ""))))
         return tuple(out) + ("",) * (len(observation) - len(out))
 
 

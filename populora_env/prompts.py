@@ -1,17 +1,43 @@
-"""All prompt text of the game in one replaceable dataclass.
+"""All prompt text of the game: prompt sets, selected by name with ``env.prompts``.
 
-The templates follow AZR's prompts (docs/azr.md §2–§3: ``<think>``/``<answer>`` tags, fenced ``python`` / ``input`` /
-``output`` / ``message`` blocks, ``<snippet_k>`` references) but are much shorter, so that a 135M model with a
-small context can read them. Replace any field to change the wording::
+A **prompt set** (:class:`PromptTemplates`) holds the six prompt templates (propose/solve × deduction/abduction/
+induction, the *prompt kinds* of :data:`PROMPT_KINDS`), the wrapper around them, and how generation must treat
+them:
+
+- ``chat_template``: whether the generator applies the tokenizer's chat template (instruct models) or feeds
+  the prompt text as is (base models, AZR's plain concatenation);
+- one **response prefix per prompt kind** (:meth:`PromptTemplates.prefix`): text the completion continues,
+  e.g. ``"<think>"`` after AZR's R1 wrapper, or a pre-filled answer opening such as
+  ``"<think></think>\\n<answer>\\n```python\\ndef f("`` for a small model. The env prepends it to the completion
+  before the format check, so the completion is judged as ``prefix + completion``;
+- ``stop``: strings that end generation (the closing answer tag): nothing after it is ever checked.
+
+**Where the prefix goes** (the one rule, :func:`with_prefix`, used by the env and by every generation
+backend): the text generated from always ends with the prefix. With ``chat_template`` the env's observation is
+the user turn and the generator appends the prefix after the chat template's assistant opening. Without it the
+observation is the whole text to generate from and already ends with the prefix (the env appends it to the
+wrapped prompt unless the wrapper ends with it, as the R1 wrapper ends with ``<think>``); a generator given a
+raw prompt appends the prefix only where the prompt does not already end with it. Either way the prompt token
+ids of a completion include the prefix.
+
+Registered sets:
+
+- ``"chat"`` (the default): short chat-style prompts for instruct models (the chat template applies); the
+  completion must write the whole ``<think>…</think><answer>…</answer>`` structure itself.
+- ``"r1"``: the ``"chat"`` prompts inside AZR's DeepSeek-R1 wrapper (:meth:`PromptTemplates.r1`).
+- ``"azr"``: AZR's prompts for base models, in content (sections, constraints, reference snippets, answer
+  format; docs/azr.md §2–§3) but in this project's words, inside the R1 wrapper that ends with
+  ``Assistant: <think>``; no chat template; completions are checked with the ``<think>`` prefix.
+- ``"small"``: for a ~100M instruct model (SmolLM2-135M), chosen by measurement (docs/prompts.md): short
+  instructions, one worked example with concrete values per prompt, and the answer opening pre-filled per
+  kind.
+
+Every set tells proposers the literal-value rule that validation enforces (:data:`LITERAL_RULE`). Replace any
+field to change the wording::
 
     from dataclasses import replace
     from populora_env import PromptTemplates, parallel_env
     env = parallel_env(prompts=replace(PromptTemplates(), solve_deduction="..."))
-
-``PromptTemplates()`` suits chat/instruct models (the loop applies the chat template; the completion must contain
-``<think>`` itself). ``PromptTemplates.r1()`` wraps every prompt in AZR's DeepSeek-R1 template for base models:
-the prompt ends with ``Assistant: <think>`` and the env prepends ``response_prefix`` (``"<think>"``) to the
-completion before the format check.
 """
 
 from __future__ import annotations
@@ -22,6 +48,23 @@ from typing import ClassVar
 from populora_env.registry import Registry
 from populora_env.tasks import Task, TaskType
 
+#: The six prompt kinds: ``<role>_<task type>``.
+PROMPT_KINDS: tuple[str, ...] = tuple(f"{role}_{t.value}" for role in ("propose", "solve") for t in TaskType)
+
+
+def prompt_kind(role: str, task_type: TaskType | str) -> str:
+    """The prompt kind of ``role`` (``"propose"``/``"solve"``) and ``task_type``, e.g. ``"solve_deduction"``."""
+    if role not in ("propose", "solve"):
+        raise ValueError(f"role must be 'propose' or 'solve', got {role!r}")
+    return f"{role}_{TaskType.parse(task_type).value}"
+
+
+def with_prefix(text: str, prefix: str) -> str:
+    """``text`` ending with ``prefix``: ``text`` itself if it already ends with it (or ``prefix`` is empty),
+    else ``text + prefix``. The placement rule of response prefixes for raw (no chat template) prompts."""
+    return text if not prefix or text.endswith(prefix) else text + prefix
+
+
 _R1_WRAPPER = (
     "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. "
     "The assistant first thinks about the reasoning process in the mind and then provides the user with the "
@@ -30,22 +73,37 @@ _R1_WRAPPER = (
     "User: {prompt}\nAssistant: <think>"
 )
 
+#: What validation accepts as an input or an output (``populora_env.literals``): call arguments that
+#: ``ast.literal_eval`` reads, and return values built only from builtin literal types whose ``repr`` reads
+#: back (so no ``inf``/``nan``, ``frozenset``, ``Counter``, custom objects). Braces are doubled for ``format``.
+LITERAL_RULE = (
+    "Inputs and outputs must be plain Python literals: numbers, strings, True/False/None, and lists, tuples, "
+    "dicts and sets of them (like `[3, 1, 2], 'abc'` or `{{'a': 1}}`). Calls and names are not literals: no "
+    "`range(5)`, `list(...)`, `Counter(...)`, `frozenset(...)`, `float('inf')` or `nan`, and `f` must return "
+    "such a plain value too."
+)
+
 _RULES = (
     "Rules: define a function `f` with at least one parameter that returns a value; helper functions or "
     "classes may come before it; it must be deterministic (no randomness, time, printing or I/O); "
-    "do not use: {banned}. Make it different from the examples."
+    "do not use: {banned}. Make it different from the examples. " + LITERAL_RULE
 )
 
 
 @dataclass(frozen=True)
 class PromptTemplates:
-    """Prompt templates (``str.format`` fields in braces, literal braces doubled as ``{{ }}``; each field lists
-    the placeholders it may use; :meth:`validate` checks them).
+    """One prompt set (``str.format`` templates: fields in braces, literal braces doubled as ``{{ }}``; each
+    template lists the placeholders it may use; :meth:`validate` checks them).
 
     Attributes:
         wrapper: wraps every prompt; ``{prompt}``.
-        response_prefix: text the wrapped prompt ends with and the completion continues (``""`` or
-            ``"<think>"``); prepended to the completion before the format check.
+        chat_template: the generator applies the tokenizer's chat template (the observation is the user turn
+            and the response prefix follows the assistant opening); ``False``: the observation is the whole
+            text to generate from and ends with the response prefix.
+        response_prefix: the response prefix of every kind whose own ``prefix_<kind>`` is ``None``.
+        prefix_propose_deduction .. prefix_solve_induction: the response prefix of one prompt kind
+            (``None``: ``response_prefix``).
+        stop: strings that end generation (included in the completion); ``()`` for none.
         propose_deduction: ``{references}``, ``{banned}``.
         propose_abduction: ``{references}``, ``{banned}``.
         propose_induction: ``{program}``, ``{n_inputs}``.
@@ -59,7 +117,15 @@ class PromptTemplates:
     """
 
     wrapper: str = "{prompt}"
+    chat_template: bool = True
     response_prefix: str = ""
+    prefix_propose_deduction: str | None = None
+    prefix_propose_abduction: str | None = None
+    prefix_propose_induction: str | None = None
+    prefix_solve_deduction: str | None = None
+    prefix_solve_abduction: str | None = None
+    prefix_solve_induction: str | None = None
+    stop: tuple[str, ...] = ("</answer>",)
     propose_deduction: str = (
         "Write a new Python program and one input for it. Another model will see the program and the input "
         "and must predict the output: make that hard but possible by careful reasoning.\n"
@@ -78,7 +144,7 @@ class PromptTemplates:
         "Here is a program:\n```python\n{program}```\n"
         "Write {n_inputs} different inputs for `f` and a short message describing what it does. Another model "
         "will see half of the input/output pairs and your message and must rewrite `f` so that it reproduces "
-        "the other half: choose inputs that reveal the behaviour.\n"
+        "the other half: choose inputs that reveal the behaviour. " + LITERAL_RULE + "\n"
         "Answer with <think>your plan</think><answer>\n```input\narguments for f\n```\n"
         "(one input block per input)\n```message\nyour description\n```\n</answer>"
     )
@@ -118,13 +184,25 @@ class PromptTemplates:
 
     @classmethod
     def r1(cls) -> PromptTemplates:
-        """AZR's DeepSeek-R1 wrapper for base models (prompt ends with ``Assistant: <think>``)."""
-        return cls(wrapper=_R1_WRAPPER, response_prefix="<think>")
+        """The default prompts in AZR's DeepSeek-R1 wrapper for base models: no chat template, every prompt ends
+        with ``Assistant: <think>`` and completions are checked with the ``"<think>"`` prefix."""
+        return cls(wrapper=_R1_WRAPPER, chat_template=False, response_prefix="<think>")
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the field if a template uses an unknown placeholder or is not a string."""
+        """Raise ``ValueError`` naming the field if a template uses an unknown placeholder or a field has the
+        wrong type."""
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "chat_template":
+                if not isinstance(value, bool):
+                    raise ValueError(f"prompts.chat_template must be a bool, got {value!r}")
+                continue
+            if f.name == "stop":
+                if not isinstance(value, tuple) or not all(isinstance(s, str) and s for s in value):
+                    raise ValueError(f"prompts.stop must be a tuple of non-empty strings, got {value!r}")
+                continue
+            if f.name.startswith("prefix_") and value is None:
+                continue
             if not isinstance(value, str):
                 raise ValueError(f"prompts.{f.name} must be a str, got {type(value).__name__}")
             allowed = self.PLACEHOLDERS.get(f.name)
@@ -137,14 +215,33 @@ class PromptTemplates:
                     f"prompts.{f.name} is not a valid template (allowed placeholders: {allowed}): {exc!r}"
                 ) from None
 
+    # ------------------------------------------------------------------ prefixes
+
+    def prefix(self, kind: str) -> str:
+        """The response prefix of prompt kind ``kind`` (one of :data:`PROMPT_KINDS`)."""
+        if kind not in PROMPT_KINDS:
+            raise ValueError(f"unknown prompt kind {kind!r}; known: {', '.join(PROMPT_KINDS)}")
+        value = getattr(self, f"prefix_{kind}")
+        return self.response_prefix if value is None else value
+
+    def prefixes(self, role: str) -> dict[str, str]:
+        """Task type (value) -> response prefix, for ``role``."""
+        return {t.value: self.prefix(prompt_kind(role, t)) for t in TaskType}
+
     # ------------------------------------------------------------------ rendering
 
     def wrap(self, prompt: str) -> str:
         """Apply :attr:`wrapper`."""
         return self.wrapper.format(prompt=prompt)
 
+    def observation(self, body: str, kind: str) -> str:
+        """The observation for a prompt ``body`` of ``kind``: the wrapped body, ending with the kind's response
+        prefix when the set applies no chat template (:func:`with_prefix`)."""
+        wrapped = self.wrap(body)
+        return wrapped if self.chat_template else with_prefix(wrapped, self.prefix(kind))
+
     def render_references(self, references: list[Task]) -> str:
-        """``<snippet_k>`` blocks for deduction/abduction proposer prompts."""
+        """Reference tasks for deduction/abduction proposer prompts (:attr:`reference` each, numbered from 1)."""
         if not references:
             return self.no_references
         return "\n".join(
@@ -155,16 +252,16 @@ class PromptTemplates:
     def proposal(
         self, task_type: TaskType, *, references: list[Task] | None = None, program: str = "", n_inputs: int = 0
     ) -> str:
-        """The wrapped proposer prompt for ``task_type``."""
+        """The proposer observation for ``task_type``."""
         if task_type is TaskType.INDUCTION:
             body = self.propose_induction.format(program=_code(program), n_inputs=n_inputs)
         else:
             template = self.propose_deduction if task_type is TaskType.DEDUCTION else self.propose_abduction
             body = template.format(references=self.render_references(references or []), banned=self.banned)
-        return self.wrap(body)
+        return self.observation(body, prompt_kind("propose", task_type))
 
     def solver(self, task: Task) -> str:
-        """The wrapped solver prompt for ``task``."""
+        """The solver observation for ``task``."""
         if task.task_type is TaskType.DEDUCTION:
             body = self.solve_deduction.format(program=_code(task.program), input=task.input)
         elif task.task_type is TaskType.ABDUCTION:
@@ -174,11 +271,223 @@ class PromptTemplates:
                 self.pair.format(k=k, input=i, output=o) for k, (i, o) in enumerate(task.shown_pairs, start=1)
             )
             body = self.solve_induction.format(pairs=pairs, message=task.message or "(none)")
-        return self.wrap(body)
+        return self.observation(body, prompt_kind("solve", task.task_type))
 
 
 def _code(program: str) -> str:
     return program.rstrip("\n") + "\n"
+
+
+# ------------------------------------------------------------------ "azr": AZR's prompts for base models
+
+_AZR_CODE_RULES = (
+    "### Requirements for the code\n"
+    "- Call the entry function `f` (`def f(...): ...`); nested definitions inside `f` are fine, and custom "
+    "classes may be defined at the top of the snippet\n"
+    "- `f` takes at least one parameter and returns a value\n"
+    "- `f` is deterministic\n"
+    "- Working out the result should require tracking state across several data transformations: a long chain "
+    "of reasoning steps\n"
+    "- Stay away from: random functions or values, dates and times, input/output (files, network), printing or "
+    "logging, any outside state\n"
+    "- It must run in well under two seconds on an ordinary CPU\n"
+    "- Put every import and class definition at the very top; the snippet ends with the `return` of `f`\n"
+    "- Do not write the test input into the snippet: it belongs in the input block\n"
+    "### Requirements for the input\n"
+    "- Exactly one test input\n"
+    "- Separate several arguments with commas\n"
+    "- Put quotes around string arguments\n"
+    "- " + LITERAL_RULE + "\n"
+    "### Format\n"
+    "The snippet goes in a ```python block, the input in an ```input block:\n"
+    "```python\ndef f(name: str, scores: dict):\n    # the logic\n    return result\n```\n"
+    "```input\n'Mira', {{'math': 17, 'art': 12}}\n```\n"
+)
+
+_AZR_JUDGING = (
+    "### How your submission is judged\n"
+    "- It runs: the code must execute on your input\n"
+    "- Difficulty: {difficulty} Aim for algorithmic depth or intricate logic: for instance data-structure "
+    "classes (trees, heaps, stacks, queues, graphs) or involved control flow (dynamic programming, recursion, "
+    "divide and conquer, greedy search, backtracking)\n"
+    "- Creativity: the code must be clearly different from the reference snippets\n"
+    "- Forbidden words: you may not use any of these in any form, not even in comments: {{banned}}\n\n"
+    "First make a careful plan: how will your snippet be hard, new and different from the references? Then "
+    "write the final snippet and its input.\n\n"
+    "### Reference code snippets\n{{references}}\n"
+)
+
+
+def _azr_proposer(goal: str, difficulty: str) -> str:
+    return (
+        "## Task: write a new Python code snippet (custom classes allowed, defined at the top) and one input "
+        "that goes with it\n\n" + goal + "\n\n" + _AZR_CODE_RULES + _AZR_JUDGING.format(difficulty=difficulty)
+    )
+
+
+def _azr() -> PromptTemplates:
+    """AZR's prompts (docs/azr.md §2–§3) in this project's words, inside the R1 wrapper, for base models.
+
+    Differences from AZR's text, on purpose: the difficulty sentences are the right way round (AZR's code has
+    them swapped between the deduction and abduction proposers), the time limit is this project's sandbox
+    limit rather than 10 s, and proposers are told the literal-value rule that validation enforces."""
+    propose_deduction = _azr_proposer(
+        "Using the reference snippets below as examples, design a new and original Python code snippet whose "
+        "output takes deep algorithmic reasoning to work out from its input. Submit the snippet together with "
+        "one test input: the input is plugged into the snippet to produce an output, and a test subject is "
+        "then shown the snippet and the input and must deduce the output. Think of it as an I.Q. test.",
+        "predicting the output from your code and your input should be hard.",
+    )
+    propose_abduction = _azr_proposer(
+        "Using the reference snippets below as examples, design a new and original Python code snippet from "
+        "whose output it takes deep algorithmic reasoning to work back to an input. Submit the snippet "
+        "together with one test input: the input is plugged into the snippet to produce an output, and a test "
+        "subject is then shown the snippet and that output and must come up with any input that produces it. "
+        "Think of it as an I.Q. test.",
+        "finding an input from your code and the output it produces should be hard.",
+    )
+    propose_induction = (
+        "## Task: give {n_inputs} inputs for the code snippet below that produce varied outputs, and a "
+        "message about the snippet\n\n"
+        "Using the code snippet below, design {n_inputs} inputs that can be plugged into it to produce a "
+        "diverse set of outputs. Some of your inputs, with the outputs they produce, will be shown to a test "
+        "subject who must deduce the code; you may also leave them a message to help. Think of it as an I.Q. "
+        "test.\n\n"
+        "### Requirements for the inputs\n"
+        "- {n_inputs} valid inputs for the snippet\n"
+        "- In each input, separate several arguments with commas\n"
+        "- Put quotes around string arguments\n"
+        "- Wrap every input in its own ```input block\n"
+        "- " + LITERAL_RULE + "\n"
+        "### Requirements for the message\n"
+        "- Wrap the message in a ```message block\n"
+        "- It can take any form: a coding question, or a plain-language instruction saying what the snippet "
+        "does\n"
+        "- It must not contain the snippet\n"
+        "### Format\n"
+        "```input\n'Mira', {{'math': 17, 'art': 12}}\n```\n"
+        "```input\n'Tom', {{'math': 9, 'art': 20}}\n```\n"
+        "```message\nwhat the snippet does\n```\n"
+        "### How your submission is judged\n"
+        "- It runs: the snippet must execute on every one of your inputs\n"
+        "- Coverage: together the inputs and outputs span the snippet's behaviour, enough to deduce the code\n"
+        "- Creativity: the inputs are clearly different from one another\n"
+        "- Together, the inputs and the message should challenge the test subject without being impossible\n\n"
+        "First make a careful plan: understand the snippet, then say how your inputs cover it well and why they "
+        "are challenging and varied. Then write the inputs, each in an ```input block, and the message in a "
+        "```message block.\n\n"
+        "### Code snippet\n```python\n{program}f(<your input is plugged in here>)\n```\n"
+    )
+    solve_deduction = (
+        "# Task: deduce the output of a Python code snippet from the code and an input\n"
+        "Given the code snippet and the input below, think step by step, then give the output that the snippet "
+        "produces when the input is plugged in, inside ```output tags. If the output is a string, put it in "
+        "quotes; if the function returns several values, wrap them in a tuple.\n\n"
+        "# Code snippet\n```python\n{program}```\n\n"
+        "# Input\n```input\n{input}\n```\n\n"
+        "# Example answer\n```output\n{{'math': 17, 'art': 12}}\n```\n"
+    )
+    solve_abduction = (
+        "# Task: give one possible input of a Python code snippet from the code and its output\n"
+        "Given the code snippet and the output below, think step by step, then give one input that produces "
+        "this output, inside ```input tags. Put string arguments in quotes and separate several arguments with "
+        "commas.\n\n"
+        "# Code snippet\n```python\n{program}```\n\n"
+        "# Output\n```output\n{output}\n```\n\n"
+        "# Answer format\n```input\narg1, arg2, ...\n```\n"
+        "# Example answer\n```input\n'Mira', {{'math': 17, 'art': 12}}\n```\n"
+    )
+    solve_induction = (
+        "# Task: deduce the function that produced the outputs from the inputs\n"
+        "Given a set of input/output pairs and a message describing the function, think step by step and work "
+        "out a general code snippet that produces the hidden outputs from the hidden inputs, like the code that "
+        "generated these pairs. Check your function against each pair in turn and revise it until it fits. "
+        "Your final code snippet, in ```python tags, is what gets evaluated.\n\n"
+        "# Requirements for the code\n"
+        "- Call the entry function `f` (`def f(...): ...`); nested definitions inside `f` are fine\n"
+        "- `f` takes at least one parameter, returns a value and is deterministic\n"
+        "- Stay away from: random functions or values, dates and times, input/output, printing or logging, any "
+        "outside state\n"
+        "- Put every import and class definition at the very top; the snippet ends with the `return` of `f`\n\n"
+        "# Input and output pairs\n{pairs}\n\n"
+        "# Message\n```message\n{message}\n```\n\n"
+        "# Example answer\n```python\ndef f(a):\n    return a\n```\n\n"
+        "Call your entry function `f`!"
+    )
+    return PromptTemplates(
+        wrapper=_R1_WRAPPER,
+        chat_template=False,
+        response_prefix="<think>",
+        propose_deduction=propose_deduction,
+        propose_abduction=propose_abduction,
+        propose_induction=propose_induction,
+        solve_deduction=solve_deduction,
+        solve_abduction=solve_abduction,
+        solve_induction=solve_induction,
+    )
+
+
+# ------------------------------------------------------------------ "small": measured for SmolLM2-135M
+
+_OPEN = "<think></think>\n<answer>\n"
+
+
+def _small() -> PromptTemplates:
+    """Prompts for a ~100M instruct model, chosen by measurement (docs/prompts.md, benchmarks/format_rates.py).
+
+    Short instructions, one worked example with concrete values per prompt (placeholder text such as
+    "arguments for f" was copied literally), references shown in the answer's own layout (program and input
+    only), and the answer opening pre-filled per kind after the assistant's opening (the model never opened
+    ``<answer>`` by itself)."""
+    example_program = "```python\ndef f(nums, k):\n    return [x * k for x in nums if x > 0]\n```\n"
+    return PromptTemplates(
+        chat_template=True,
+        prefix_propose_deduction=_OPEN + "```python\ndef f(",
+        prefix_propose_abduction=_OPEN + "```python\ndef f(",
+        prefix_propose_induction=_OPEN + "```input\n",
+        prefix_solve_deduction=_OPEN + "```output\n",
+        prefix_solve_abduction=_OPEN + "```input\n",
+        prefix_solve_induction=_OPEN + "```python\ndef f(",
+        propose_deduction=(
+            "Write a new Python function `f` and one input for it. Another model will see `f` and the input and "
+            "must predict what `f` returns. `f` takes at least one argument and returns a value; no imports, "
+            "randomness, printing or input(). " + LITERAL_RULE + "\n"
+            "Example answer:\n<answer>\n" + example_program + "```input\n[3, -1, 4], 2\n```\n</answer>\n"
+            "{references}\nNow write a different function `f` and its input."
+        ),
+        propose_abduction=(
+            "Write a new Python function `f` and one input for it. Another model will see `f` and what it "
+            "returns, and must find an input that gives it. `f` takes at least one argument and returns a "
+            "value; no imports, randomness, printing or input(). " + LITERAL_RULE + "\n"
+            "Example answer:\n<answer>\n" + example_program + "```input\n[3, -1, 4], 2\n```\n</answer>\n"
+            "{references}\nNow write a different function `f` and its input."
+        ),
+        propose_induction=(
+            "Here is a Python function:\n```python\n{program}```\n"
+            "Write {n_inputs} different inputs for `f`, each in its own ```input block, then a ```message block "
+            "saying in a few words what `f` does. " + LITERAL_RULE + "\n"
+            "Example answer for `def f(a, b): return a + b` with 3 inputs:\n<answer>\n"
+            "```input\n1, 2\n```\n```input\n-5, 7\n```\n```input\n10, 0\n```\n"
+            "```message\nadds the two numbers\n```\n</answer>"
+        ),
+        solve_deduction=(
+            "What does `f` return for this input?\n```python\n{program}```\n```input\n{input}\n```\n"
+            "Answer with the value in an ```output block, for example:\n<answer>\n```output\n[6, 8]\n```\n</answer>"
+        ),
+        solve_abduction=(
+            "Find an input for which `f` returns this output.\n```python\n{program}```\n"
+            "```output\n{output}\n```\n"
+            "Answer with the arguments of `f` in an ```input block, for example:\n<answer>\n"
+            "```input\n[3, -1, 4], 2\n```\n</answer>"
+        ),
+        solve_induction=(
+            "Write a Python function `f` that returns these outputs for these inputs.\n{pairs}\n"
+            "Hint: {message}\n"
+            "Answer with the function in a ```python block, for example:\n<answer>\n" + example_program
+            + "</answer>"
+        ),
+        reference="Another example:\n```python\n{program}```\n```input\n{input}\n```",
+    )
 
 
 # ------------------------------------------------------------------ the prompt-set registry
@@ -211,3 +520,5 @@ def list_prompt_sets() -> list[str]:
 
 register_prompt_set("chat", PromptTemplates())
 register_prompt_set("r1", PromptTemplates.r1())
+register_prompt_set("azr", _azr())
+register_prompt_set("small", _small())

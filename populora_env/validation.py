@@ -27,8 +27,8 @@ An induction proposal (the program is given from the buffers) is valid iff its a
 from __future__ import annotations
 
 import ast
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -82,7 +82,14 @@ class ValidationConfig:
     reject_duplicates: bool = True
     require_think: bool = True
     response_prefix: str = ""
+    response_prefixes: Mapping[str, str] = field(default_factory=dict)
+    lenient_answer_close: bool = False
     timeout_s: float | None = None
+
+    def prefix_for(self, task_type: TaskType) -> str:
+        """The response prefix of proposals of ``task_type`` (``response_prefixes`` by task-type value, else
+        ``response_prefix``), prepended to the completion before the format check."""
+        return self.response_prefixes.get(task_type.value, self.response_prefix)
 
 
 @dataclass(frozen=True)
@@ -341,7 +348,10 @@ class ProposalValidator:
         def reject(reason: Reason, detail: str, format_ok: bool = True) -> ProposalOutcome:
             return ProposalOutcome(request, format_ok, False, reason, detail)
 
-        formatted = extract_answer(completion, require_think=cfg.require_think, prefix=cfg.response_prefix)
+        formatted = extract_answer(
+            completion, require_think=cfg.require_think, prefix=cfg.prefix_for(request.task_type),
+            require_close=not cfg.lenient_answer_close,
+        )
         if not formatted.format_ok:
             return reject(Reason.FORMAT, "no <think>…</think><answer>…</answer> structure", False)
 
