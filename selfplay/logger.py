@@ -75,6 +75,13 @@ def step_scalars(record: StepRecord) -> dict[str, float]:
         out[tags.FILLER_SOLVE_RATE] = sum(a.correct for a in filler) / len(filler)
     if results.attempts:
         out[tags.STUDENT_FORMAT_RATE] = sum(a.format_ok for a in results.attempts) / len(results.attempts)
+        out[tags.STUDENT_CORRECT_RATE] = sum(a.correct for a in results.attempts) / len(results.attempts)
+        attempts_by_type: dict[str, list] = defaultdict(list)
+        for a in results.attempts:
+            attempts_by_type[a.task_type].append(a)
+        for task_type, attempts in attempts_by_type.items():  # per type: a drifting type mix is told apart
+            out[tags.student_format_rate(task_type)] = sum(a.format_ok for a in attempts) / len(attempts)
+            out[tags.student_correct_rate(task_type)] = sum(a.correct for a in attempts) / len(attempts)
     # the teacher x student matrix: each matched pair's attempts at the teacher's tasks and correct ones
     for match in results.matches:
         out[tags.pair(match.teacher, match.student, "attempts")] = float(match.n_attempts)

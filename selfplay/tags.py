@@ -29,6 +29,8 @@ FILLER_SOLVE_RATE = "charts/filler_solve_rate"
 """Fraction of correct attempts at filler tasks drawn from the buffers (only logged when there were any)."""
 STUDENT_FORMAT_RATE = "charts/student_format_rate"
 """Fraction of student attempts that were well formatted."""
+STUDENT_CORRECT_RATE = "charts/student_correct_rate"
+"""Fraction of all student attempts (matched and filler) that were correct."""
 TEACHER_REWARD = "charts/teacher_reward"
 """Mean reward over every teacher completion of the step."""
 STUDENT_REWARD = "charts/student_reward"
@@ -49,6 +51,16 @@ def valid_rate(task_type: str) -> str:
 def parse_valid_rate(tag: str) -> str | None:
     """The task type of a :func:`valid_rate` tag, else ``None``."""
     return _suffix(tag, f"{VALID_RATE}/")
+
+
+def student_format_rate(task_type: str) -> str:
+    """Well-formatted fraction of the student attempts (matched and filler) at tasks of one type."""
+    return f"{STUDENT_FORMAT_RATE}/{task_type}"
+
+
+def student_correct_rate(task_type: str) -> str:
+    """Correct fraction of the student attempts (matched and filler) at tasks of one type."""
+    return f"{STUDENT_CORRECT_RATE}/{task_type}"
 
 
 def response_length(role: str) -> str:

@@ -94,3 +94,39 @@ def test_every_member_and_role_gets_a_gradient(preset: str, arm: str, tmp_path: 
             rows = [i for i, r in enumerate(batch) if r.meta["role"] == role]
             assert len({batch[i].reward for i in rows}) > 1, (preset, arm, member, role, "rewards should differ")
             assert adv[rows].abs().sum() > 0, (preset, arm, member, role, [batch[i].scope for i in rows])
+
+
+# ------------------------------------------------------------------ what the learning curves are read from
+
+
+def test_student_rates_are_logged_per_task_type() -> None:
+    """Per-type student format and correct rates (matched and filler attempts), so a rise is told apart from
+    a drift of the task-type mix."""
+    from agents.generation import Completion
+    from populora_env.results import AttemptResult, MatchResult, ProposalResult, RoundOutcome, RoundResults
+    from selfplay import tags
+    from selfplay.logger import step_scalars
+    from selfplay.loop import StepRecord
+    from selfplay.mapping import AgentMapping
+
+    proposals = (ProposalResult("teacher_0", 0, "deduction", "a", True, True, None),)
+    attempts = (
+        AttemptResult("student_0", 0, "a", "deduction", "teacher_0", True, True, None),
+        AttemptResult("student_0", 1, "a", "deduction", "teacher_0", False, False, "format"),
+        AttemptResult("student_0", 2, "z", "abduction", None, True, False, "wrong"),
+        AttemptResult("student_0", 3, "z", "abduction", None, True, True, None),
+        AttemptResult("student_0", 4, "y", "abduction", None, True, True, None),
+    )
+    results = RoundResults(1, ("teacher_0",), ("student_0",), proposals, attempts,
+                           (MatchResult("teacher_0", "student_0", 0.5, 0.5, 1, 2, 1, "draw"),))
+    outcome = RoundOutcome(results, {"teacher_0": (0.5,), "student_0": (1.0, -1.0, -0.5, 1.0, 1.0)},
+                           {"teacher_0": (25.0, 8.0), "student_0": (25.0, 8.0)}, {"metrics": {}})
+    completions = {(a.agent, a.index): Completion(0, 0, None, "x", [1], [2], [0.0]) for a in attempts}
+    completions[("teacher_0", 0)] = Completion(0, 0, None, "x", [1], [2], [0.0])
+    record = StepRecord(1, outcome, completions, {}, AgentMapping.build(("teacher_0",), ("student_0",)), {})
+    out = step_scalars(record)
+    assert out[tags.student_format_rate("deduction")] == 0.5 and out[tags.student_correct_rate("deduction")] == 0.5
+    assert out[tags.student_format_rate("abduction")] == 1.0
+    assert out[tags.student_correct_rate("abduction")] == pytest.approx(2 / 3)
+    assert out[tags.STUDENT_CORRECT_RATE] == 3 / 5 and out[tags.SOLVE_RATE] == 0.5
+    assert tags.student_format_rate("induction") not in out
