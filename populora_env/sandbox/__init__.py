@@ -9,8 +9,8 @@ Public API::
         rs = sb.run([ExecJob(code=..., call=..., compare_to="2"), ...])
         sb.isolation  # the layers actually in force on this host
 
-See :mod:`populora_env.sandbox.pool` for the design and :mod:`populora_env.sandbox.isolation` for the
-layers and how each is detected.
+See :mod:`populora_env.sandbox.pool` for the design, :mod:`populora_env.sandbox.isolation` for the modes,
+and ``docs/sandbox.md`` for every layer, the attack each one stops, and the memory bound route by route.
 
 Known limits (read before using results as rewards):
 
@@ -27,7 +27,10 @@ Known limits (read before using results as rewards):
   *thread* that started them exits: create the Sandbox in a long-lived thread. (Dead workers are restarted
   on the next batch; a job running at that moment comes back ``"crashed"``.)
 * Without namespaces (``mode == "plain"``, see ``Sandbox.missing``) jobs can read world-readable host files
-  and leave files in world-writable directories such as ``/tmp``.
+  and leave files in world-writable directories such as ``/tmp`` and ``/dev/shm``, which no limit bounds.
+* ``memory_mb`` bounds a job's address space (RLIMIT_AS over the worker's own size); its files are bounded
+  separately by ``tmp_mb`` and ``max_files``; memfd, SysV/POSIX shared memory and queues, inotify, byte-range
+  locks and pipe resizing are refused. No memory cgroup is used.
 """
 
 from populora_env.sandbox.api import (

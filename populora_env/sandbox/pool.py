@@ -2,7 +2,9 @@
 
 The host never executes job text. It sends each job to an idle worker over a pipe, reads back a small JSON
 reply (strings only, never evaluated here), enforces a hard per-job deadline on the worker itself
-(restarting a worker that stops answering or dies), and keeps results in the order of the jobs.
+(restarting a worker that stops answering or dies), and keeps results in the order of the jobs. A worker
+answers a job first and restores itself afterwards (``clean`` or ``retire`` notice), under its own cleanup
+budget; it gets its next job once clean. ``docs/sandbox.md`` lists every layer and what each one stops.
 """
 
 from __future__ import annotations
