@@ -91,6 +91,9 @@ class Plotter:
         ls: str = "-",
     ) -> None:
         """Raw (faint) and smoothed curve of one series; recorded in the panel's manifest entry."""
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are integers
         if self.smoothing > 0 and len(values) > 1:
             ax.plot(steps, values, color=colour, alpha=0.25, lw=0.8, ls=ls)
             ax.plot(steps, nx.smooth(values, self.smoothing), color=colour, lw=1.6, label=label, ls=ls)
