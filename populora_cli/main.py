@@ -131,12 +131,36 @@ def _train(cmd: str, argv: list[str]) -> int:
 
         print(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
         return 0
+    from selfplay.rundir import (
+        RunDirError,
+        check_resume_dir,
+        default_run_dir,
+        os_error_line,
+        prepare_new_run_dir,
+    )
+
+    target = Path(known.resume) if known.resume else default_run_dir(cfg)
+    try:  # before the learning stack is imported and the model loads
+        check_resume_dir(target) if known.resume else prepare_new_run_dir(target)
+    except RunDirError as e:
+        return _fail(cmd, str(e))
+    from selfplay.checkpoint import CheckpointError
     from selfplay.run import train
 
-    run_dir = train(cfg, assignment, meta={"arm": arm})
+    try:
+        run_dir = train(cfg, assignment, meta={"arm": arm})
+    except (RunDirError, CheckpointError) as e:
+        return _fail(cmd, str(e))
+    except OSError as e:  # a full disk, a folder that became unwritable, ...: one line, no traceback
+        logging.getLogger(__name__).debug("the run stopped", exc_info=True)
+        again = f"; continue it with --resume {target}" if (target / "config.json").is_file() else ""
+        return _fail(cmd, f"{os_error_line(e)}{again}")
     from evaluation.report import make_report
 
-    make_report([run_dir])
+    try:
+        make_report([run_dir])
+    except OSError as e:
+        return _fail(cmd, f"the run finished in {run_dir}, but its report could not be written: {os_error_line(e)}")
     print(f"run directory: {run_dir}")
     print(f"  tensorboard --logdir {run_dir}")
     return 0

@@ -40,8 +40,11 @@ from evolution.pbt import PBTController
 from populora_env import parallel_env
 from populora_env.results import RoundOutcome
 from selfplay.checkpoint import (
+    CheckpointError,
+    Resumable,
     cleanup_partial,
-    latest_checkpoint,
+    find_resumable,
+    set_aside,
     write_checkpoint,
     write_json,
     write_text_atomic,
@@ -155,37 +158,63 @@ class SelfPlayLoop:
 
         return write_checkpoint(self.run_dir, self.step, write, keep=self.cfg.keep_checkpoints)
 
-    def load_checkpoint(self) -> bool:
-        """Restore from the newest complete checkpoint; False if there is none."""
+    def load_checkpoint(self, chosen: Resumable | None = None) -> bool:
+        """Restore from checkpoint ``chosen`` (default: the newest intact one, see
+        :func:`~selfplay.checkpoint.find_resumable`); False if the run has none.
+
+        The damaged newer checkpoints that were skipped are moved to ``checkpoints/damaged/``, and the lineage
+        lines of steps after the checkpoint used are dropped.
+
+        Raises:
+            NoIntactCheckpoint: the run has checkpoints but none is intact (naming each damaged file).
+            CheckpointError: the checkpoint used does not fit this run.
+        """
         cleanup_partial(self.run_dir)
-        found = latest_checkpoint(self.run_dir)
-        if found is None:
-            return False
-        step, d = found
+        if chosen is None:
+            chosen = find_resumable(self.run_dir)
+            if chosen is None:
+                return False
+        step, d = chosen.step, chosen.path
+        st = json.loads((d / "loop_state.json").read_text())
+        if int(st["step"]) != step:
+            raise CheckpointError(d / "loop_state.json", f"holds step {st['step']}, expected {step}")
         self.population.load_all(d / "population")
         self.env.load_state_dict(json.loads((d / "env_state.json").read_text()))
         if self.pbt is not None and (d / "pbt_state.json").is_file():
             self.pbt.load_state_dict(json.loads((d / "pbt_state.json").read_text()))
-        st = json.loads((d / "loop_state.json").read_text())
-        self.step = int(st["step"])
+        self.step = step
         self._seeded = True
         self.totals = defaultdict(float, st.get("totals", {}))
         self.history = list(st.get("history", []))
         random.setstate(_eval_py_rng(st["python_rng"]))
         np.random.set_state(_np_state_from_json(st["numpy_rng"]))
         torch.set_rng_state(torch.load(d / "torch_rng.pt")["torch_rng"])
+        set_aside(self.run_dir, [e.checkpoint for e in chosen.skipped])
         self._truncate_lineage(step)
         self.generator.refresh(self.population.names)
-        log.info("resumed %s from checkpoint step %d", self.run_dir, step)
+        skipped = "".join(f"; skipped damaged {e.checkpoint.name} ({e})" for e in chosen.skipped)
+        log.info("resumed %s from checkpoint step %d%s", self.run_dir, step, skipped)
         return True
 
     def _truncate_lineage(self, step: int) -> None:
-        """Drop lineage lines written after checkpoint ``step`` by a run that was killed later."""
+        """Drop lineage lines written after checkpoint ``step`` by a run that was killed later (a line cut short
+        by the kill included: it was being written after the checkpoint)."""
         path = self.run_dir / "lineage.jsonl"
         if not path.is_file():
             return
-        keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-        write_text_atomic(path, "".join(ln + "\n" for ln in keep))
+        keep, dropped = [], 0
+        for ln in path.read_text().splitlines():
+            try:
+                line_step = json.loads(ln)["step"] if ln.strip() else None
+            except (json.JSONDecodeError, TypeError, KeyError):
+                line_step = None
+            if isinstance(line_step, int) and line_step <= step:
+                keep.append(ln)
+            elif ln.strip():
+                dropped += 1
+        if dropped:
+            log.info("lineage: dropped %d line(s) written after checkpoint step %d", dropped, step)
+            write_text_atomic(path, "".join(ln + "\n" for ln in keep))
 
     # ------------------------------------------------------------------------------- generation
     def _generate(self, obs: Mapping[str, Sequence[str]], infos: Mapping[str, dict], phase: str

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,10 +17,18 @@ import numpy as np
 from tqdm import tqdm
 
 from selfplay import tags
-from selfplay.checkpoint import write_json
+from selfplay.checkpoint import (
+    Resumable,
+    cleanup_partial,
+    find_resumable,
+    free_bytes,
+    write_failure,
+    write_json,
+)
 from selfplay.config import TrainConfig, to_dict
 from selfplay.logger import TensorBoardLogger
 from selfplay.loop import SelfPlayLoop
+from selfplay.rundir import check_resume_dir, default_run_dir, prepare_new_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +43,6 @@ HISTORY_KEYS = {
 """``run_summary.json`` history field -> the TensorBoard tag it copies (``solve_rate``: matched tasks only)."""
 
 
-def default_run_dir(cfg: TrainConfig) -> Path:
-    """``cfg.run_dir``, else ``runs/<cfg.name>`` (the caller names the run)."""
-    if cfg.run_dir is not None:
-        return Path(cfg.run_dir)
-    return Path("runs") / (cfg.name or f"{Path(cfg.preset).stem}-s{cfg.seed}")
-
-
 def _summary_line(step: int, total: int, sc: Mapping[str, float]) -> str:
     def f(key: str, fmt: str = "{:.3f}") -> str:
         return fmt.format(sc[key]) if key in sc else "-"
@@ -49,6 +52,30 @@ def _summary_line(step: int, total: int, sc: Mapping[str, float]) -> str:
             f"R_student {f(tags.STUDENT_REWARD)} | gen {f(tags.time('generation'), '{:.1f}s')} "
             f"sandbox {f(tags.time('sandbox'), '{:.1f}s')} update {f(tags.time('update'), '{:.1f}s')} "
             f"evo {f(tags.time('evolution'), '{:.2f}s')}")
+
+
+def save_adapters(loop: SelfPlayLoop, adapters: Path) -> None:
+    """Write every member as a PEFT directory under ``adapters/``, atomically: into a temporary sibling that
+    replaces ``adapters/`` when complete (a failure removes it and leaves any earlier ``adapters/`` as it was)."""
+    tmp = adapters.with_name(f".tmp_{adapters.name}_{os.getpid()}")
+    old = adapters.with_name(f".tmp_old_{adapters.name}_{os.getpid()}")
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        for member in loop.population.names:
+            loop.population.save(member, tmp / member)
+        if adapters.exists():
+            os.replace(adapters, old)
+        os.replace(tmp, adapters)
+    except BaseException as exc:
+        free = free_bytes(adapters.parent)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not adapters.exists():
+            os.replace(old, adapters)
+        if isinstance(exc, Exception):
+            raise write_failure(exc, f"the final adapters {adapters}", free) from exc
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def train(cfg: TrainConfig, assignment: Mapping[str, str] | None = None,
@@ -61,8 +88,14 @@ def train(cfg: TrainConfig, assignment: Mapping[str, str] | None = None,
         meta: extra fields for ``config.json`` (e.g. ``{"arm": "baseline"}``), read by the report.
     """
     resuming = cfg.resume is not None
-    run_dir = Path(cfg.resume) if resuming else default_run_dir(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    # every check on the directory and its checkpoints comes before the model loads
+    chosen: Resumable | None = None
+    if resuming:
+        run_dir = check_resume_dir(Path(cfg.resume))
+        cleanup_partial(run_dir)
+        chosen = find_resumable(run_dir)  # NoIntactCheckpoint if every checkpoint is damaged
+    else:
+        run_dir = prepare_new_run_dir(default_run_dir(cfg))  # RunDirError if it already holds a run
     loop = SelfPlayLoop(cfg, run_dir, assignment)
     t_setup = time.perf_counter()
     loop.setup()
@@ -70,10 +103,12 @@ def train(cfg: TrainConfig, assignment: Mapping[str, str] | None = None,
         write_json(run_dir / "config.json", {"name": run_dir.name, **dict(meta or {}), "model": cfg.model,
                                              "rank": cfg.rank, "alpha": cfg.alpha,
                                              "mapping": loop.mapping.to_dict(), "config": to_dict(cfg)})
-    resumed = loop.load_checkpoint() if resuming else False
+    resumed = loop.load_checkpoint(chosen) if chosen is not None else False
     if resuming and not resumed:
         log.warning("no checkpoint in %s: starting from step 0", run_dir)
-    tb = TensorBoardLogger(str(run_dir), purge_step=loop.step if resumed else None)
+    # a resumed writer drops what the interrupted session logged after the checkpoint (steps > loop.step);
+    # the checkpoint's own step was logged before it was written and stays
+    tb = TensorBoardLogger(str(run_dir), purge_step=loop.step + 1 if resumed else None)
     if not resumed:
         tb.log_hparams(to_dict(cfg))
     setup_s = time.perf_counter() - t_setup
@@ -86,14 +121,15 @@ def train(cfg: TrainConfig, assignment: Mapping[str, str] | None = None,
                     loop.totals[f"time/{k}"] += v
             scalars = tb.log_step(record)  # before the checkpoint: the history goes into it
             loop.history.append({"step": loop.step, **{k: scalars.get(tag) for k, tag in HISTORY_KEYS.items()}})
+            tb.log_samples(record, cfg.log_samples)  # flushed before the checkpoint, like the scalars
             ckpt_s = 0.0
             if loop.step % cfg.checkpoint_every == 0 or loop.step == cfg.steps:
                 t0 = time.perf_counter()
                 loop.save_checkpoint()
                 ckpt_s = time.perf_counter() - t0
             loop.totals["time/checkpoint"] += ckpt_s
+            # the one value logged after the checkpoint: lost if the run dies between the two
             tb.add_scalar(tags.time("checkpoint"), ckpt_s, loop.step)
-            tb.log_samples(record, cfg.log_samples)
             bar.update(1)
             line = _summary_line(loop.step, cfg.steps, scalars)
             tqdm.write(line) if cfg.progress else log.info(line)
@@ -101,9 +137,7 @@ def train(cfg: TrainConfig, assignment: Mapping[str, str] | None = None,
         bar.close()
         tb.close()
         loop.env.close()
-    adapters = run_dir / "adapters"
-    for member in loop.population.names:
-        loop.population.save(member, adapters / member)
+    save_adapters(loop, run_dir / "adapters")
     step_times = [h["step_seconds"] for h in loop.history if h.get("step_seconds") is not None]
     summary = {"steps": loop.step, "setup_seconds": setup_s,
                "median_step_seconds": float(np.median(step_times)) if step_times else None,
