@@ -24,7 +24,14 @@ class GenerationRequest:
         top_p: nucleus sampling threshold (1.0 = off).
         seed: per-request sampling seed (``None``: the backend's own RNG).
         n: number of samples for this prompt.
-        chat: apply the chat template (ignored when the tokenizer has none).
+        chat: apply the chat template (ignored when the tokenizer has none). The env's requests say it per
+            prompt set (``infos[a]["requests"][k]["chat_template"]``).
+        prefix: response prefix the completion continues (a pre-filled answer opening, ``"<think>"``...). The
+            text generated from always ends with it (:func:`populora_env.prompts.with_prefix`): with the chat
+            template it follows the assistant opening; a raw prompt gets it appended unless it already ends
+            with it. It is part of ``Completion.prompt_token_ids``, not of the completion's text or tokens.
+        stop: strings that end the completion (the closing answer tag); the completion's text ends with the
+            first one produced, its tokens with the token that completes it.
     """
 
     adapter: str | None
@@ -35,14 +42,19 @@ class GenerationRequest:
     seed: int | None = None
     n: int = 1
     chat: bool = True
+    prefix: str = ""
+    stop: tuple[str, ...] = ()
 
 
 @dataclass
 class Completion:
     """One sampled completion.
 
-    ``logprobs[i]`` is log pi(token_ids[i] | prefix) under the adapter's *unscaled* (temperature 1, no top-p)
-    distribution, i.e. the behaviour log-probability a policy-gradient trainer compares against.
+    ``logprobs[i]`` is log pi(token_ids[i] | prompt_token_ids + token_ids[:i]) under the adapter's *unscaled*
+    (temperature 1, no top-p) distribution, i.e. the behaviour log-probability a policy-gradient trainer
+    compares against. ``prompt_token_ids`` are exactly the tokens generated from (chat template and response
+    prefix included). ``finish_reason`` is ``"stop"`` after an EOS token or a stop string, ``"length"`` at the
+    token budget.
     """
 
     request_index: int

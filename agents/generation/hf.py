@@ -14,9 +14,12 @@ trainer compares against), draws the token for each row with that row's own temp
 
 Guarantees:
 
-* ``token_ids`` stop at and INCLUDE the EOS token when one is produced (``finish_reason="stop"``), else they
-  have exactly the request's ``max_new_tokens`` tokens (``"length"``); ``text`` is the decoded ``token_ids``
-  without special tokens; ``prompt_token_ids`` are the unpadded prompt ids (chat template applied).
+* ``token_ids`` stop at and INCLUDE the EOS token when one is produced (``finish_reason="stop"``), or the
+  token that completes one of the request's ``stop`` strings (``"stop"``; the row stops generating there), else
+  they have exactly the request's ``max_new_tokens`` tokens (``"length"``); ``text`` is the decoded
+  ``token_ids`` without special tokens, cut right after the stop string when one ended the row (a token can
+  carry a few characters past it); ``logprobs`` are aligned with ``token_ids``; ``prompt_token_ids`` are the
+  unpadded prompt ids (chat template and response prefix applied, :func:`encode_prompt`).
 * Sample ``k`` of a request with ``seed=s`` draws from a generator seeded with a hash of ``(s, k)``, so it
   does not depend on the other requests in the call, their order or ``batch_size``, up to float rounding of
   batched matmuls (which can flip a draw or an argmax between near-equal tokens). Requests with
@@ -36,25 +39,41 @@ import torch
 
 from agents.generation.base import Completion, GenerationRequest
 from agents.population import BASE_ADAPTER, LoRAPopulation
+from populora_env.prompts import with_prefix
 
-__all__ = ["HFGenerator", "check_request", "encode_prompt", "row_seed", "stop_token_ids"]
+__all__ = ["HFGenerator", "check_request", "cut_at_stop", "encode_prompt", "prompt_text", "row_seed", "stop_token_ids"]
 
 
-def encode_prompt(tokenizer, request: GenerationRequest) -> list[int]:
-    """Prompt token ids of a request: the chat template with ``add_generation_prompt=True`` when the tokenizer
-    has one and ``request.chat`` (a string prompt becomes one user message), else the plain encoding.
-    Every backend uses this, so prompt ids are identical across backends."""
+def prompt_text(tokenizer, request: GenerationRequest) -> tuple[str, bool]:
+    """The text a request generates from, and whether it is chat-templated.
+
+    With ``request.chat`` and a tokenizer that has a chat template: the template with
+    ``add_generation_prompt=True`` (a string prompt becomes one user message), then ``request.prefix`` right
+    after the assistant opening. Otherwise the prompt itself, ending with ``request.prefix`` (appended unless
+    the prompt already ends with it: :func:`populora_env.prompts.with_prefix`, the rule the env's raw prompt
+    sets follow, whose observations already end with their prefix)."""
     prompt = request.prompt
     if request.chat and getattr(tokenizer, "chat_template", None):
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return text + request.prefix, True
     if not isinstance(prompt, str):
         raise ValueError(
             "a list-of-messages prompt needs a tokenizer with a chat template and chat=True; "
             "pass a string prompt instead"
         )
-    return list(tokenizer(prompt)["input_ids"])
+    return with_prefix(prompt, request.prefix), False
+
+
+def encode_prompt(tokenizer, request: GenerationRequest) -> list[int]:
+    """Prompt token ids of a request: :func:`prompt_text` encoded in one piece (the template's special tokens
+    are in the text, so no others are added; a raw prompt gets the tokenizer's usual special tokens). Every
+    backend uses this, so prompt ids are identical across backends, and they are exactly the tokens generated
+    from (the trainer scores completions after them)."""
+    text, templated = prompt_text(tokenizer, request)
+    if templated:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return list(tokenizer(text)["input_ids"])
 
 
 def stop_token_ids(population: LoRAPopulation, tokenizer) -> list[int]:
@@ -79,6 +98,10 @@ def check_request(index: int, request: GenerationRequest, population: LoRAPopula
             f"request {index}: need temperature >= 0, 0 < top_p <= 1, n >= 1 "
             f"(got {request.temperature}, {request.top_p}, {request.n})"
         )
+    if not isinstance(request.prefix, str):
+        raise ValueError(f"request {index}: prefix must be a str, got {request.prefix!r}")
+    if isinstance(request.stop, str) or not all(isinstance(s, str) and s for s in request.stop):
+        raise ValueError(f"request {index}: stop must be a tuple of non-empty strings, got {request.stop!r}")
 
 
 def row_seed(seed: int, sample_index: int) -> int:
@@ -97,6 +120,7 @@ class _Row:
     temperature: float
     top_p: float
     seed: int
+    stop: tuple[str, ...] = ()
 
 
 class _RowSampler:
@@ -162,15 +186,54 @@ def _sample_rows(probs: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor) -> t
     return out
 
 
-class _RowLimit:
-    """Stopping criterion: row ``i`` is done once it has ``max_new_tokens[i]`` tokens."""
+class _RowStop:
+    """Stopping criterion: row ``i`` is done once it has ``max_new_tokens[i]`` tokens or its generated text
+    contains one of its stop strings (EOS is ``generate``'s own business).
 
-    def __init__(self, sampler: _RowSampler, limits: Sequence[int], device: torch.device) -> None:
+    After each step the decoded tail of every row that has stop strings and has not stopped is searched: a
+    stop string of ``c`` characters that appears for the first time ends within the newest token and spans at
+    most ``c`` tokens (each token decodes to at least one character), so the last ``c + 1`` tokens suffice.
+    ``stopped_at[i]`` is the number of tokens up to and including the one that completed a stop string.
+    """
+
+    def __init__(self, sampler: _RowSampler, rows: Sequence[_Row], tokenizer, device: torch.device) -> None:
         self.sampler = sampler
-        self.limits = torch.tensor(list(limits), device=device)
+        self.limits = torch.tensor([r.max_new_tokens for r in rows], device=device)
+        self.tokenizer = tokenizer
+        self.stops = [r.stop for r in rows]
+        self.windows = [max((len(s) for s in r.stop), default=0) + 1 for r in rows]
+        self.watch = [i for i, r in enumerate(rows) if r.stop]
+        self.ids: list[list[int]] = [[] for _ in rows]
+        self.stopped_at: list[int | None] = [None] * len(rows)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
-        return len(self.sampler.tokens) >= self.limits
+        n = len(self.sampler.tokens)
+        done = n >= self.limits
+        if self.watch:
+            newest = self.sampler.tokens[-1].tolist()
+            for i in self.watch:
+                if self.stopped_at[i] is not None:
+                    continue
+                self.ids[i].append(newest[i])
+                tail = self.tokenizer.decode(self.ids[i][-self.windows[i] :], skip_special_tokens=True)
+                if any(s in tail for s in self.stops[i]):
+                    self.stopped_at[i] = n
+            hit = [i for i in self.watch if self.stopped_at[i] is not None]
+            if hit:
+                done = done.clone()
+                done[hit] = True
+        return done
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
+    """``text`` up to and including the earliest-ending stop string, and that string (``None`` if none
+    occurs)."""
+    best: tuple[int, str] | None = None
+    for s in stops:
+        at = text.find(s)
+        if at != -1 and (best is None or at + len(s) < best[0]):
+            best = (at + len(s), s)
+    return (text, None) if best is None else (text[: best[0]], best[1])
 
 
 class HFGenerator:
@@ -234,6 +297,7 @@ class HFGenerator:
                         req.temperature,
                         req.top_p,
                         row_seed(seed, k),
+                        tuple(req.stop),
                     )
                 )
         return rows
@@ -270,6 +334,7 @@ class HFGenerator:
             attention[i, width - len(row.prompt_ids) :] = 1
         sampler = _RowSampler(rows, device)
         limits = [r.max_new_tokens for r in rows]
+        stopper = _RowStop(sampler, rows, self.tokenizer, device)
         config = GenerationConfig(
             do_sample=False,
             num_beams=1,
@@ -283,7 +348,7 @@ class HFGenerator:
             attention_mask=attention.to(device),
             generation_config=config,
             logits_processor=LogitsProcessorList([sampler]),
-            stopping_criteria=StoppingCriteriaList([_RowLimit(sampler, limits, device)]),
+            stopping_criteria=StoppingCriteriaList([stopper]),
         )
         adapters = [r.adapter for r in rows]
         # The model's own generation defaults (penalties, temperature...) must not touch the raw logits the
@@ -314,17 +379,24 @@ class HFGenerator:
                 if t in stops:
                     ids, finish = ids[: j + 1], "stop"
                     break
+            extra: dict = {"seed": row.seed}
+            at = stopper.stopped_at[i]
+            if at is not None and at <= len(ids):  # a stop string ended the row before any EOS
+                ids, finish = ids[:at], "stop"
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            if at is not None and at <= len(ids):
+                text, extra["stop"] = cut_at_stop(text, row.stop)
             out.append(
                 Completion(
                     request_index=row.request_index,
                     sample_index=row.sample_index,
                     adapter=row.adapter,
-                    text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                    text=text,
                     prompt_token_ids=list(row.prompt_ids),
                     token_ids=ids,
                     logprobs=logprobs[i][: len(ids)],
                     finish_reason=finish,
-                    extra={"seed": row.seed},
+                    extra=extra,
                 )
             )
         return out

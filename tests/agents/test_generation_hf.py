@@ -242,3 +242,80 @@ def test_inverse_cdf_sampler_matches_the_distribution_and_nucleus():
     assert freq[0] == 0 and freq[1] == 0 and abs(freq[2] - 2 / 3) < 0.015
     # u -> 1 stays in range and on a positive-probability token
     assert _sample_rows(probs[:1], torch.ones(1), torch.tensor([0.9999999])).item() == 3
+
+
+def test_raw_azr_prompts_are_encoded_without_chat_markup(pop3, tiny_tokenizer):
+    """With the ``"azr"`` prompt set (no chat template) the encoded input is the env's prompt itself: it ends with
+    ``Assistant: <think>`` (the prefix, not appended twice) and holds no chat-template markup."""
+    from populora_env import parallel_env
+
+    env = parallel_env(prompts="azr", num_teachers=1, num_students=1, tasks_per_teacher=3, seed=0)
+    obs, infos = env.reset(seed=0)
+    gen = HFGenerator(pop3, tiny_tokenizer)
+    special = set(tiny_tokenizer.all_special_ids)
+    for prompt, spec in zip(obs["teacher_0"], infos["teacher_0"]["requests"], strict=True):
+        request = GenerationRequest("m0", prompt, chat=spec["chat_template"], prefix=spec["prefix"],
+                                    stop=tuple(spec["stop"]))
+        ids = gen.encode_prompt(request)
+        text = tiny_tokenizer.decode(ids)
+        assert text == prompt and text.endswith("\nAssistant: <think>")
+        assert "<|im_start|>" not in text and "<|im_end|>" not in text and not special & set(ids)
+    env.close()
+
+
+def test_prefix_follows_the_assistant_opening(pop3, tiny_tokenizer):
+    prefix = "<think></think>\n<answer>\n```python\ndef f("
+    gen = HFGenerator(pop3, tiny_tokenizer)
+    request = GenerationRequest("m1", "Write f.", max_new_tokens=8, temperature=0, prefix=prefix)
+    opening = tiny_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Write f."}], tokenize=False, add_generation_prompt=True
+    )
+    assert opening.endswith("<|im_start|>assistant\n")
+    assert tiny_tokenizer.decode(gen.encode_prompt(request)) == opening + prefix
+    (c,) = gen.generate([request])
+    assert c.prompt_token_ids == gen.encode_prompt(request)  # the trainer's prompt ids include the prefix
+    # generating from the prefixed chat prompt is generating from that very text
+    (same,) = gen.generate([GenerationRequest("m1", opening + prefix, max_new_tokens=8, temperature=0, chat=False)])
+    assert same.prompt_token_ids == c.prompt_token_ids and same.token_ids == c.token_ids
+    # raw prompts get the prefix only where they do not already end with it
+    raw = GenerationRequest("m1", "Q: x\nA: <think>", chat=False, prefix="<think>")
+    assert gen.encode_prompt(raw) == tiny_tokenizer("Q: x\nA: <think>")["input_ids"]
+    raw2 = GenerationRequest("m1", "Q: x\nA:", chat=False, prefix=" <think>")
+    assert gen.encode_prompt(raw2) == tiny_tokenizer("Q: x\nA: <think>")["input_ids"]
+
+
+def test_stop_strings_cut_generation(pop3, tiny_tokenizer):
+    gen = HFGenerator(pop3, tiny_tokenizer)
+    free = gen.generate([
+        GenerationRequest("m0", PROMPTS[0], max_new_tokens=12, temperature=0),
+        GenerationRequest("m2", PROMPTS[2], max_new_tokens=12, temperature=0),
+    ])
+    ids = free[0].token_ids
+    assert len(ids) == 12 and free[0].finish_reason == "length"
+    pieces = [tiny_tokenizer.decode([t]) for t in ids]
+    stop = pieces[3][-2:] + pieces[4][:4]  # spans tokens 3 and 4: the row must end with token 4
+    assert len(stop) == 6 and stop not in tiny_tokenizer.decode(ids[:4])
+    requests = [
+        GenerationRequest("m0", PROMPTS[0], max_new_tokens=12, temperature=0, stop=("never-produced", stop)),
+        GenerationRequest("m2", PROMPTS[2], max_new_tokens=12, temperature=0, stop=("never-produced",)),
+    ]
+    cut, other = gen.generate(requests)
+    assert cut.token_ids == ids[:5] and cut.finish_reason == "stop" and cut.extra["stop"] == stop
+    full_text = tiny_tokenizer.decode(ids[:5], skip_special_tokens=True)
+    assert cut.text == full_text[: full_text.index(stop) + len(stop)] and cut.text.endswith(stop)
+    assert len(cut.text) < len(full_text)  # the last token carried characters past the stop string
+    assert cut.logprobs == pytest.approx(free[0].logprobs[:5], abs=1e-5)
+    assert other.token_ids == free[1].token_ids and other.finish_reason == "length" and "stop" not in other.extra
+    # with sampling too: a sampled row stops at its stop string, log-probs aligned
+    sampled = gen.generate([GenerationRequest("m0", PROMPTS[0], max_new_tokens=12, seed=5, n=3, stop=(stop,))])
+    for c in sampled:
+        text = tiny_tokenizer.decode(c.token_ids, skip_special_tokens=True)
+        assert len(c.logprobs) == len(c.token_ids)
+        if c.finish_reason == "stop":
+            assert stop in text and stop not in tiny_tokenizer.decode(c.token_ids[:-1], skip_special_tokens=True)
+        else:
+            assert stop not in text and len(c.token_ids) == 12
+    with pytest.raises(ValueError, match="stop"):
+        gen.generate([GenerationRequest("m0", "hi", stop=("",))])
+    with pytest.raises(ValueError, match="stop"):
+        gen.generate([GenerationRequest("m0", "hi", stop="</answer>")])
