@@ -233,15 +233,21 @@ class SelfPlayLoop:
             agent_prompts = list(obs[agent])
             if not agent_prompts or not infos.get(agent, {}).get("active", True):
                 continue
+            # how the env wants each prompt generated: chat template or not, response prefix, stop strings
+            specs = [_generation_spec(r) for r in infos.get(agent, {}).get("requests", [])]
+            specs += [_generation_spec({})] * (len(agent_prompts) - len(specs))
             i = 0
             while i < len(agent_prompts):  # consecutive identical prompts = n samples of one request
                 j = i
-                while j + 1 < len(agent_prompts) and agent_prompts[j + 1] == agent_prompts[i]:
+                while (j + 1 < len(agent_prompts) and agent_prompts[j + 1] == agent_prompts[i]
+                       and specs[j + 1] == specs[i]):
                     j += 1
+                chat, prefix, stop = specs[i]
                 requests.append(GenerationRequest(
                     adapter=self.mapping.agent_to_member[agent], prompt=agent_prompts[i], max_new_tokens=max_new,
                     temperature=g.temperature, top_p=g.top_p, n=j - i + 1,
-                    seed=derive_seed(self.cfg.seed, self.step, phase, agent, i)))
+                    seed=derive_seed(self.cfg.seed, self.step, phase, agent, i),
+                    chat=chat, prefix=prefix, stop=stop))
                 first_index.append((agent, i))
                 for k in range(i, j + 1):
                     prompts[(agent, k)] = agent_prompts[i]
@@ -326,6 +332,12 @@ class SelfPlayLoop:
         for cb in self.callbacks:
             cb(self, record)
         return record
+
+
+def _generation_spec(request: Mapping[str, Any]) -> tuple[bool, str, tuple[str, ...]]:
+    """``(chat, prefix, stop)`` of a GenerationRequest from the env's request info (its prompt set's rules)."""
+    return (bool(request.get("chat_template", True)), str(request.get("prefix", "")),
+            tuple(request.get("stop", ())))
 
 
 def _np_state_to_json(state: tuple) -> list:
