@@ -3,7 +3,8 @@
 Per task type (AZR semantics, docs/azr.md §5):
 
 - **deduction**: the answer (last ```` ```output ```` block, else the whole answer) must parse as an expression,
-  else it is a format error; it must be a Python literal, else it is wrong (``not_literal``: an arbitrary
+  else it is a format error (or, with ``unparseable_is_format_error=False`` as in AZR, a wrong answer with
+  reason ``parse_error``; likewise for the two parse failures below); it must be a Python literal, else it is wrong (``not_literal``: an arbitrary
   expression could build an object whose ``__eq__`` always says yes). The sandbox evaluates
   ``<gold output> == <answer>`` (Python value equality: ``1 == 1.0``, dict order irrelevant).
 - **abduction**: the answer (last ```` ```input ```` block, else the whole answer) must parse as an argument
@@ -64,6 +65,9 @@ class CheckConfig:
     lenient_answer_close: bool = False
     max_program_chars: int = 4000
     timeout_s: float | None = None
+    unparseable_is_format_error: bool = True
+    """An answer inside well-formed tags whose payload does not parse is a format error (reason ``format``);
+    ``False`` (AZR) makes it a well-formatted wrong answer (reason ``parse_error``)."""
 
     def prefix_for(self, task_type: TaskType) -> str:
         """The response prefix of answers to ``task_type`` tasks (``response_prefixes`` by task-type value,
@@ -128,7 +132,7 @@ class AnswerChecker:
             text = parse_output_answer(answer)
             canonical = parse_expression(text)
             if canonical is None:
-                return AttemptOutcome(False, False, Reason.FORMAT, "answer is not a Python expression")
+                return self._unparseable("answer is not a Python expression")
             ok, _ = literal_value(canonical)
             if not ok:
                 return AttemptOutcome(True, False, Reason.NOT_LITERAL, "answer is not a Python literal")
@@ -139,7 +143,7 @@ class AnswerChecker:
                 args = parse_call_args(text)
             except ArgsError as exc:
                 if exc.kind == "parse_error":
-                    return AttemptOutcome(False, False, Reason.FORMAT, "answer is not an argument list")
+                    return self._unparseable("answer is not an argument list")
                 return AttemptOutcome(True, False, Reason.NOT_LITERAL, exc.detail)
             call = f"{PLAIN_GUARD}(f({args.canonical}))"
             job = ExecJob(code=task.program + PLAIN_HELPER, call=call, compare_to=task.output, timeout_s=timeout)
@@ -149,7 +153,7 @@ class AnswerChecker:
             return AttemptOutcome(False, False, Reason.FORMAT, "answer has no fenced code block")
         checked = check_program(program, cfg.max_program_chars, require_params=False)
         if checked.reason is Reason.PARSE_ERROR:
-            return AttemptOutcome(False, False, Reason.FORMAT, checked.detail)
+            return self._unparseable(checked.detail)
         if checked.reason is not None:
             return AttemptOutcome(True, False, checked.reason, checked.detail)
         code = program + PLAIN_HELPER
@@ -158,6 +162,12 @@ class AnswerChecker:
             for inp, out in task.hidden_pairs
         ]
         return program, jobs
+
+    def _unparseable(self, detail: str) -> AttemptOutcome:
+        """The verdict on a well-tagged answer whose payload does not parse (``CheckConfig``'s switch)."""
+        if self.config.unparseable_is_format_error:
+            return AttemptOutcome(False, False, Reason.FORMAT, detail)
+        return AttemptOutcome(True, False, Reason.PARSE_ERROR, detail)
 
 
 def _same_value_on_host(result: ExecResult, job: ExecJob) -> bool:

@@ -34,6 +34,9 @@ MAX_MEMORY_MB = 1 << 20
 MAX_WORKERS = 1024
 MAX_CHARS = 1 << 20
 
+#: Classifications of a student answer whose payload cannot be parsed (EnvConfig.unparseable_answer).
+UNPARSEABLE_ANSWER = ("format", "wrong")
+
 
 class ConfigError(ValueError):
     """A setting is invalid. ``field`` is its dotted name (``trueskill.beta``, ``env.timeout_s``)."""
@@ -102,6 +105,14 @@ class EnvConfig:
     """Reference tasks from the buffer shown in each deduction/abduction proposer prompt (AZR: 6)."""
     induction_inputs: int = 6
     """Inputs an induction proposal must give, half shown to the student and half hidden (AZR: 10)."""
+    seed_tasks: int = 0
+    """Seeding stage before the first training step: the base model (adapters off) proposes until every
+    task-type buffer in play holds this many valid tasks, the hand-written seeds included (AZR: 256; deduction
+    and abduction share one pool of programs, induction is seeded last from it). 0: the shipped hand-written
+    seeds only."""
+    seed_max_proposals: int = 0
+    """Most proposals the base model may make per task type while seeding (0: 8 × seed_tasks). If a buffer is
+    still short then, the run warns, names the type and its rejection reasons, and trains with what it has."""
     buffer_cap: int = 4096
     """Maximum tasks per task-type buffer (FIFO, the newest kept)."""
     student_fill: bool = True
@@ -115,6 +126,13 @@ class EnvConfig:
     """Accept a completion whose final </answer> is missing (the answer then runs to the end of the text). A
     documented leniency for small models that close the answer's code fence and stop (docs/prompts.md); AZR
     requires the closing tag."""
+    unparseable_answer: str = "format"
+    """How a student's answer is classified when its tags are well formed but its payload cannot be parsed
+    (deduction: not a Python expression; abduction: not an argument list; induction: the fenced block is not
+    Python): 'format' (a format error, reason 'format', −1 under the built-in schemes) or 'wrong' (well
+    formatted but wrong, reason 'parse_error', −0.5: AZR's classification, whose parser falls back to the whole
+    answer text and counts a failed evaluation as a wrong answer; docs/azr.md §13.3). Missing tags, and an
+    induction answer without any fenced block, are format errors either way (as in AZR)."""
     prompts: str = "chat"
     """Registered prompt set (populora_env.prompts.list_prompt_sets()): the prompt texts, whether the chat
     template applies, the response prefix per prompt kind and the stop strings ('chat', 'r1', 'azr', 'small')."""
@@ -160,8 +178,14 @@ class EnvConfig:
         check_int("references_k", self.references_k, 0, 64)
         check_int("induction_inputs", self.induction_inputs, 2, 64)
         check_int("buffer_cap", self.buffer_cap, 1, 1 << 24)
+        check_int("seed_tasks", self.seed_tasks, 0, 1 << 20)
+        check_int("seed_max_proposals", self.seed_max_proposals, 0, 1 << 24)
+        check(self.seed_tasks <= self.buffer_cap, "seed_tasks",
+              f"must be <= buffer_cap ({self.buffer_cap}), got {self.seed_tasks}")
         for name in ("student_fill", "reject_duplicates", "require_think", "lenient_answer_close"):
             check_bool(name, getattr(self, name))
+        check(self.unparseable_answer in UNPARSEABLE_ANSWER, "unparseable_answer",
+              f"must be one of {', '.join(UNPARSEABLE_ANSWER)}, got {self.unparseable_answer!r}")
         check_int("max_program_chars", self.max_program_chars, 16, MAX_CHARS)
         check_int("max_input_chars", self.max_input_chars, 1, MAX_CHARS)
         check_int("max_message_chars", self.max_message_chars, 0, MAX_CHARS)
@@ -223,6 +247,11 @@ class EnvConfig:
                 "reward_kwargs",
                 f"{exc} (scheme {getattr(scheme, '__name__', scheme)!r} takes: {', '.join(params) or 'nothing'})",
             ) from None
+
+
+def seed_proposal_budget(cfg: EnvConfig) -> int:
+    """Most proposals per task type of the seeding stage (``seed_max_proposals``, default 8 × ``seed_tasks``)."""
+    return cfg.seed_max_proposals or 8 * cfg.seed_tasks
 
 
 def env_config(config: EnvConfig | None = None, **overrides: Any) -> EnvConfig:

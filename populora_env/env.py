@@ -40,6 +40,7 @@ Contract (what a training loop may rely on):
 
 from __future__ import annotations
 
+import dataclasses
 import string
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -53,7 +54,7 @@ from pettingzoo import ParallelEnv
 
 from populora_env.buffer import TaskBuffers
 from populora_env.checking import AnswerChecker, AttemptOutcome, CheckConfig
-from populora_env.config import ConfigError, EnvConfig, check_int, env_config
+from populora_env.config import MAX_PER_ROUND, ConfigError, EnvConfig, check_int, env_config
 from populora_env.matching import Pairing, Ratings, match_outcome, pfsp_match
 from populora_env.metrics import CoverageTracker, summarize
 from populora_env.prompts import PROMPT_KINDS, PromptTemplates, get_prompt_set, prompt_kind
@@ -92,8 +93,9 @@ class PopuLoRAParallelEnv(ParallelEnv):
 
     ``num_teachers``/``num_students`` (agents), ``tasks_per_teacher``, ``samples_per_task``, ``task_types``,
     ``reward_scheme`` + ``reward_kwargs``, ``references_k``, ``induction_inputs``, ``buffer_cap``,
-    ``student_fill``, ``reject_duplicates``, ``require_think``, ``lenient_answer_close``, ``prompts`` (a
-    prompt-set name), the length
+    ``student_fill``, ``reject_duplicates``, ``require_think``, ``lenient_answer_close``, ``unparseable_answer``,
+    ``prompts`` (a prompt-set name), ``seed_tasks``/``seed_max_proposals`` (read by the training loop's seeding
+    stage, which uses :meth:`seed_prompts` and :meth:`add_seed_proposals`), the length
     limits, ``timeout_s``/``memory_mb``/``sandbox_workers`` (the sandbox) and ``trueskill`` (a
     :class:`TrueSkillConfig` or a dict of its fields). Besides registered names, ``reward_scheme`` may be a
     callable and ``prompts`` a :class:`PromptTemplates`. Every value is validated here, before any work; a bad
@@ -206,6 +208,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
                 lenient_answer_close=cfg.lenient_answer_close,
                 max_program_chars=self.max_program_chars,
                 timeout_s=self._timeout_s,
+                unparseable_is_format_error=cfg.unparseable_answer == "format",
             )
         )
         self._lazy_sandbox = _LazySandbox(self)
@@ -216,6 +219,8 @@ class PopuLoRAParallelEnv(ParallelEnv):
         self._ratings = Ratings(self.possible_agents, ts_config)
         self._buffers = TaskBuffers(self.buffer_cap, seed_tasks(self.induction_inputs))
         self._coverage = CoverageTracker()
+        self._seed_count = 0  # seeding-stage proposals issued (task ids base-<n>)
+        self._seed_requests: dict[str, ProposalRequest] = {}
 
         self._teacher_requests: dict[str, list[ProposalRequest]] = {}
         self._proposal_outcomes: dict[str, list[ProposalOutcome]] = {}
@@ -309,25 +314,11 @@ class PopuLoRAParallelEnv(ParallelEnv):
             info_requests: list[dict[str, Any]] = []
             for k in range(self.tasks_per_teacher):
                 task_type = self.task_types[(self._round + t_index + k) % n_types]
-                task_id = f"r{self._round}-{teacher}-{k}"
-                request_info: dict[str, Any] = {
-                    "task_type": task_type.value,
-                    "task_id": task_id,
-                    "group": f"r{self._round}/{teacher}/{k}",
-                    **self._generation_info("propose", task_type),
-                }
-                if task_type is TaskType.INDUCTION:
-                    source = self._buffers.program_source(self._rng)
-                    prompt = self.prompts.proposal(task_type, program=source.program, n_inputs=self.induction_inputs)
-                    request_info["program"] = source.program
-                    request_info["source_task_id"] = source.task_id
-                    request_info["n_inputs"] = self.induction_inputs
-                else:
-                    source = None
-                    refs = self._buffers[task_type].sample_references(self.references_k, self._rng)
-                    prompt = self.prompts.proposal(task_type, references=refs)
-                    request_info["reference_task_ids"] = [r.task_id for r in refs]
-                requests.append(ProposalRequest(teacher, k, task_type, task_id, self._round, source))
+                request, prompt, request_info = self._proposal_request(
+                    ProposalRequest(teacher, k, task_type, f"r{self._round}-{teacher}-{k}", self._round),
+                    f"r{self._round}/{teacher}/{k}",
+                )
+                requests.append(request)
                 prompts.append(prompt)
                 info_requests.append(request_info)
             self._teacher_requests[teacher] = requests
@@ -337,6 +328,105 @@ class PopuLoRAParallelEnv(ParallelEnv):
             observations[student] = ()
             infos[student] = self._base_info("propose", False, [])
         return observations, infos
+
+    def _proposal_request(self, request: ProposalRequest, group: str) -> tuple[ProposalRequest, str, dict[str, Any]]:
+        """The proposer prompt of ``request`` built from the buffers (K references drawn for deduction/abduction,
+        one program from deduction ∪ abduction for induction, which then becomes ``request.source``), and its
+        request info."""
+        task_type = request.task_type
+        info: dict[str, Any] = {
+            "task_type": task_type.value,
+            "task_id": request.task_id,
+            "group": group,
+            **self._generation_info("propose", task_type),
+        }
+        if task_type is TaskType.INDUCTION:
+            source = self._buffers.program_source(self._rng)
+            prompt = self.prompts.proposal(task_type, program=source.program, n_inputs=self.induction_inputs)
+            info["program"] = source.program
+            info["source_task_id"] = source.task_id
+            info["n_inputs"] = self.induction_inputs
+            request = dataclasses.replace(request, source=source)
+        else:
+            refs = self._buffers[task_type].sample_references(self.references_k, self._rng)
+            prompt = self.prompts.proposal(task_type, references=refs)
+            info["reference_task_ids"] = [r.task_id for r in refs]
+        return request, prompt, info
+
+    # ------------------------------------------------------------------ seeding from a model (outside rounds)
+
+    def seed_prompts(self, task_type: TaskType | str, k: int) -> tuple[tuple[str, ...], list[dict[str, Any]]]:
+        """``k`` proposer prompts of ``task_type`` for the seeding stage before training (docs/azr.md §7), built
+        from the current buffers exactly as a round's prompts are, with their request infos (the format of
+        ``infos[teacher]["requests"]``, task ids ``base-<n>``). Only the env's RNG moves; no round starts.
+
+        Answer them with :meth:`add_seed_proposals`. Raises ``RuntimeError`` during a round.
+        """
+        self._require_between_rounds("seed_prompts")
+        task_type = TaskType.parse(task_type)
+        k = check_int("k", k, 0, MAX_PER_ROUND)
+        prompts: list[str] = []
+        infos: list[dict[str, Any]] = []
+        for _ in range(k):
+            n = self._seed_count
+            self._seed_count += 1
+            request, prompt, info = self._proposal_request(
+                ProposalRequest("base", n, task_type, f"base-{n}", -1), f"seed/{n}"
+            )
+            self._seed_requests[request.task_id] = request
+            prompts.append(prompt)
+            infos.append(info)
+        return tuple(prompts), infos
+
+    def add_seed_proposals(self, requests: Sequence[Mapping[str, Any]], completions: Sequence[object]
+                           ) -> list[dict[str, Any]]:
+        """Validate completions answering :meth:`seed_prompts` requests (one batched sandbox call, the same
+        validator as a round's, duplicates always rejected since a seed set is de-duplicated) and add the valid
+        tasks to the buffers. A valid deduction/abduction program goes into **both** the deduction and the
+        abduction buffer when both types are in play (AZR's seed pool serves both). Ratings, rounds and rewards
+        are untouched.
+
+        Returns one record per completion: ``format_ok``, ``valid``, ``reason``, ``detail``, ``task_id``,
+        ``task_type`` and ``added`` (the task types whose buffer took it).
+
+        Raises:
+            ValueError: a request that :meth:`seed_prompts` did not issue (or that was already answered), or
+                ``completions`` not aligned with ``requests``.
+            RuntimeError: during a round.
+        """
+        self._require_between_rounds("add_seed_proposals")
+        if len(requests) != len(completions):
+            raise ValueError(f"{len(completions)} completions for {len(requests)} seed requests")
+        pending: list[ProposalRequest] = []
+        for info in requests:
+            task_id = info.get("task_id") if isinstance(info, Mapping) else None
+            request = self._seed_requests.pop(str(task_id), None)
+            if request is None:
+                raise ValueError(f"unknown seed request {task_id!r}: answer requests issued by seed_prompts, once")
+            pending.append(request)
+        validator = ProposalValidator(dataclasses.replace(self._validator.config, reject_duplicates=True))
+        outcomes = validator.validate(pending, list(completions), self._lazy_sandbox, self._buffers)
+        records = []
+        shared = {TaskType.DEDUCTION, TaskType.ABDUCTION}
+        for outcome in outcomes:
+            added: list[str] = []
+            task = outcome.task
+            if task is not None:
+                if self._buffers.add(task):
+                    added.append(task.task_type.value)
+                if task.task_type in shared:
+                    for other in sorted(shared - {task.task_type}):
+                        if other in self.task_types and task.task_type in self.task_types:
+                            copy = dataclasses.replace(task, task_id=f"{task.task_id}-{other.value}", task_type=other)
+                            if self._buffers.add(copy):
+                                added.append(other.value)
+            records.append(dict(_proposal_info(outcome), added=added))
+        return records
+
+    def _require_between_rounds(self, what: str) -> None:
+        if self._phase not in ("idle", "done"):
+            raise RuntimeError(f"{what}() is for the seeding stage between rounds, not during one (phase "
+                               f"{self._phase!r})")
 
     def step(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
         """Advance the round: proposals → matching and solver prompts; answers → rewards and ratings."""
