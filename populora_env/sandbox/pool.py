@@ -695,6 +695,13 @@ class Sandbox:
         max_frame = self._max_frame()
         while queue or any(w is not None and w.busy for w in self._workers):
             now = time.monotonic()
+            if batch_deadline is not None and queue and batch_deadline - now <= 0.001:
+                # past the batch deadline, queued jobs never start (even while every worker is still cleaning)
+                for idx in queue:
+                    results[idx] = ExecResult(status="timeout", error="the batch deadline passed before this job "
+                                              "could start")
+                queue.clear()
+                continue
             # dispatch to idle workers (a cleaning worker gets its next job once it reported itself clean)
             for i, w in enumerate(self._workers):
                 if not queue:

@@ -422,8 +422,10 @@ def test_whole_corpus_as_one_batch_then_normal_job(sb: Sandbox, bait: HostBait, 
     """All hostile programs at once on both workers; afterwards the pool still answers correctly."""
     jobs = [ExecJob(code=bait.subst(c.code), call=c.call, timeout_s=c.timeout_s) for c in CORPUS]
     t0 = time.monotonic()
-    results = sb.run(jobs, deadline_s=120)
-    assert time.monotonic() - t0 < 120
+    # a bound, not a timing check: the batch normally takes well under a minute; a job stopped by this deadline
+    # would show as an unexpected "timeout" below
+    results = sb.run(jobs, deadline_s=600)
+    assert time.monotonic() - t0 < 600
     for case, r in zip(CORPUS, results, strict=True):
         assert r.status in case.expect, f"{case.name}: {r}"
         for text in (r.value, r.stdout, r.error):
