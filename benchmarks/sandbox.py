@@ -118,18 +118,42 @@ def run_exec_pool(pool, jobs: list[ExecJob]) -> list[tuple[str | None, bool | No
 _REPO = Path(__file__).resolve().parents[1]
 
 
+def _tree_cpu_s(roots: list[int]) -> float:
+    """CPU seconds used by the processes under ``roots`` and the children they reaped (utime + stime + cutime
+    + cstime from /proc): the workers, and every job, which its worker waits for."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0, list(roots)
+    while todo:
+        pid = todo.pop()
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            todo += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        except OSError:
+            continue
+        total += sum(int(f) for f in fields[11:15])
+    return total / tick
+
+
 def sandbox_once(n_jobs: int, workers: int) -> dict:
-    """One (a) measurement in this process: rate, wrong results, layers, where the sandbox was imported from."""
+    """One (a) measurement in this process: rate, CPU per job (workers + jobs, and the host's dispatch), wrong
+    results, layers, where the sandbox was imported from. CPU time moves much less than wall time with the
+    load of a shared machine."""
     import populora_env.sandbox as sandbox_pkg
 
     jobs = make_jobs(n_jobs)
     with Sandbox(workers=workers, limits=Limits(timeout_s=5.0, memory_mb=512)) as sb:
-        t0 = time.perf_counter()
+        time.sleep(0.5)  # let the workers settle after the start-up probe
+        cpu0, host0, t0 = _tree_cpu_s(sb.worker_pids), sum(os.times()[:2]), time.perf_counter()
         res = sb.run(jobs)
-        rate = len(jobs) / (time.perf_counter() - t0)
+        wall = time.perf_counter() - t0
+        host_cpu = sum(os.times()[:2]) - host0
+        time.sleep(0.5)  # the last jobs' cleanup (current version) belongs to the batch
+        worker_cpu = _tree_cpu_s(sb.worker_pids) - cpu0
         layers = [layer.split(":")[0] for layer in sb.isolation]
     bad = sum(1 for r in res if not (r.status == "ok" and r.match is True))
-    return {"rate": rate, "bad": bad, "layers": layers, "module": sandbox_pkg.__file__}
+    return {"rate": len(jobs) / wall, "worker_cpu_ms": 1000 * worker_cpu / len(jobs),
+            "host_cpu_ms": 1000 * host_cpu / len(jobs), "bad": bad, "layers": layers,
+            "module": sandbox_pkg.__file__}
 
 
 def _extract(rev: str, into: str) -> None:
@@ -163,12 +187,15 @@ def side_by_side(rev: str, n_jobs: int, workers: int, repeats: int) -> None:
             for name in order:
                 runs[name].append(_measure_in_subprocess(roots[name], n_jobs, workers))
     med = {name: statistics.median(r["rate"] for r in rs) for name, rs in runs.items()}
+    cpu = {name: statistics.median(r["worker_cpu_ms"] for r in rs) for name, rs in runs.items()}
+    host = {name: statistics.median(r["host_cpu_ms"] for r in rs) for name, rs in runs.items()}
     for name, rs in runs.items():
         rates = ", ".join(f"{r['rate']:.0f}" for r in rs)
-        print(f"(a) sandbox {name:>12}: {med[name]:8.1f} jobs/s (median of {len(rs)}: {rates}); wrong results "
+        print(f"(a) sandbox {name:>12}: {med[name]:8.1f} jobs/s (median of {len(rs)}: {rates}); CPU per job: "
+              f"workers+jobs {cpu[name]:.2f} ms, host {host[name]:.2f} ms; wrong results "
               f"{sum(r['bad'] for r in rs)}; layers: {', '.join(rs[0]['layers'])}")
-    print(f"ratio current / {rev} = {med['current'] / med[rev]:.3f} (cost of the layers added since {rev}: "
-          f"{100 * (1 - med['current'] / med[rev]):.1f}% of the throughput)")
+    print(f"ratio current / {rev}: throughput {med['current'] / med[rev]:.3f}, CPU per job (workers+jobs) "
+          f"{cpu['current'] / cpu[rev]:.3f}, host CPU per job {host['current'] / host[rev]:.3f}")
 
 
 # ---------------------------------------------------------------------------------------------- main
