@@ -13,6 +13,7 @@ from pettingzoo.test import parallel_api_test
 
 from populora_env import ENV_ID, OracleStudent, PopuLoRAParallelEnv, RandomPolicy, SeedTeacher, parallel_env
 from populora_env import env as aec_env
+from populora_env.sandbox import Sandbox
 
 from .helpers import play_round
 
@@ -29,12 +30,14 @@ def test_aec_conversion_plays_a_round(make_env: Any, sandbox: Any) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         aec.reset(seed=0)
-        steps = 0
+        turns = []
         for agent in aec.agent_iter(max_iter=20):
             _obs, _reward, terminated, truncated, _info = aec.last()
+            turns.append((agent, terminated, truncated))
             aec.step(None if terminated or truncated else aec.action_space(agent).sample())
-            steps += 1
-    assert steps >= 4  # two phases × two agents, then the terminal steps
+    # two phases x two agents, then each agent's terminal turn (PettingZoo's conversion), and nothing more
+    assert turns == [("teacher_0", False, False), ("student_0", False, False), ("teacher_0", False, False),
+                     ("student_0", False, False), ("student_0", True, False), ("teacher_0", True, False)]
 
 
 def test_registered_with_pettingzoo(sandbox: Any) -> None:
@@ -64,9 +67,11 @@ def test_contract_of_a_round(make_env: Any) -> None:
         info = infos[agent]
         assert info["phase"] == "propose" and len(info["requests"]) == len(obs[agent])
         assert env.observation_space(agent).contains(obs[agent])
-    for teacher in env.teachers:
+    types = [t.value for t in env.task_types]
+    for i, teacher in enumerate(env.teachers):
         assert infos[teacher]["active"] and len(obs[teacher]) == 3
-        assert [r["task_type"] for r in infos[teacher]["requests"]] != []
+        # task types in turn over task_types, starting at (round + teacher index)
+        assert [r["task_type"] for r in infos[teacher]["requests"]] == [types[(i + k) % len(types)] for k in range(3)]
         groups = [r["group"] for r in infos[teacher]["requests"]]
         assert len(set(groups)) == len(groups)
     for student in env.students:
@@ -78,9 +83,14 @@ def test_contract_of_a_round(make_env: Any) -> None:
     for teacher in env.teachers:
         assert obs1[teacher] == () and infos1[teacher]["phase"] == "solve" and not infos1[teacher]["active"]
         assert [p["valid"] for p in infos1[teacher]["proposals"]] == [True] * 3
+    # PFSP pairs every teacher with one student; a student gets its matched teachers' valid tasks x 2 samples
+    matched = {s: infos1[s]["matched_teachers"] for s in env.students}
+    assert sorted(t for ts in matched.values() for t in ts) == sorted(env.teachers)
+    assert {t: infos1[t]["matched_student"] for t in env.teachers} == {t: s for s, ts in matched.items() for t in ts}
     for student in env.students:
         reqs = infos1[student]["requests"]
-        assert len(reqs) == len(obs1[student]) > 0 and infos1[student]["active"]
+        assert [r["task_id"] for r in reqs] == [f"r0-{t}-{k}" for t in matched[student] for k in range(3) for _ in "ab"]
+        assert len(reqs) == len(obs1[student]) and infos1[student]["active"] == bool(reqs)
         assert env.observation_space(student).contains(obs1[student])
         for k in range(0, len(reqs), 2):  # samples of one task are consecutive and share prompt and group
             assert obs1[student][k] == obs1[student][k + 1]
@@ -222,7 +232,8 @@ def test_own_sandbox_is_started_lazily_and_closed() -> None:
     assert env._own_sandbox is None  # garbage needs no execution
     obs, infos = env.reset()
     env.step({"teacher_0": SeedTeacher(seed=0).act(obs["teacher_0"], infos["teacher_0"])})
-    assert env._own_sandbox is not None
+    own = env._own_sandbox
+    assert isinstance(own, Sandbox) and own.run_one("def f(x):\n    return x", call="f(2)").value == "2"
     env.close()
     assert env._own_sandbox is None
 
