@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -147,13 +146,15 @@ def test_valid_proposals_enter_the_buffers_and_references(make_env: Any) -> None
     assert sum(after.values()) == sum(before.values()) + 6
     for teacher in env.teachers:
         for info in out["step1"][4][teacher]["proposals"]:
-            assert env.buffers.find(info["task_id"]) is not None
+            task = env.buffers.find(info["task_id"])
+            assert task is not None, info["task_id"]
+            assert (task.task_type.value, task.teacher, task.round) == (info["task_type"], teacher, 0)
 
 
 def test_one_thousand_random_rounds(make_env: Any) -> None:
-    env = make_env(num_teachers=2, num_students=2, tasks_per_teacher=2, samples_per_task=2)
+    # no shared sandbox: the env would start its own on the first program it must run
+    env = make_env(num_teachers=2, num_students=2, tasks_per_teacher=2, samples_per_task=2, sandbox=None)
     policies = {a: RandomPolicy(seed=i, max_length=400) for i, a in enumerate(env.possible_agents)}
-    start = time.perf_counter()
     for _ in range(1000):
         out = play_round(env, policies, policies)
         _, rewards, terminations, _, infos = out["step2"]
@@ -161,7 +162,9 @@ def test_one_thousand_random_rounds(make_env: Any) -> None:
         for agent in env.possible_agents:
             assert infos[agent]["completion_rewards"] and set(infos[agent]["completion_rewards"]) == {-1.0}
             assert rewards[agent] == -1.0
-    assert time.perf_counter() - start < 60
+    # what keeps 1000 rounds fast, checked as an event rather than a wall-clock bound: garbage never reaches the
+    # sandbox (format errors are decided by parsing alone)
+    assert env._own_sandbox is None
 
 
 class StructuredGarbage:
