@@ -1,6 +1,6 @@
 """The warm sandbox worker: a fork server that runs each job in a fresh, confined child.
 
-This file is NOT imported by the host. Its source is handed to a fresh interpreter
+The host imports this file only for :func:`wipe_tree`. Its source is handed to a fresh interpreter
 (``python -S -s -c <source> <config-json>``), usually inside bubblewrap namespaces, so it must only use the
 standard library (plus ``pyseccomp``, which is pure ctypes). Protocol on the worker's stdin/stdout:
 frames of a 4-byte big-endian length followed by UTF-8 JSON. Per job the host sends one job frame; the
@@ -40,6 +40,7 @@ import sys
 import time
 
 _HEADER = struct.Struct(">I")
+_PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
 _PR_CAPBSET_READ = 23
 _PR_CAPBSET_DROP = 24
@@ -187,6 +188,7 @@ class Worker:
         self.base_dev = 0
         self.attrs: dict | None = None  # the worker's own scheduling/rlimit attributes at start-up
         self._arch = os.uname().machine
+        self.pid = os.getpid()
 
     # ------------------------------------------------------------------ start-up
     def boot(self) -> dict:
@@ -413,6 +415,8 @@ class Worker:
             flt.add_rule(eperm, "fcntl", sc.Arg(1, sc.MASKED_EQ, _LOW32, cmd))
         for cmd in _IOCTL_DENY:
             flt.add_rule(eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, _LOW32, cmd))
+        # the parent-death signal that kills the job with its worker stays
+        flt.add_rule(eperm, "prctl", sc.Arg(0, sc.MASKED_EQ, _LOW32, _PR_SET_PDEATHSIG))
         return flt
 
     # ------------------------------------------------------------------ per job
@@ -704,6 +708,12 @@ class Worker:
             rep_fd = 3
             os.closerange(4, 1 << 16)
             self._drop_privileges()
+            # Die with the worker even where no pid namespace does it for us (plain mode): set after the uid
+            # switch (which clears it), checked against a worker that died before, locked by the filter.
+            if self.libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+            if os.getppid() != self.pid:
+                os._exit(72)
             os.chdir(jobdir)
             mb = 1024 * 1024
             as_bytes = self.baseline_as + int(lim["memory_mb"]) * mb

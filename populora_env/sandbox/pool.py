@@ -12,12 +12,12 @@ from __future__ import annotations
 import ast
 import errno
 import fcntl
+import itertools
 import json
 import logging
 import math
 import os
 import select
-import shutil
 import struct
 import subprocess
 import tempfile
@@ -30,6 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from populora_env.sandbox import isolation as iso
+from populora_env.sandbox._worker import wipe_tree
 from populora_env.sandbox.api import STATUSES, ExecJob, ExecResult, Limits, SandboxError, SandboxUnavailable
 
 logger = logging.getLogger("populora_env.sandbox")
@@ -276,6 +277,7 @@ class Sandbox:
         self._closed = False
         self._workers: list[_Worker | None] = [None] * self.n_workers
         self._tmpdir = tempfile.mkdtemp(prefix="populora-sbx-")
+        self._spawns = itertools.count()
         os.chmod(self._tmpdir, 0o711)
         self._is_root = os.geteuid() == 0
         self._host_ns = iso.host_namespaces()
@@ -311,7 +313,9 @@ class Sandbox:
             "reach_runtime": mode == "plain" and self._is_root,
             # namespaced: a fresh tmpfs per job mounted on JOB_AREA; plain: a directory wiped after every job
             "area": "mount" if namespaced else "dir",
-            "tmp_base": iso.JOB_AREA if namespaced else os.path.join(self._tmpdir, f"w{index}"),
+            # (plain: a new directory for every worker process, so a worker killed mid-cleanup leaves its
+            # remains out of its successor's way; all are removed at close)
+            "tmp_base": iso.JOB_AREA if namespaced else os.path.join(self._tmpdir, f"w{index}.{next(self._spawns)}"),
             "sys_path": self._paths, "preload": list(self.preload), "seccomp": True,
             "libs": self._libs, "host_ns": self._host_ns,
         }
@@ -595,7 +599,11 @@ class Sandbox:
             if w is not None:
                 w.close()
                 workers[i] = None
-        shutil.rmtree(tmpdir, ignore_errors=True)
+        try:  # iterative: a job-made tree of any depth (plain mode) must not make close() raise
+            wipe_tree(tmpdir)
+            os.rmdir(tmpdir)
+        except OSError as exc:
+            logger.warning("could not remove the sandbox's temporary directory %s: %s", tmpdir, exc)
         for uid in list(uid_locks):  # only after the workers (and so every job of those uids) are gone
             os.close(uid_locks.pop(uid))
 

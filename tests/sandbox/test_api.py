@@ -325,6 +325,30 @@ def test_worker_restart_on_death() -> None:
         assert_workers_clean(box)
 
 
+def test_job_dies_with_its_worker_in_plain_mode() -> None:
+    """Without a pid namespace nothing else would kill a job whose worker died: the job holds a parent-death
+    signal (SIGKILL) that it cannot clear (the filter refuses prctl(PR_SET_PDEATHSIG))."""
+    with Sandbox(workers=1, mode="plain", limits=Limits(timeout_s=60.0)) as box:
+        r = box.run_one("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)",
+                        "(libc.prctl(1, 0, 0, 0, 0), ctypes.get_errno())")
+        assert r.value == "(-1, 1)"  # EPERM
+        worker = box.worker_pids[0]
+        found: list[int] = []
+
+        def kill_worker_once_the_job_runs() -> None:
+            _wait_for(lambda: _job_running(box), "the job to start")
+            found.extend(p["pid"] for p in sandbox_procs(box) if p["pid"] not in box.fork_server_pids)
+            os.kill(worker, signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_worker_once_the_job_runs)
+        killer.start()
+        r = box.run_one("import ctypes, time\nctypes.CDLL(None).prctl(1, 0, 0, 0, 0)\ntime.sleep(600)")
+        killer.join()
+        assert r.status == "crashed" and len(found) == 1
+        _wait_for(lambda: _gone(found[0]), "the orphaned job to die")
+        assert box.run_one("", "'fresh'").value == "'fresh'"
+
+
 def test_concurrent_callers_are_serialised(sb: Sandbox) -> None:
     out: dict[int, list[str | None]] = {}
 
