@@ -456,7 +456,8 @@ class Sandbox:
         if filtered:
             layers.append("seccomp: filter per job: refused are fork/vfork/non-thread clone/clone3/exec, sockets, "
                           "ptrace, process_vm_*, mount, unshare/setns, bpf, perf_event_open, keyctl, "
-                          "kexec/modules/reboot, set*id, setsid/setpgid, io_uring, ioprio_set; signals only to "
+                          "kexec/modules/reboot, set*id, setsid/setpgid, prctl(PR_SET_PDEATHSIG), io_uring, "
+                          "ioprio_set; signals only to "
                           "itself; setpriority only (PRIO_PROCESS, 0); sched_setscheduler/setparam/setattr/"
                           "setaffinity, prlimit64, migrate/move_pages only for pid 0; fcntl F_SETOWN/F_SETOWN_EX/"
                           "F_SETSIG, ioctl FIOSETOWN/SIOCSPGRP (signal ownership); memfd_create, SysV shm/msg/sem, "
