@@ -375,6 +375,11 @@ def test_job_validation() -> None:
         Limits(timeout_s=-1)
     with pytest.raises(ValueError):
         Sandbox(workers=1, require="medium")
+    with pytest.raises(ValueError, match="max_files"):
+        Limits(max_files=0)
+    for bad in (0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="cleanup_timeout_s"):
+            Sandbox(workers=1, cleanup_timeout_s=bad)
 
 
 def test_unresponsive_worker_is_killed_and_replaced() -> None:
