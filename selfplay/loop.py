@@ -52,6 +52,7 @@ from selfplay.checkpoint import (
 from selfplay.config import TrainConfig
 from selfplay.mapping import AgentMapping
 from selfplay.rollouts import CompletionId, rollouts_from_round
+from selfplay.seeding import SeedingReport, seed_before_training
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,7 @@ class SelfPlayLoop:
         self.pbt = PBTController(pbt_cfg, self.run_dir / "lineage.jsonl") if evolve else None
         self.step = 0
         self._seeded = False
+        self.seeding: SeedingReport | None = None  # the base model's seeding stage (env.seed_tasks), if any
         self.totals: dict[str, float] = defaultdict(float)
         self.history: list[dict[str, Any]] = []  # one summary row per step (run_summary.json)
 
@@ -287,6 +289,8 @@ class SelfPlayLoop:
     def train_step(self) -> StepRecord:
         """Play one round, update every member, run the PBT step and the callbacks."""
         cfg, env = self.cfg, self.env
+        if self.step == 0 and not self._seeded:  # a fresh run: the base model fills the buffers first, once
+            self.seeding = seed_before_training(self)
         t_step = time.perf_counter()
         if not self._seeded:
             obs, infos = env.reset(seed=cfg.seed)
