@@ -14,7 +14,9 @@ def test_tiny_random_is_frozen_deterministic_llama(tiny_base_path):
     assert model.config.num_hidden_layers == 2 and model.config.hidden_size == 64
     assert not model.training
     assert all(not p.requires_grad for p in model.parameters())
-    assert tok.pad_token_id is not None and tok.eos_token == "<|im_end|>"
+    assert tok.eos_token == "<|im_end|>"
+    # no pad token of its own: padding reuses EOS (masked out everywhere), and generation knows it
+    assert tok.pad_token_id == tok.eos_token_id == 2 == model.generation_config.pad_token_id
     assert tok.chat_template and "<|im_start|>assistant" in tok.apply_chat_template(
         [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
     )
@@ -71,4 +73,5 @@ def test_smollm2_offline_default_loads():
     assert model.config.num_hidden_layers == 30 and model.config.hidden_size == 576
     assert sum(p.numel() for p in model.parameters()) == 134_515_008
     assert all(not p.requires_grad for p in model.parameters())
-    assert tok.eos_token == "<|im_end|>" and tok.pad_token_id is not None
+    assert tok.eos_token == "<|im_end|>"
+    assert tok.pad_token_id == tok.eos_token_id == 2 == model.generation_config.pad_token_id
