@@ -6,9 +6,10 @@ text ignored). Two documented, optional leniencies (both off in AZR):
 
 - ``require_think=False`` (for instruct models that do not emit ``<think>``): an ``<answer>…</answer>`` pair
   anywhere suffices;
-- ``require_close=False`` (the env's ``lenient_answer_close``, for small models that end their answer with
-  the closing fence and stop): the final ``</answer>`` may be missing, i.e. ``<think>…</think>\\s*<answer>``
-  (or, with ``require_think=False``, an ``<answer>`` anywhere) suffices.
+- ``require_close=False`` (the env's ``lenient_answer_close``, for small models that stop right after their
+  answer's value or closing fence): the final ``</answer>`` may be missing, i.e.
+  ``<think>…</think>\\s*<answer>`` (or, with ``require_think=False``, an ``<answer>`` anywhere) suffices; the
+  answer then runs to the end of the text, and a code block left open there is closed by it.
 
 The answer is the text after the **last** ``<answer>`` up to the next ``</answer>`` (to the end of the text
 when there is none).
@@ -52,7 +53,7 @@ def extract_answer(
         prefix: the response prefix the completion continues (e.g. ``"<think>"`` for the R1 base-model
             wrapper, or a pre-filled answer opening), prepended before checking.
         require_close: require the closing ``</answer>`` (AZR); ``False`` accepts an answer that runs to the
-            end of the text.
+            end of the text (a fenced block it leaves open is closed there).
     """
     if not isinstance(completion, str):
         return FormattedAnswer(False, "")
@@ -65,7 +66,11 @@ def extract_answer(
         return FormattedAnswer(False, "")
     start = text.rfind("<answer>") + len("<answer>")
     end = text.find("</answer>", start)
-    answer = text[start:] if end == -1 else text[start:end]
+    if end != -1:
+        return FormattedAnswer(True, text[start:end])
+    answer = text[start:]
+    if not require_close and answer.count("```") % 2 == 1:  # the text ended inside the answer's last block
+        answer = answer.rstrip() + "\n```"
     return FormattedAnswer(True, answer)
 
 

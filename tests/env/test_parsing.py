@@ -150,3 +150,23 @@ def test_degenerate_long_completions_are_linear_time() -> None:
         parse_program_proposal(text)
         parse_program_answer(text)
     assert time.perf_counter() - start < 2.0
+
+
+def test_lenient_answer_close_accepts_an_answer_running_to_the_end() -> None:
+    """``require_close=False`` (the env's ``lenient_answer_close``): no final ``</answer>`` needed; a fenced
+    block left open at the end of the text is closed there. Off by default (AZR's rule)."""
+    stopped = "<think></think>\n<answer>\n```output\n[6, 8]\n```\n"
+    assert not extract_answer(stopped).format_ok
+    got = extract_answer(stopped, require_close=False)
+    assert got.format_ok and parse_output_answer(got.answer) == "[6, 8]"
+    open_block = "<think></think>\n<answer>\n```input\n[3, -1], 2"
+    got = extract_answer(open_block, require_close=False)
+    assert got.format_ok and parse_input_answer(got.answer) == "[3, -1], 2"
+    two = "<think>t</think><answer>\n```python\ndef f(x):\n    return x\n```\n```input\n5"
+    assert parse_program_proposal(extract_answer(two, require_close=False).answer).inputs == ("5",)
+    # a closed answer is taken up to its </answer>, lenient or not; the structure before <answer> still counts
+    closed = "<think>t</think><answer>```output\n1\n```</answer> ```output\n2"
+    assert extract_answer(closed, require_close=False).answer == extract_answer(closed).answer
+    assert not extract_answer("<answer>```output\n1", require_close=False).format_ok  # <think> still required
+    assert extract_answer("Sure <answer>1", require_think=False, require_close=False).answer == "1"
+    assert not extract_answer("no tags", require_think=False, require_close=False).format_ok
