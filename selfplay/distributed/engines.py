@@ -1,0 +1,215 @@
+"""Generation engines: actors serving the members' adapters, behind the loop's ``Generator`` interface.
+
+An :class:`Engine` holds one base copy, the adapters of the members it serves (a
+:class:`~agents.population.LoRAPopulation` used only for serving) and a backend of
+:mod:`agents.generation` over them (HF on CPU, vLLM multi-LoRA on GPU). :class:`RayGenerator` is the driver's
+``Generator``:
+
+* ``refresh(names)``: each owning trainer shard puts the members' new states in the object store and hands back
+  the refs; the driver passes those refs (never the tensors) to the engines serving the members, which fetch
+  them, copy them into their adapters and re-publish them to their backend (``Generator.refresh``: vLLM gives
+  every new version a fresh LoRA id). The loop calls it after every update and every PBT replacement.
+* ``generate(requests)``: with ``ray.engine_adapters='all'`` (every engine serves every member) and the HF
+  backend, the driver cuts the batch exactly as :class:`~agents.generation.hf.HFGenerator` does on one machine
+  (rows = samples in request order, sorted by prompt length when there are more than ``batch_size``, chunks
+  of ``batch_size``) and hands chunks to idle engines. A chunk is generated with the same rows, adapters,
+  padding and threads as on one machine, so the samples are bitwise those of ``--backend local`` whichever
+  engine makes them. (A sample depends on its chunk's composition through float rounding of the batched
+  matmuls and of the mixed-adapter LoRA term; on a small random model 5 of 16 samples changed when the chunk
+  lost half its members, so an engine that served only its shard's members could not match the local run.)
+  With vLLM, or with ``engine_adapters='shard'`` (engine ``i`` serves the members of shard ``i mod trainers``:
+  less adapter memory per engine), requests are routed whole to an engine serving their adapter.
+
+Completions come back as numpy arrays (:mod:`.packing`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ray
+import torch
+
+from agents.generation.base import Completion, GenerationRequest
+from selfplay.distributed.packing import pack_completions, unpack_completions
+from selfplay.distributed.shards import build_base
+
+__all__ = ["Engine", "RayGenerator", "hf_plan"]
+
+
+def hf_plan(n_rows: int, prompt_lens: Sequence[int], batch_size: int) -> list[list[int]]:
+    """The chunks (lists of row numbers) :meth:`HFGenerator.generate` makes of ``n_rows`` rows with these prompt
+    lengths: in order when they fit one batch, else sorted by prompt length (stable) and cut every
+    ``batch_size`` rows."""
+    if n_rows > batch_size:
+        order = sorted(range(n_rows), key=lambda i: prompt_lens[i])
+    else:
+        order = list(range(n_rows))
+    return [order[s:s + batch_size] for s in range(0, n_rows, batch_size)]
+
+
+class Engine:
+    """One generation engine (module docstring)."""
+
+    def __init__(self, cfg_dict: Mapping[str, Any], members: Sequence[str], threads: int) -> None:
+        from agents.generation import make_generator
+        from agents.population import LoRAPopulation
+
+        cfg, base, tokenizer, device = build_base(cfg_dict, threads)
+        self.population = LoRAPopulation(base, list(members), rank=cfg.rank, alpha=cfg.alpha,
+                                         target_modules=cfg.target_modules, seed=cfg.seed)
+        g = cfg.generation
+        self.backend = g.backend
+        kw: dict[str, Any] = {"batch_size": g.batch_size} if g.backend == "hf" else {
+            "model_path": cfg.model, "gpu_memory_utilization": g.vllm_gpu_memory_utilization,
+            "max_model_len": g.vllm_max_model_len}
+        self.generator = make_generator(g.backend, self.population, tokenizer, **kw)
+        self.versions = {m: 0 for m in members}
+        self._plan: tuple[int, list, list[list[int]]] | None = None
+
+    def info(self) -> dict[str, Any]:
+        return {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                "members": self.population.names, "threads": torch.get_num_threads(), "backend": self.backend}
+
+    def load(self, *published: Mapping[str, Any]) -> dict[str, int]:
+        """Copy the published states (``name -> ObjectRef`` dicts from the shards) of the members this engine
+        serves into its adapters and re-publish them to the backend; returns the members' new versions."""
+        refs = {n: r for d in published for n, r in d.items() if n in self.population}
+        if not refs:
+            return {}
+        states = ray.get(list(refs.values()))
+        for name, state in zip(refs, states, strict=True):
+            self.population.load_state(name, state)
+            self.versions[name] += 1
+        self.generator.refresh(list(refs))
+        return {n: self.versions[n] for n in refs}
+
+    def state(self, name: str) -> dict[str, torch.Tensor]:
+        """The adapter this engine serves for ``name`` (tests compare it with the shard's)."""
+        return self.population.state(name)
+
+    def generate_chunks(self, call: int, requests: Sequence[GenerationRequest], chunks: Sequence[int]
+                        ) -> dict[str, Any]:
+        """Generate chunks ``chunks`` of the HF plan of ``requests`` (plan cached per ``call``); packed
+        completions with their row numbers."""
+        gen = self.generator
+        if self._plan is None or self._plan[0] != call:
+            rows = gen._rows(requests)  # the HF backend's own rows: seeds, prompt ids, limits
+            self._plan = (call, rows, hf_plan(len(rows), [len(r.prompt_ids) for r in rows], gen.batch_size))
+        _, rows, plan = self._plan
+        done: list[Completion] = []
+        numbers: list[int] = []
+        for c in chunks:
+            done.extend(gen._generate_chunk([rows[i] for i in plan[c]]))
+            numbers.extend(plan[c])
+        return pack_completions(done, numbers)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> dict[str, Any]:
+        """The backend's ``generate`` on ``requests``; packed completions."""
+        return pack_completions(self.generator.generate(list(requests)))
+
+
+class RayGenerator:
+    """The loop's ``Generator`` over engine actors (module docstring).
+
+    Args:
+        engines: :class:`Engine` handles.
+        serves: per engine, the members it serves.
+        shards: trainer shard handles; ``owner``: member -> shard index (who publishes a member's state).
+        backend: ``"hf"`` or ``"vllm"``; ``batch_size``: the HF backend's rows per chunk.
+        whole_chunks: cut the batch like the local HF backend and hand out chunks (every engine must serve
+            every member).
+    """
+
+    def __init__(self, engines: Sequence[Any], serves: Sequence[Sequence[str]], shards: Sequence[Any],
+                 owner: Mapping[str, int], backend: str, batch_size: int, whole_chunks: bool) -> None:
+        self.engines = list(engines)
+        self.serves = [set(s) for s in serves]
+        self.shards = list(shards)
+        self.owner = dict(owner)
+        self.backend = backend
+        self.batch_size = int(batch_size)
+        self.whole_chunks = bool(whole_chunks) and backend == "hf"
+        self._loads: list[Any] = []
+        self._call = 0
+        self.last_call: dict[str, Any] = {}
+
+    def refresh(self, names: Sequence[str] | None = None) -> None:
+        """Publish the members' current states from their shards to the engines serving them (refs only)."""
+        names = list(self.owner) if names is None else list(names)
+        by_shard: dict[int, list[str]] = {}
+        for n in names:
+            by_shard.setdefault(self.owner[n], []).append(n)
+        published = {s: self.shards[s].publish.remote(ns) for s, ns in by_shard.items()}
+        for e, engine in enumerate(self.engines):
+            refs = [ref for s, ref in published.items() if self.serves[e] & set(by_shard[s])]
+            if refs:  # top-level refs: Ray hands the engine the dicts of refs, the tensors stay in the store
+                self._loads.append(engine.load.remote(*refs))
+
+    def wait_loaded(self) -> None:
+        """Block until every pending ``refresh`` reached its engines (raises what an engine raised)."""
+        loads, self._loads = self._loads, []
+        ray.get(loads)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        """Completions of every request, ordered by (request, sample), as the local backend returns them."""
+        requests = list(requests)
+        self.wait_loaded()
+        if not requests:
+            return []
+        if any(r.seed is None for r in requests):
+            raise ValueError("the Ray generator needs a seed on every request (the loop derives them): an unseeded "
+                             "request would draw from a different RNG on each engine")
+        if self.whole_chunks:
+            return self._generate_chunks(requests)
+        return self._generate_routed(requests)
+
+    def _generate_chunks(self, requests: list[GenerationRequest]) -> list[Completion]:
+        n_rows = sum(r.n for r in requests)
+        n_chunks = math.ceil(n_rows / self.batch_size)
+        self._call += 1
+        req_ref = ray.put(requests)
+        todo = list(range(n_chunks))
+        idle = list(range(len(self.engines)))
+        inflight: dict[Any, int] = {}
+        rows: list[Completion | None] = [None] * n_rows
+        used: dict[int, int] = {}
+        while todo or inflight:
+            while idle and todo:
+                e = idle.pop(0)
+                inflight[self.engines[e].generate_chunks.remote(self._call, req_ref, [todo.pop(0)])] = e
+            ready, _ = ray.wait(list(inflight), num_returns=1)
+            for ref in ready:
+                e = inflight.pop(ref)
+                packed = ray.get(ref)
+                for i, c in zip(packed["rows"].tolist(), unpack_completions(packed), strict=True):
+                    rows[i] = c
+                used[e] = used.get(e, 0) + 1
+                idle.append(e)
+        self.last_call = {"chunks": n_chunks, "per_engine": used}
+        if any(c is None for c in rows):
+            raise RuntimeError("an engine returned no completion for some rows")
+        return rows  # type: ignore[return-value]
+
+    def _generate_routed(self, requests: list[GenerationRequest]) -> list[Completion]:
+        """Requests routed whole: to an engine serving their adapter, spread by rows over those that do."""
+        load = [0] * len(self.engines)
+        mine: dict[int, list[int]] = {}
+        for i, r in enumerate(requests):
+            able = [e for e in range(len(self.engines)) if r.adapter is None or r.adapter in self.serves[e]]
+            if not able:
+                raise KeyError(f"request {i} names adapter {r.adapter!r}, which no engine serves")
+            e = min(able, key=lambda k: (load[k], k))
+            load[e] += r.n
+            mine.setdefault(e, []).append(i)
+        refs = {e: self.engines[e].generate.remote([requests[i] for i in idx]) for e, idx in mine.items()}
+        out: list[Completion] = []
+        for e, ref in refs.items():
+            for c in unpack_completions(ray.get(ref)):
+                c.request_index = mine[e][c.request_index]
+                out.append(c)
+        self.last_call = {"per_engine": {e: len(idx) for e, idx in mine.items()}}
+        return sorted(out, key=lambda c: (c.request_index, c.sample_index))

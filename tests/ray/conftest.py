@@ -1,0 +1,31 @@
+"""A Ray cluster on this one machine for the ``ray`` tests: a head and two fake extra nodes
+(``ray.cluster_utils.Cluster``), started once per session; every test connects to it as a driver, and CLI
+runs join it with ``--ray.address``."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -c constraints.txt '.[ray]')")
+
+NODE_CPUS = 4  # logical CPUs per node (Ray's bookkeeping; the machine's cores are shared by all of them)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """``(cluster, address)``: head + 2 nodes, ``NODE_CPUS`` logical CPUs each."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": NODE_CPUS, "include_dashboard": False})
+    try:
+        for _ in range(2):
+            cluster.add_node(num_cpus=NODE_CPUS)
+        cluster.wait_for_nodes(timeout=180)
+        ray.init(address=cluster.address, include_dashboard=False, logging_level="WARNING")
+        yield cluster, cluster.address
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

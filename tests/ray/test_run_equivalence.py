@@ -1,0 +1,168 @@
+"""``populora train --backend ray`` (2 trainer shards, 2 engines, sandbox actors on 2 nodes) on ``tiny-random``
+with evolution ends bitwise where ``--backend local`` does: the same adapters, optimizer states, ratings,
+buffers, lineage and logged values; a Ray run killed during a checkpoint and resumed ends there too."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from evaluation.report import load_scalars
+from selfplay import tags
+from tests.selfplay.conftest import REPO, TINY, cli_env, populora
+
+ray = pytest.importorskip("ray")
+
+pytestmark = pytest.mark.ray
+
+PLUGIN = str(REPO / "tests" / "selfplay" / "fault_plugin.py")
+ARGS = [*TINY, "--steps", "3", "--checkpoint-every", "1", "--keep-checkpoints", "3", "--generation.batch-size", "4"]
+TIMED = (tags.TIME_PREFIX, tags.STEP_SECONDS)
+
+
+def ray_args(address: str) -> list[str]:
+    return ["--backend", "ray", "--ray.address", address, "--ray.trainers", "2", "--ray.engines", "2",
+            "--ray.sandbox-nodes", "2", "--ray.sandbox-workers-per-node", "1", "--ray.placement-timeout-s", "600"]
+
+
+def _untimed(obj):
+    if isinstance(obj, dict):
+        return {k: _untimed(v) for k, v in obj.items() if k not in ("seconds", "step_seconds", "totals")}
+    if isinstance(obj, list):
+        return [_untimed(v) for v in obj]
+    return obj
+
+
+def _weights(d: Path) -> dict[str, dict]:
+    return {m.name: load_file(str(m / "adapter_model.safetensors")) for m in sorted(d.iterdir()) if m.is_dir()}
+
+
+def assert_same_run(ref: Path, run: Path, steps: tuple[int, ...] = (1, 2, 3)) -> None:
+    """Bitwise the same adapters and optimizer states, the same env state (ratings, buffers, RNG), PBT state,
+    loop counters and lineage (wall-clock fields aside)."""
+    wa, wb = _weights(ref / "adapters"), _weights(run / "adapters")
+    assert wa.keys() == wb.keys() and len(wa) == 4
+    for m in wa:
+        assert wa[m].keys() == wb[m].keys()
+        for k in wa[m]:
+            assert wa[m][k].dtype == wb[m][k].dtype and (wa[m][k] == wb[m][k]).all(), f"{m} {k} differs"
+    for s in steps:
+        a, b = ref / "checkpoints" / f"step_{s}", run / "checkpoints" / f"step_{s}"
+        pa, pb = _weights(a / "population"), _weights(b / "population")
+        assert all((pa[m][k] == pb[m][k]).all() for m in pa for k in pa[m]), f"step {s} weights"
+        for m in pa:
+            oa, ob = (a / "population" / m / "optimizer.pt"), (b / "population" / m / "optimizer.pt")
+            assert oa.is_file() == ob.is_file()
+            if oa.is_file():
+                import torch
+
+                sa, sb = torch.load(oa, weights_only=True), torch.load(ob, weights_only=True)
+                assert sa["param_groups"] == sb["param_groups"]
+                for i in sa["state"]:
+                    for k, v in sa["state"][i].items():
+                        assert (v == sb["state"][i][k]).all(), f"step {s} {m} optimizer {i} {k}"
+        for f in ("env_state.json", "pbt_state.json", "loop_state.json", "population/population.json"):
+            assert _untimed(json.loads((a / f).read_text())) == _untimed(json.loads((b / f).read_text())), f"{b / f}"
+    la = [_untimed(json.loads(x)) for x in (ref / "lineage.jsonl").read_text().splitlines()]
+    lb = [_untimed(json.loads(x)) for x in (run / "lineage.jsonl").read_text().splitlines()]
+    assert la == lb and len(la) == 2, "one replacement per role at step 2"
+    ratings = json.loads((ref / "checkpoints" / "step_3" / "env_state.json").read_text())
+    assert ratings  # (compared above as part of env_state.json)
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("eq") / "local"
+    p = populora("train", *ARGS, "--run-dir", str(run), timeout=1200)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return run
+
+
+def test_ray_run_is_bitwise_the_local_run(ray_cluster, local_run, tmp_path):
+    _cluster, address = ray_cluster
+    run = tmp_path / "ray"
+    p = populora("train", *ARGS, *ray_args(address), "--run-dir", str(run), timeout=1800)
+    assert p.returncode == 0, p.stderr[-6000:]
+    assert_same_run(local_run, run)
+    # every logged value but wall-clock times is the local one; the Ray run adds the sync metric of every member
+    sl, sr = load_scalars(local_run), load_scalars(run)
+    members = json.loads((run / "config.json").read_text())["mapping"]["agent_to_member"].values()
+    sync = {tags.member(m, tags.SYNC) for m in members}
+    assert set(sr) - set(sl) == sync
+    for tag in sl:
+        if not tag.startswith(TIMED):
+            assert sl[tag] == sr[tag], tag
+    for tag in sync:  # every member, every step: the engines served the trainer's weights (float rounding only)
+        assert [s for s, _ in sr[tag]] == [1, 2, 3]
+        assert all(0.0 <= v < 1e-3 for _, v in sr[tag]), (tag, sr[tag])
+    summary = json.loads((run / "run_summary.json").read_text())
+    assert _untimed(summary["history"]) == _untimed(json.loads((local_run / "run_summary.json").read_text())["history"])
+
+
+def test_a_killed_ray_run_resumes_to_the_uninterrupted_run(ray_cluster, local_run, tmp_path):
+    _cluster, address = ray_cluster
+    run = tmp_path / "killed"
+    env = cli_env()
+    env["POPULORA_TEST_KILL"] = "before_done@3"  # kill -9 while step 3's checkpoint is being written
+    p = subprocess.run([sys.executable, "-m", "populora_cli.main", "train", *ARGS, *ray_args(address), "--plugins",
+                        PLUGIN, "--run-dir", str(run)], capture_output=True, text=True, env=env, cwd=REPO,
+                       timeout=1800, start_new_session=True)
+    assert p.returncode == -9, (p.returncode, p.stderr[-4000:])
+    assert not (run / "adapters").exists()
+    env.pop("POPULORA_TEST_KILL")
+    p = subprocess.run([sys.executable, "-m", "populora_cli.main", "train", "--resume", str(run), "--no-progress"],
+                       capture_output=True, text=True, env=env, cwd=REPO, timeout=1800, start_new_session=True)
+    assert p.returncode == 0, p.stderr[-6000:]
+    assert "resumed" in p.stderr and "from checkpoint step 2" in p.stderr, p.stderr[-3000:]
+    assert json.loads((run / "config.json").read_text())["config"]["backend"] == "ray"
+    assert_same_run(local_run, run)
+
+
+def test_cli_refuses_impossible_requests_before_any_work(ray_cluster, tmp_path):
+    """Exit 2 with one line, no model loaded, no placement group left pending."""
+    _cluster, address = ray_cluster
+    base = [*ARGS, "--backend", "ray", "--ray.address", address, "--ray.placement-timeout-s", "20"]
+    cases = {
+        "more shards than members": (["--ray.trainers", "5"], "ray.trainers"),
+        "a GPU no node has": (["--ray.trainer-gpus", "1"], "no node has that much"),
+        "more CPUs than the cluster": (["--ray.trainers", "4", "--ray.trainer-cpus", "4"], "do not fit"),
+        "more sandbox nodes than nodes": (["--ray.sandbox-nodes", "5"], "5 sandbox nodes asked for"),
+        "a cluster that is not there": (["--ray.address", "127.0.0.1:1", "--ray.init-timeout-s", "20"],
+                                        "Ray cluster"),
+    }
+    for what, (extra, needle) in cases.items():
+        run = tmp_path / what.replace(" ", "_")
+        p = populora("train", *base, *extra, "--run-dir", str(run), timeout=600)
+        assert p.returncode == 2, (what, p.returncode, p.stderr[-3000:])
+        last = p.stderr.strip().splitlines()[-1]
+        assert last.startswith("populora train: error:") and needle in last, (what, last)
+        assert "Traceback" not in p.stderr, what
+        assert not (run / "config.json").exists(), what
+    pending = [pg for pg in ray.util.placement_group_table().values() if pg["state"] in ("PENDING", "RESCHEDULING")]
+    assert not pending, pending
+
+
+def test_cli_without_ray_installed_exits_2(tmp_path):
+    """``--backend ray`` where ``import ray`` fails: exit 2 naming the extra (ray hidden by a sitecustomize)."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(
+        "import importlib.abc, sys\n"
+        "class _NoRay(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'ray' or name.startswith('ray.'):\n"
+        "            raise ModuleNotFoundError(\"No module named 'ray'\")\n"
+        "sys.meta_path.insert(0, _NoRay())\n")
+    env = cli_env()
+    env["PYTHONPATH"] = str(hide) + os.pathsep + env["PYTHONPATH"]
+    p = subprocess.run([sys.executable, "-m", "populora_cli.main", "train", *ARGS, "--backend", "ray", "--run-dir",
+                        str(tmp_path / "run")], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert "ray is not installed" in p.stderr and "[ray]" in p.stderr
+    assert not (tmp_path / "run").exists()
