@@ -144,12 +144,23 @@ def _train(cmd: str, argv: list[str]) -> int:
         check_resume_dir(target) if known.resume else prepare_new_run_dir(target)
     except RunDirError as e:
         return _fail(cmd, str(e))
+    from selfplay.distributed.cluster import ClusterError
+
+    if cfg.backend == "ray":  # the cluster can hold the run (resources, run directory on every node): exit 2 if not
+        from dataclasses import asdict
+
+        from selfplay.distributed.cluster import member_count, preflight, sandbox_limits
+
+        try:
+            preflight(cfg.ray, member_count(cfg, assignment), target, asdict(sandbox_limits(cfg)))
+        except ClusterError as e:
+            return _fail(cmd, str(e))
     from selfplay.checkpoint import CheckpointError
     from selfplay.run import train
 
     try:
         run_dir = train(cfg, assignment, meta={"arm": arm})
-    except (RunDirError, CheckpointError) as e:
+    except (RunDirError, CheckpointError, ClusterError) as e:
         return _fail(cmd, str(e))
     except OSError as e:  # a full disk, a folder that became unwritable, ...: one line, no traceback
         logging.getLogger(__name__).debug("the run stopped", exc_info=True)

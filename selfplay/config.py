@@ -27,12 +27,14 @@ from typing import Any, Literal
 from agents.trainer import TrainerConfig
 from evolution.pbt import PBTConfig
 from populora_env.config import ConfigError, EnvConfig, check, check_int, check_number
+from selfplay.distributed.config import RayConfig, validate_ray
 
 __all__ = [
     "ConfigError",
     "EnvConfig",
     "GenerationConfig",
     "KNOWN_MODELS",
+    "RayConfig",
     "TrainConfig",
     "from_dict",
     "list_presets",
@@ -119,6 +121,10 @@ class TrainConfig:
     """Prompt/completion pairs per role logged as TensorBoard text each step."""
     progress: bool = True
     """Show a progress bar."""
+    backend: Literal["local", "ray"] = "local"
+    """'local': every part in this process; 'ray': trainer shards, generation engines and sandboxes as Ray actors
+    (the `ray` section; pip install '.[ray]'). The loop, env, ratings, PBT and logging stay in this process."""
+    ray: RayConfig = field(default_factory=RayConfig)
 
 
 # ----------------------------------------------------------------------------------- dict <-> config
@@ -283,3 +289,4 @@ def validate(cfg: TrainConfig) -> None:
     check_int("checkpoint_every", cfg.checkpoint_every, 1)
     check_int("keep_checkpoints", cfg.keep_checkpoints, 0)
     check_int("log_samples", cfg.log_samples, 0)
+    validate_ray(cfg.ray, cfg.backend, cfg.env.num_teachers + cfg.env.num_students)

@@ -119,7 +119,7 @@ def step_scalars(record: StepRecord) -> dict[str, float]:
     # updates
     members = record.member_metrics
     for m, mm in members.items():
-        for key in tags.MEMBER_KEYS:
+        for key in (*tags.MEMBER_KEYS, tags.SYNC):
             if mm.get(key) is not None:
                 out[tags.member(m, key)] = float(mm[key])
     for tag, key in tags.LOSS_KEYS.items():

@@ -121,18 +121,27 @@ class SelfPlayLoop:
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
-        self.env = parallel_env(cfg.env, seed=cfg.seed)
-        self.mapping = AgentMapping.build(self.env.teachers, self.env.students, self.assignment)
-        base, self.tokenizer = load_base(cfg.model, dtype=getattr(torch, cfg.dtype))
-        base.to(self._device())
-        self.population = LoRAPopulation(base, self.mapping.members, rank=cfg.rank, alpha=cfg.alpha,
-                                         target_modules=cfg.target_modules, seed=cfg.seed)
-        g = cfg.generation
-        gen_kw: dict[str, Any] = {"batch_size": g.batch_size} if g.backend == "hf" else {
-            "model_path": cfg.model, "gpu_memory_utilization": g.vllm_gpu_memory_utilization,
-            "max_model_len": g.vllm_max_model_len}
-        self.generator = make_generator(g.backend, self.population, self.tokenizer, **gen_kw)
-        self.trainer = PolicyGradientTrainer(self.population, cfg.trainer)
+        if cfg.backend == "ray":  # the same parts as Ray actors behind the same interfaces (docs/ray.md)
+            from selfplay.distributed.backend import RayBackend
+
+            self.backend = RayBackend(cfg, self.run_dir, self.assignment)
+            self.env = parallel_env(cfg.env, seed=cfg.seed, sandbox=self.backend.sandbox)
+            self.mapping = AgentMapping.build(self.env.teachers, self.env.students, self.assignment)
+            self.tokenizer = None
+            self.population, self.generator, self.trainer = self.backend.build(self.mapping)
+        else:
+            self.env = parallel_env(cfg.env, seed=cfg.seed)
+            self.mapping = AgentMapping.build(self.env.teachers, self.env.students, self.assignment)
+            base, self.tokenizer = load_base(cfg.model, dtype=getattr(torch, cfg.dtype))
+            base.to(self._device())
+            self.population = LoRAPopulation(base, self.mapping.members, rank=cfg.rank, alpha=cfg.alpha,
+                                             target_modules=cfg.target_modules, seed=cfg.seed)
+            g = cfg.generation
+            gen_kw: dict[str, Any] = {"batch_size": g.batch_size} if g.backend == "hf" else {
+                "model_path": cfg.model, "gpu_memory_utilization": g.vllm_gpu_memory_utilization,
+                "max_model_len": g.vllm_max_model_len}
+            self.generator = make_generator(g.backend, self.population, self.tokenizer, **gen_kw)
+            self.trainer = PolicyGradientTrainer(self.population, cfg.trainer)
         evolve = cfg.evolution and any(len(ms) >= 2 for ms in self.mapping.roles.values())
         pbt_cfg = dataclasses.replace(cfg.pbt, seed=cfg.seed + cfg.pbt.seed)  # one seed drives the run
         self.pbt = PBTController(pbt_cfg, self.run_dir / "lineage.jsonl") if evolve else None
@@ -313,7 +322,7 @@ class SelfPlayLoop:
 
         t0 = time.perf_counter()
         batches = rollouts_from_round(outcome, completions, self.mapping)
-        member_metrics = {m: self.trainer.update(m, batches[m]) for m in self.mapping.members if batches.get(m)}
+        member_metrics = self.trainer.update_many({m: batches[m] for m in self.mapping.members if batches.get(m)})
         self.generator.refresh(list(member_metrics))
         update_s = time.perf_counter() - t0
 

@@ -78,6 +78,10 @@ def entropy(role: str) -> str:
 RATING_KEYS = ("mu", "sigma", "conservative")
 AGENT_KEYS = ("reward", "response_length")
 MEMBER_KEYS = ("loss", "entropy", "grad_norm")
+SYNC = "sync"
+"""Member key of the trainer-vs-engine log-prob gap: mean |log pi_trainer - log pi_engine| over the completion
+tokens of a few of the member's rollouts, scored with the weights that should have generated them (logged by
+``--backend ray`` every step for every updated member; float rounding is ~1e-6, a stale engine far more)."""
 
 
 MEMBER_PREFIX = "population/"
