@@ -171,6 +171,63 @@ def test_returns_with_token_rewards_and_gamma():
     torch.testing.assert_close(G, torch.tensor([[0.25, 0.5, 1.0, 0.0], [1.0, 2.0, 0.0, 0.0]]))
 
 
+def test_returns_discount_full_length_rows():
+    """G_t = Σ_{t' ≥ t} γ^{t'−t} r_t' on rows that fill the whole width (no padding to hide the last token)."""
+    mask = torch.ones(2, 4)
+    tok = torch.tensor([[0.1, 0.0, -0.2, 0.0], [0.0, 0.3, 0.0, 0.4]], dtype=torch.float64)
+    gamma = 0.5
+    G = _returns(torch.tensor([1.0, -2.0], dtype=torch.float64), mask.double(), tok, gamma=gamma)
+    r = tok.clone()
+    r[:, -1] += torch.tensor([1.0, -2.0], dtype=torch.float64)
+    want = torch.tensor(
+        [[sum(gamma ** (u - t) * float(r[i, u]) for u in range(t, 4)) for t in range(4)] for i in range(2)],
+        dtype=torch.float64,
+    )
+    torch.testing.assert_close(G, want, rtol=1e-12, atol=1e-12)
+    # reinforce_pp whitens exactly these returns
+    adv = get_advantage("reinforce_pp")(torch.tensor([1.0, -2.0], dtype=torch.float64), mask.double(), None,
+                                        token_rewards=tok, gamma=gamma)
+    v = want.flatten()
+    torch.testing.assert_close(adv, (want - v.mean()) / torch.sqrt(v.var() + 1e-8), rtol=1e-12, atol=1e-12)
+
+
+def test_grpo_eps_is_added_to_the_std():
+    """eps = 1e-6 is added to σ (not to σ², not subtracted): visible on a group whose σ is ~1e-6."""
+    rewards = torch.tensor([0.0, 2e-6], dtype=torch.float64)
+    adv = get_advantage("grpo")(rewards, torch.ones(2, 1, dtype=torch.float64), ["g", "g"])
+    sigma = math.sqrt(2) * 1e-6  # unbiased std of (0, 2e-6)
+    want = torch.tensor([[-1e-6 / (sigma + 1e-6)], [1e-6 / (sigma + 1e-6)]], dtype=torch.float64)
+    torch.testing.assert_close(adv, want, rtol=1e-12, atol=0.0)
+
+
+def test_whitening_eps_is_inside_the_sqrt():
+    """masked_whiten: (x − mean)/√(var + 1e-8), visible when var ~ 1e-8; two tokens are whitened, not only
+    centred (N ≤ 1 is the degenerate case)."""
+    d = 1e-4
+    x = torch.tensor([[0.0], [d]], dtype=torch.float64)
+    out = masked_whiten(x, torch.ones(2, 1, dtype=torch.float64))
+    var = d * d / 2  # Bessel, N = 2
+    want = torch.tensor([[-d / 2], [d / 2]], dtype=torch.float64) / math.sqrt(var + 1e-8)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=0.0)
+
+
+def test_group_scores_add_rewards_and_token_rewards():
+    """s_i = r_i + Σ_t token_rewards (both parts matter) for every group estimator."""
+    mask = mask_from_lengths([2, 1, 2], 2).double()
+    tok = torch.tensor([[-0.5, -0.25], [0.125, 99.0], [0.0, 0.5]], dtype=torch.float64)
+    rewards = torch.tensor([1.0, 0.0, 2.0], dtype=torch.float64)
+    s = torch.tensor([1.0 - 0.75, 0.125, 2.5], dtype=torch.float64)
+    mean, std = s.mean(), s.std()
+    want_seq = {
+        "grpo": (s - mean) / (std + 1e-6),
+        "dr_grpo": s - mean,
+        "rloo": s - (s.sum() - s) / 2,
+    }
+    for name, per_seq in want_seq.items():
+        adv = get_advantage(name)(rewards, mask, ["g"] * 3, token_rewards=tok)
+        torch.testing.assert_close(adv, per_seq[:, None] * mask, rtol=1e-12, atol=1e-12, msg=name)
+
+
 def test_group_estimators_use_token_rewards_in_the_score():
     mask = mask_from_lengths([2, 1], 2)
     tok = torch.tensor([[-0.5, -0.5], [-0.25, 99.0]])

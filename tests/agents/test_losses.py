@@ -20,8 +20,8 @@ from agents.losses import (
     unregister_loss_agg,
 )
 
-# rows: tokens (1, 2, 3) and (4); padding holds garbage that must be ignored
-LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, -100.0]])
+# rows: tokens (1, 2, 3) and (4); padding holds garbage that must be ignored (it does not sum to 0)
+LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, -30.0]])
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
 
 
@@ -157,3 +157,96 @@ def test_logprobs_and_entropy_from_logits():
     )
     lp = logprobs_from_logits(logits, torch.tensor([2, 0]))
     torch.testing.assert_close(lp, torch.tensor([math.log(0.25), math.log(0.75)]))
+
+
+def test_normalisers_are_floored_at_one():
+    """max(N_tok, 1), max(G, 1), max(L, 1): one valid token is divided by 1, an empty batch gives 0."""
+    one = torch.tensor([[5.0, 7.0]])
+    m = torch.tensor([[1.0, 0.0]])
+    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+        assert agg_loss(one, m, mode).item() == 5.0, mode
+    assert agg_loss(one, m, "seq-mean-token-sum-norm").item() == 5.0 / 2  # L = T = 2, G = 1
+    assert agg_loss(one, m, "seq-mean-token-sum-norm", norm_len=0.5).item() == 5.0  # L floored at 1
+    assert agg_loss(one, m, "token-mean", num_tokens=0.25).item() == 5.0  # N_tok floored at 1
+    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
+        assert agg_loss(one, torch.zeros(1, 2), mode).item() == 0.0, mode
+
+
+def test_kl_estimators_clamp_delta_and_k3():
+    """δ = lp − lp_ref is clamped to [−20, 20]; k3 = e^{−δ} − 1 + δ is clamped to [−10, 10] (verl)."""
+    lp = torch.tensor([25.0, -25.0, -3.0, 3.0], dtype=torch.float64)
+    ref = torch.zeros(4, dtype=torch.float64)
+    torch.testing.assert_close(kl_penalty(lp, ref, "k1"), torch.tensor([20.0, -20.0, -3.0, 3.0], dtype=torch.float64))
+    torch.testing.assert_close(kl_penalty(lp, ref, "k2"), torch.tensor([200.0, 200.0, 4.5, 4.5], dtype=torch.float64))
+    k3 = torch.tensor([min(10.0, math.exp(-d) - 1 + d) for d in (20.0, -20.0, -3.0, 3.0)], dtype=torch.float64)
+    torch.testing.assert_close(kl_penalty(lp, ref, "k3"), k3)
+    assert k3.tolist()[1:3] == [10.0, 10.0]  # e^{20} and e^{3} − 4 = 16.1 are both clamped
+
+
+def test_logprobs_and_entropy_over_the_last_dim_of_3d_logits():
+    """[B, T, V] logits (the trainer's shape): softmax, logsumexp and the gather run over V only."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 5, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, 5, (2, 3), generator=g)
+    logp = torch.log_softmax(logits, dim=-1)
+    want_lp = logp.gather(-1, targets[..., None])[..., 0].float()
+    want_h = -(logp.exp() * logp).sum(-1).float()
+    torch.testing.assert_close(logprobs_from_logits(logits, targets), want_lp)
+    torch.testing.assert_close(entropy_from_logits(logits), want_h)
+
+
+def test_clip_fraction_metrics_count_only_the_clipped_side():
+    """clip_frac_low = share of tokens with ρ < 1 − ε_low and A < 0; clip_frac_high: ρ > 1 + ε_high and A > 0."""
+    ratios = [0.5, 0.9, 0.5, 0.5, 2.0, 1.1, 2.0, 2.0]
+    advs = [-1.0, -1.0, 0.0, 0.5, 1.0, 1.0, 0.0, -0.5]
+    # low: only token 0 (token 1 is inside [0.8, 1.3]; 2 has A = 0; 3 has A > 0)
+    # high: only token 4 (5 is inside; 6 has A = 0; 7 has A < 0)
+    lp = torch.log(torch.tensor([ratios]))
+    out = policy_loss(lp, torch.zeros(1, 8), torch.tensor([advs]), torch.ones(1, 8), clip_eps_low=0.2,
+                      clip_eps_high=0.3)
+    assert out.metrics["clip_frac_low"] == 1 / 8 and out.metrics["clip_frac_high"] == 1 / 8
+    # on the boundary (ρ = 1 exactly, ε = 0) nothing is "below" or "above"
+    z = torch.zeros(1, 2)
+    out = policy_loss(z, z, torch.tensor([[-1.0, 1.0]]), torch.ones(1, 2), clip_eps_low=0.0, clip_eps_high=0.0)
+    assert out.metrics["clip_frac_low"] == 0.0 and out.metrics["clip_frac_high"] == 0.0
+
+
+def test_metrics_ignore_padding_and_handle_tiny_batches():
+    lp = torch.tensor([[math.log(2.0), math.log(0.5), 50.0]])  # last entry is padding (garbage)
+    old = torch.zeros(1, 3)
+    m = torch.tensor([[1.0, 1.0, 0.0]])
+    out = policy_loss(lp, old, torch.ones(1, 3), m)
+    assert out.metrics["ratio_max"] == pytest.approx(2.0) and out.metrics["ratio_mean"] == pytest.approx(1.25)
+    assert out.metrics["approx_kl"] == pytest.approx(((1 - math.log(2)) + (-0.5 + math.log(2))) / 2)
+    assert out.metrics["tokens"] == 2.0
+    single = policy_loss(lp[:, :1], old[:, :1], torch.ones(1, 1), torch.ones(1, 1))
+    assert single.metrics["ratio_max"] == pytest.approx(2.0) and single.metrics["ratio_mean"] == pytest.approx(2.0)
+    empty = policy_loss(lp, old, torch.ones(1, 3), torch.zeros(1, 3))
+    assert math.isnan(empty.metrics["ratio_max"])
+    assert empty.metrics["ratio_mean"] == 0.0 and empty.metrics["approx_kl"] == 0.0 and empty.metrics["tokens"] == 0.0
+
+
+def test_log_ratio_is_clamped_to_20():
+    out = policy_loss(torch.tensor([[25.0, -25.0]]), torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2))
+    assert out.metrics["ratio_max"] == pytest.approx(math.exp(20.0))
+    assert out.metrics["ratio_mean"] == pytest.approx((math.exp(20.0) + math.exp(-20.0)) / 2)
+
+
+def test_zero_clip_epsilons_are_accepted():
+    z = torch.zeros(1, 2)
+    out = policy_loss(z, z, torch.ones(1, 2), torch.ones(1, 2), clip_eps_low=0.0, clip_eps_high=0.0)
+    assert out.loss.item() == -1.0
+    for bad in ({"clip_eps_low": -0.1}, {"clip_eps_high": -0.1}):
+        with pytest.raises(ValueError, match="clip_eps"):
+            policy_loss(z, z, torch.ones(1, 2), torch.ones(1, 2), **bad)
+
+
+def test_entropy_and_kl_coefficients_of_one():
+    """L = pg − c_ent·agg(H) + β·agg(KL) also for c_ent = β = 1."""
+    lp = torch.log(torch.tensor([[0.5, 0.5]]))
+    ref = torch.log(torch.tensor([[0.25, 0.5]]))
+    ent = torch.tensor([[2.0, 4.0]])
+    out = policy_loss(lp, lp, torch.zeros(1, 2), torch.ones(1, 2), entropy=ent, entropy_coef=1.0,
+                      ref_logprobs=ref, kl_coef=1.0)
+    k3 = (0.5 - 1 + math.log(2.0)) / 2
+    assert out.loss.item() == pytest.approx(k3 - 3.0)

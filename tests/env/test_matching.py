@@ -102,3 +102,18 @@ def test_uniform_when_every_weight_is_floored() -> None:
         pfsp_match(["t"], ["a", "b"], ratings, np.random.default_rng(s))[0].student for s in range(400)
     )
     assert 150 < picks["a"] < 250
+
+
+def test_draw_and_teacher_win_use_the_right_rate_1vs1() -> None:
+    env = trueskill.TrueSkill()
+    ratings = Ratings(["t", "s"])
+    ratings.load_state_dict({"ratings": {"t": [30.0, 4.0], "s": [22.0, 6.0]}})
+    t0, s0 = env.create_rating(30.0, 4.0), env.create_rating(22.0, 6.0)
+    ratings.record("t", "s", "draw")
+    want_s, want_t = trueskill.rate_1vs1(s0, t0, drawn=True, env=env)
+    assert (ratings.mu("s"), ratings.mu("t")) == (pytest.approx(want_s.mu), pytest.approx(want_t.mu))
+    assert ratings.mu("s") > 22.0 and ratings.mu("t") < 30.0  # a draw moves the favourite down
+    ratings.record("t", "s", "teacher")
+    want_t2, want_s2 = trueskill.rate_1vs1(want_t, want_s, env=env)
+    assert (ratings.mu("t"), ratings.sigma("s")) == (pytest.approx(want_t2.mu), pytest.approx(want_s2.sigma))
+    assert "t" in ratings and "nobody" not in ratings
