@@ -170,8 +170,9 @@ def cpu_config(cfg: TrainConfig, run_dir: Path) -> TrainConfig:
     """A preset's run configuration made runnable on this CPU with ``tiny-random``: every budget (teachers,
     students, proposals, samples, task types, token limits) and the trainer's objective (estimator, loss, lr)
     kept as the preset sets them; only where things run changes (CPU, HF backend, two sandbox workers) and how
-    the update is laid out (no activation checkpointing, micro-batches of 64: the same gradient)."""
-    env = dataclasses.replace(cfg.env, sandbox_workers=min(cfg.env.sandbox_workers, 2))
+    the update is laid out (no activation checkpointing, micro-batches of 64: the same gradient), and no seeding
+    stage before the first step (the GPU presets' base-model seeding is ``tests/selfplay/test_seeding.py``'s)."""
+    env = dataclasses.replace(cfg.env, sandbox_workers=min(cfg.env.sandbox_workers, 2), seed_tasks=0)
     generation = dataclasses.replace(cfg.generation, backend="hf")
     trainer = dataclasses.replace(cfg.trainer, gradient_checkpointing=False, micro_batch_size=64)
     return dataclasses.replace(cfg, model="tiny-random", dtype="float32", device="cpu", env=env,

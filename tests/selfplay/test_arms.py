@@ -1,7 +1,7 @@
 """The two arms differ only in who proposes and who judges: each claim of the README's compute-matching paragraph.
 
 1. The resolved configurations (``populora train|baseline --preset P --dry-run``) are equal but for the agent
-   counts, the reward scheme, evolution and the run's name — the trainer section (estimator included) for
+   counts, the reward scheme (and its keyword arguments), evolution and the run's name — the trainer section (estimator included) for
    every shipped preset, and for the GPU pair ``paper-4t4s`` / ``azr-baseline``.
 2. Per step (a real step with scripted completions, ``tests/selfplay/scripted.py``): the baseline's single
    adapter makes exactly ``tasks_per_teacher`` proposals, as each population teacher does, and
@@ -35,8 +35,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 GPU_PAIR = ("paper-4t4s", "azr-baseline")
 CPU_PRESETS = [p for p in list_presets() if p.startswith("cpu-")]
-ARM_FIELDS = {"name", "env.num_teachers", "env.num_students", "env.reward_scheme", "evolution"}
-"""The only resolved settings allowed to differ between ``populora train`` and ``populora baseline``."""
+ARM_FIELDS = {"name", "env.num_teachers", "env.num_students", "env.reward_scheme", "env.reward_kwargs", "evolution"}
+"""The only resolved settings allowed to differ between ``populora train`` and ``populora baseline`` (the reward
+scheme's keyword arguments go with the scheme: ``azr-baseline`` sets AZR's code's ``extreme_reward``)."""
 
 
 def _resolved(command: str, preset: str) -> dict[str, Any]:
