@@ -171,7 +171,7 @@ class SelfPlayLoop:
 
     def load_checkpoint(self, chosen: Resumable | None = None) -> bool:
         """Restore from checkpoint ``chosen`` (default: the newest intact one, see
-        :func:`~selfplay.checkpoint.find_resumable`); False if the run has none.
+        :func:`~selfplay.checkpoint.find_resumable`); False if the run has none (it then starts from step 0).
 
         The damaged newer checkpoints that were skipped are moved to ``checkpoints/damaged/``, and the lineage
         lines of steps after the checkpoint used are dropped.
@@ -183,7 +183,8 @@ class SelfPlayLoop:
         cleanup_partial(self.run_dir)
         if chosen is None:
             chosen = find_resumable(self.run_dir)
-            if chosen is None:
+            if chosen is None:  # killed before its first checkpoint: its lineage lines are replayed from step 0
+                self._truncate_lineage(0)
                 return False
         step, d = chosen.step, chosen.path
         st = json.loads((d / "loop_state.json").read_text())

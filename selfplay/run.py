@@ -103,12 +103,12 @@ def train(cfg: TrainConfig, assignment: Mapping[str, str] | None = None,
         write_json(run_dir / "config.json", {"name": run_dir.name, **dict(meta or {}), "model": cfg.model,
                                              "rank": cfg.rank, "alpha": cfg.alpha,
                                              "mapping": loop.mapping.to_dict(), "config": to_dict(cfg)})
-    resumed = loop.load_checkpoint(chosen) if chosen is not None else False
+    resumed = loop.load_checkpoint(chosen) if resuming else False
     if resuming and not resumed:
         log.warning("no checkpoint in %s: starting from step 0", run_dir)
-    # a resumed writer drops what the interrupted session logged after the checkpoint (steps > loop.step);
-    # the checkpoint's own step was logged before it was written and stays
-    tb = TensorBoardLogger(str(run_dir), purge_step=loop.step + 1 if resumed else None)
+    # a resumed writer drops what the interrupted session logged after the checkpoint (steps > loop.step, all of
+    # them without a checkpoint); the checkpoint's own step was logged before it was written and stays
+    tb = TensorBoardLogger(str(run_dir), purge_step=loop.step + 1 if resuming else None)
     if not resumed:
         tb.log_hparams(to_dict(cfg))
     setup_s = time.perf_counter() - t_setup
