@@ -109,7 +109,7 @@ def test_a_killed_ray_run_resumes_to_the_uninterrupted_run(ray_cluster, local_ru
     _cluster, address = ray_cluster
     run = tmp_path / "killed"
     env = cli_env()
-    env["POPULORA_TEST_KILL"] = "before_done@3"  # kill -9 while step 3's checkpoint is being written
+    env["POPULORA_TEST_KILL"] = "after_done@3"  # kill -9 when step 3's checkpoint is complete, not yet renamed
     p = subprocess.run([sys.executable, "-m", "populora_cli.main", "train", *ARGS, *ray_args(address), "--plugins",
                         PLUGIN, "--run-dir", str(run)], capture_output=True, text=True, env=env, cwd=REPO,
                        timeout=1800, start_new_session=True)
@@ -129,11 +129,9 @@ def test_cli_refuses_impossible_requests_before_any_work(ray_cluster, tmp_path):
     _cluster, address = ray_cluster
     base = [*ARGS, "--backend", "ray", "--ray.address", address, "--ray.placement-timeout-s", "20"]
     cases = {
-        "more shards than members": (["--ray.trainers", "5"], "ray.trainers"),
+        "more shards than members": (["--ray.trainers", "5"], "--ray.trainers: 5 trainer shards for at most 4"),
         "a GPU no node has": (["--ray.trainer-gpus", "1"], "no node has that much"),
-        "more CPUs than the cluster": (["--ray.trainers", "4", "--ray.trainer-cpus", "4"], "do not fit"),
-        "more sandbox nodes than nodes": (["--ray.sandbox-nodes", "5"], "5 sandbox nodes asked for"),
-        "a cluster that is not there": (["--ray.address", "127.0.0.1:1", "--ray.init-timeout-s", "20"],
+        "a cluster that is not there": (["--ray.address", "127.0.0.1:1", "--ray.init-timeout-s", "15"],
                                         "Ray cluster"),
     }
     for what, (extra, needle) in cases.items():
@@ -144,8 +142,42 @@ def test_cli_refuses_impossible_requests_before_any_work(ray_cluster, tmp_path):
         assert last.startswith("populora train: error:") and needle in last, (what, last)
         assert "Traceback" not in p.stderr, what
         assert not (run / "config.json").exists(), what
+    p = populora("baseline", *base, "--ray.trainers", "2", "--run-dir", str(tmp_path / "b"), timeout=600)
+    assert p.returncode == 2 and "more trainer shards than members (1)" in p.stderr, p.stderr[-2000:]
+    _no_pending()
+
+
+def _no_pending() -> None:
     pending = [pg for pg in ray.util.placement_group_table().values() if pg["state"] in ("PENDING", "RESCHEDULING")]
     assert not pending, pending
+
+
+def test_preflight_refuses_what_the_cluster_cannot_hold(ray_cluster, tmp_path):
+    from dataclasses import asdict
+
+    from populora_env.sandbox import Limits
+    from selfplay.distributed.cluster import ClusterError, preflight
+    from selfplay.distributed.config import RayConfig
+
+    limits = asdict(Limits())
+    cases = [(RayConfig(trainers=4, trainer_cpus=4), "do not fit"),
+             (RayConfig(sandbox_nodes=5), "5 sandbox nodes asked for"),
+             (RayConfig(engine_gpus=0.5), "no node has that much")]
+    for rc, needle in cases:
+        with pytest.raises(ClusterError, match=needle):
+            preflight(rc, 4, tmp_path, limits)
+    # the resources exist but are taken: the placement group times out and is removed, never left pending
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    hog = placement_group([{"CPU": 3}] * 3, strategy="STRICT_SPREAD")
+    ray.get(hog.ready(), timeout=300)
+    try:
+        with pytest.raises(ClusterError, match="in use"):
+            preflight(RayConfig(trainers=2, trainer_cpus=2, placement_timeout_s=5), 4, tmp_path, limits)
+        _no_pending()
+    finally:
+        remove_placement_group(hog)
+    assert list(tmp_path.iterdir()) == []  # the visibility marker is never left behind
 
 
 def test_cli_without_ray_installed_exits_2(tmp_path):

@@ -1,0 +1,108 @@
+"""The Ray backend's parts in this process: engines generate bitwise what the local HF backend generates (chunks
+spread over both engines), new states reach the engines only through ``refresh``, and the sync metric tells a
+stale engine from a synced one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from agents.generation import GenerationRequest, HFGenerator
+from agents.models import load_base
+from agents.population import LoRAPopulation, randomize_member
+from agents.rollout import Rollout
+from agents.trainer import TrainerConfig
+from populora_env.config import EnvConfig
+from populora_env.env import agent_names
+from selfplay.config import TrainConfig
+from selfplay.distributed.config import RayConfig
+from selfplay.mapping import AgentMapping
+
+ray = pytest.importorskip("ray")
+
+pytestmark = pytest.mark.ray
+
+CFG = TrainConfig(
+    model="tiny-random", rank=4, alpha=8, threads=1, seed=3, backend="ray",
+    env=EnvConfig(num_teachers=2, num_students=2),
+    trainer=TrainerConfig(lr=0.05, entropy_coef=0.05),
+    ray=RayConfig(trainers=2, engines=2, sandbox_nodes=1, sandbox_workers_per_node=1, sync_rollouts=8,
+                  placement_timeout_s=600),
+)
+CFG = dataclasses.replace(CFG, generation=dataclasses.replace(CFG.generation, batch_size=3, threads=1))
+
+
+@pytest.fixture(scope="module")
+def parts(ray_cluster, tmp_path_factory):
+    from selfplay.distributed.backend import RayBackend
+
+    backend = RayBackend(CFG, tmp_path_factory.mktemp("backend"))
+    teachers, students = agent_names(2, 2)
+    mapping = AgentMapping.build(teachers, students, None)
+    try:
+        population, generator, trainer = backend.build(mapping)
+        yield backend, mapping, population, generator, trainer
+    finally:
+        backend.close()
+
+
+def _local(members):
+    torch.manual_seed(CFG.seed)
+    base, tok = load_base("tiny-random", dtype=torch.float32)
+    return LoRAPopulation(base, members, rank=CFG.rank, alpha=CFG.alpha, seed=CFG.seed), tok
+
+
+def _requests(members):
+    adapters = [*members, None]
+    return [GenerationRequest(adapters[i % len(adapters)], f"task {i}: " + "x " * (i % 4), max_new_tokens=6,
+                              temperature=1.0, top_p=0.95, n=1 + i % 2, seed=100 + i) for i in range(10)]
+
+
+def test_engines_generate_bitwise_the_local_backend(parts):
+    backend, mapping, population, generator, _trainer = parts
+    members = mapping.members
+    local, tok = _local(members)
+    for m in members:  # non-zero adapters, written into the shards, published to the engines by refresh only
+        randomize_member(local, m, std=0.3, seed=11)
+        population.load_state(m, local.state(m))
+    generator.refresh(members)
+    reqs = _requests(members)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        want = HFGenerator(local, tok, batch_size=3).generate(reqs)
+    finally:
+        torch.set_num_threads(threads)
+    got = generator.generate(reqs)
+    assert len(got) == len(want) == 15
+    for a, b in zip(want, got, strict=True):
+        assert (a.request_index, a.sample_index, a.adapter) == (b.request_index, b.sample_index, b.adapter)
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs and a.text == b.text
+        assert a.prompt_token_ids == b.prompt_token_ids and a.finish_reason == b.finish_reason
+    assert generator.last_call["chunks"] == 5 and len(generator.last_call["per_engine"]) == 2, generator.last_call
+    for e in backend.engines:  # each engine serves exactly the shards' states
+        for m in members:
+            s, t = ray.get(e.state.remote(m)), population.state(m)
+            assert all(torch.equal(s[k], t[k]) for k in t)
+    with pytest.raises(ValueError, match="seed"):
+        generator.generate([GenerationRequest(members[0], "x", seed=None)])
+
+
+def _rollouts(completions):
+    return [Rollout(c.prompt_token_ids, c.token_ids, 0.0, group=i, logprobs=c.logprobs)
+            for i, c in enumerate(completions)]
+
+
+def test_sync_metric_tells_a_stale_engine(parts):
+    _backend, mapping, _population, generator, trainer = parts
+    m = mapping.members[0]
+    reqs = [GenerationRequest(m, f"prompt {i}", max_new_tokens=8, temperature=1.0, seed=i) for i in range(4)]
+    synced = trainer.update_many({m: _rollouts(generator.generate(reqs))})[m]["sync"]
+    # the update changed the shard's weights; without refresh the engine keeps serving the old ones
+    stale = trainer.update_many({m: _rollouts(generator.generate(reqs))})[m]["sync"]
+    generator.refresh([m])
+    again = trainer.update_many({m: _rollouts(generator.generate(reqs))})[m]["sync"]
+    assert synced < 1e-4 and again < 1e-4, (synced, again)
+    assert stale > 100 * max(synced, again, 1e-7) and stale > 1e-3, (synced, stale, again)
