@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import random
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -193,5 +194,5 @@ def test_seed_tasks_is_validated() -> None:
                             ({"seed_tasks": -1}, "env.seed_tasks: must be >= 0, got -1"),
                             ({"seed_max_proposals": 1.5}, "env.seed_max_proposals: must be an int")]:
         cfg = TrainConfig(model="tiny-random", env=EnvConfig(**fields))
-        with pytest.raises(ConfigError, match=message):
+        with pytest.raises(ConfigError, match=re.escape(message)):
             validate(cfg)
