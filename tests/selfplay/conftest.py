@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -40,3 +41,70 @@ def populora(*args: str, timeout: float = 600, cwd: Path | None = None) -> subpr
 @pytest.fixture
 def run_cli():
     return populora
+
+
+_WATCH = """
+import json, sys
+import agents.models
+loads = []
+real = agents.models.load_base
+def watched(*args, **kwargs):
+    loads.append(str(args[0] if args else kwargs.get("name")))
+    return real(*args, **kwargs)
+agents.models.load_base = watched
+from populora_cli.main import main
+try:
+    rc = main(sys.argv[1:])
+except SystemExit as exc:
+    rc = exc.code
+print("WATCH " + json.dumps({"rc": rc, "model_loads": loads}))
+sys.exit(rc)
+"""
+
+
+def populora_watched(*args: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """``populora ARGS`` in a subprocess whose model loader (``agents.models.load_base``) records each call;
+    returns the process and the models it loaded (so a test can tell that a command exited before loading one)."""
+    p = subprocess.run([sys.executable, "-c", _WATCH, *args], capture_output=True, text=True, timeout=timeout,
+                       env=cli_env(), cwd=REPO)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("WATCH ")]
+    assert lines, (p.returncode, p.stderr[-3000:])
+    info = json.loads(lines[-1][len("WATCH "):])
+    assert info["rc"] == p.returncode
+    return p, info["model_loads"]
+
+
+# The run shared by the end-to-end tests (tests/selfplay/test_resume.py, test_run_contract.py, test_train_smoke.py):
+# 4 steps, a checkpoint after each (pruned to the newest 2), PBT events at steps 2 and 4. Without newborn
+# protection each event replaces exactly one teacher and one student (two members per role), so the lineage is
+# known in advance: 4 lines.
+REF_ARGS = [*TINY, "--steps", "4", "--checkpoint-every", "1", "--keep-checkpoints", "2", "--pbt.no-newborn-protection"]
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished ``populora train REF_ARGS`` run. Shared: tests must not change it (copy it first)."""
+    run = tmp_path_factory.mktemp("shared") / "ref"
+    p = populora("train", *REF_ARGS, "--run-dir", str(run))
+    assert p.returncode == 0, p.stderr[-4000:]
+    return run
+
+
+@pytest.fixture
+def read_only_dir(tmp_path: Path):
+    """A directory nobody may create entries in: mode 0555 for a normal user; for root (who ignores modes) a
+    read-only tmpfs mounted on it (skipped where root cannot mount)."""
+    d = tmp_path / "ro"
+    d.mkdir()
+    if os.geteuid() != 0:
+        d.chmod(0o555)
+        yield d
+        d.chmod(0o755)
+        return
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(d)], capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"root cannot mount a read-only tmpfs here: {p.stderr.strip()}")
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=False)

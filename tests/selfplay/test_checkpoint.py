@@ -359,3 +359,44 @@ def test_kill_9_during_a_checkpoint_write(run: Path, point: str) -> None:
     # the run goes on: the next checkpoint is written and pruned as usual
     write_checkpoint(run, 4, writer(4), keep=2)
     assert entries(run) == [expected[-1], "step_4"]
+
+
+# ------------------------------------------------------------------------------------- final adapters
+
+
+class _Population:
+    """Just what ``save_adapters`` uses: member names and ``save(name, directory)``; fails on ``fail_on``."""
+
+    def __init__(self, names: list[str], fail_on: str | None = None) -> None:
+        self.names, self.fail_on = names, fail_on
+
+    def save(self, name: str, directory: Path) -> None:
+        if name == self.fail_on:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+        directory.mkdir(parents=True)
+        (directory / "adapter_model.safetensors").write_text(f"new {name}")
+
+
+class _Loop:
+    def __init__(self, population: _Population) -> None:
+        self.population = population
+
+
+def test_final_adapters_are_replaced_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from selfplay import run as run_mod
+    from selfplay.checkpoint import WriteFailed
+
+    adapters = tmp_path / "adapters"
+    (adapters / "old").mkdir(parents=True)
+    (adapters / "old" / "adapter_model.safetensors").write_text("old")
+    monkeypatch.setattr(run_mod, "free_bytes", lambda path: 0)  # a full disk
+    with pytest.raises(WriteFailed) as info:
+        run_mod.save_adapters(_Loop(_Population(["a", "b"], fail_on="b")), adapters)
+    assert str(info.value).startswith(f"cannot write the final adapters {adapters}: no space left on the device")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapters"]  # no temporary directory left
+    assert (adapters / "old" / "adapter_model.safetensors").read_text() == "old"  # the earlier ones untouched
+
+    run_mod.save_adapters(_Loop(_Population(["a", "b"])), adapters)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapters"]
+    assert sorted(p.name for p in adapters.iterdir()) == ["a", "b"]  # replaced as a whole
+    assert (adapters / "b" / "adapter_model.safetensors").read_text() == "new b"

@@ -1,12 +1,45 @@
-"""Bad configuration exits with status 2 and a message naming the field, before any work starts."""
+"""Bad input exits with status 2 and one line naming the problem, before any work starts: no model is loaded
+(``agents.models.load_base`` is replaced by one that fails the test) and no run directory is created or touched."""
 
 from __future__ import annotations
 
-import time
+from pathlib import Path
 
 import pytest
 
-from tests.selfplay.conftest import populora
+from populora_cli.main import main
+from tests.selfplay.conftest import TINY, populora, populora_watched
+
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
+    """Run ``populora ARGS`` in this process with a model loader that must never be called; returns
+    ``(exit status, stderr)``."""
+    import agents.models
+    import selfplay.loop
+
+    def no_model(*args, **kwargs):
+        raise AssertionError(f"the model was loaded: load_base{args}")
+
+    monkeypatch.setattr(agents.models, "load_base", no_model)
+    monkeypatch.setattr(selfplay.loop, "load_base", no_model)
+
+    def run(*args: str) -> tuple[int, str]:
+        capsys.readouterr()
+        try:
+            rc = main(list(args))
+        except SystemExit as exc:  # tyro's own parse errors
+            rc = exc.code
+        return rc, capsys.readouterr().err
+
+    return run
+
+
+def _one_error_line(err: str) -> str:
+    assert "Traceback" not in err, err
+    lines = [ln for ln in err.strip().splitlines() if ln.startswith("populora ")]
+    assert len(lines) == 1, err
+    return lines[0]
 
 
 @pytest.mark.parametrize(
@@ -24,33 +57,32 @@ from tests.selfplay.conftest import populora
         (["--env.num-teachers", "0"], "--env.num-teachers"),
     ],
 )
-def test_bad_value_exits_2_naming_the_field(args: list[str], needle: str, tmp_path) -> None:
-    t0 = time.perf_counter()
-    p = populora("train", "--run-dir", str(tmp_path / "run"), *args, timeout=120)
-    elapsed = time.perf_counter() - t0
-    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
-    assert needle in p.stderr, p.stderr[-2000:]
-    # nothing was started: no run directory, and no model load (that alone takes longer than this)
+def test_bad_value_exits_2_naming_the_field(cli, args: list[str], needle: str, tmp_path: Path) -> None:
+    rc, err = cli("train", "--run-dir", str(tmp_path / "run"), *args)
+    assert rc == 2, err[-2000:]
+    assert _one_error_line(err).startswith(f"populora train: error: {needle}"), err[-2000:]
     assert not (tmp_path / "run").exists()
-    assert elapsed < 60
 
 
-def test_unparseable_flag_exits_2(tmp_path) -> None:
-    p = populora("train", "--steps", "many", "--run-dir", str(tmp_path / "run"), timeout=120)
+def test_unparseable_flag_exits_2(tmp_path: Path) -> None:
+    # the real entry point, in a subprocess that records model loads
+    p, model_loads = populora_watched("train", "--steps", "many", "--run-dir", str(tmp_path / "run"), timeout=120)
     assert p.returncode == 2
     assert "--steps" in p.stderr
+    assert model_loads == [] and not (tmp_path / "run").exists()
 
 
-def test_resume_of_a_non_run_exits_2(tmp_path) -> None:
-    p = populora("train", "--resume", str(tmp_path), timeout=120)
-    assert p.returncode == 2
-    assert "--resume" in p.stderr
+def test_resume_of_a_non_run_exits_2(cli, tmp_path: Path) -> None:
+    rc, err = cli("train", "--resume", str(tmp_path))
+    assert rc == 2
+    assert _one_error_line(err) == (f"populora train: error: --resume: {tmp_path / 'config.json'} not found "
+                                    f"(is {tmp_path} a run directory?)")
 
 
 def test_unknown_command_exits_2() -> None:
     p = populora("fly", timeout=60)
     assert p.returncode == 2
-    assert "unknown command" in p.stderr
+    assert p.stderr.strip() == "populora fly: error: unknown command (choose one of: train, baseline, report, eval, evolve)"
 
 
 def test_help_documents_the_flags() -> None:
@@ -59,3 +91,61 @@ def test_help_documents_the_flags() -> None:
     for flag in ("--preset", "--steps", "--run-dir", "--model", "--resume", "--env.samples-per-task",
                  "--trainer.advantage"):
         assert flag in p.stdout, flag
+
+
+# ------------------------------------------------------------------------------------------- run directory
+
+
+def _snapshot(root: Path) -> dict[str, tuple]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        out[str(p.relative_to(root))] = (st.st_mode, st.st_size, st.st_mtime_ns,
+                                         p.read_bytes() if p.is_file() else None)
+    return out
+
+
+def test_existing_run_without_resume_exits_2_and_touches_nothing(tiny_run: Path) -> None:
+    before = _snapshot(tiny_run)
+    p, model_loads = populora_watched("train", *TINY, "--steps", "2", "--run-dir", str(tiny_run), timeout=300)
+    assert p.returncode == 2, p.stderr[-3000:]
+    line = _one_error_line(p.stderr)
+    assert line.startswith(f"populora train: error: run directory {tiny_run} already holds a run (config.json, ")
+    assert line.endswith(f"continue it with --resume {tiny_run}, or choose another --run-dir")
+    assert model_loads == []
+    assert _snapshot(tiny_run) == before
+
+
+def test_existing_run_named_by_name_and_baseline_into_a_run(cli, tiny_run: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # --name NAME runs in runs/NAME under the working directory
+    (tmp_path / "runs" / "mine" / "checkpoints").mkdir(parents=True)
+    rc, err = cli("train", *TINY, "--name", "mine")
+    assert rc == 2 and "run directory runs/mine already holds a run (checkpoints)" in _one_error_line(err)
+    before = _snapshot(tiny_run)
+    rc, err = cli("baseline", *TINY, "--run-dir", str(tiny_run))
+    assert rc == 2 and f"run directory {tiny_run} already holds a run" in _one_error_line(err)
+    assert _snapshot(tiny_run) == before
+
+
+def test_run_dir_that_is_a_file_exits_2(cli, tmp_path: Path) -> None:
+    (tmp_path / "run").write_text("x")
+    rc, err = cli("train", *TINY, "--run-dir", str(tmp_path / "run"))
+    assert rc == 2
+    assert _one_error_line(err) == f"populora train: error: run directory {tmp_path / 'run'} exists and is not a directory"
+    assert (tmp_path / "run").read_text() == "x"
+
+
+def test_run_dir_under_a_file_exits_2(cli, tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    rc, err = cli("train", *TINY, "--run-dir", str(tmp_path / "f" / "run"))
+    assert rc == 2
+    assert _one_error_line(err) == (f"populora train: error: cannot create run directory {tmp_path / 'f' / 'run'}: "
+                                    f"{tmp_path / 'f'} is not a directory")
+
+
+def test_run_dir_under_an_unwritable_directory_exits_2(cli, read_only_dir: Path) -> None:
+    rc, err = cli("train", *TINY, "--run-dir", str(read_only_dir / "run"))
+    assert rc == 2
+    assert _one_error_line(err).startswith(
+        f"populora train: error: cannot create run directory {read_only_dir / 'run'}: "), err

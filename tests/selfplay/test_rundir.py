@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -69,26 +67,6 @@ def test_run_dir_under_a_file(tmp_path: Path) -> None:
     with pytest.raises(RunDirError, match=f"^cannot create run directory .*: {tmp_path / 'f'} is not a directory$"):
         prepare_new_run_dir(tmp_path / "f" / "sub" / "run")
     assert (tmp_path / "f").read_text() == "x"
-
-
-@pytest.fixture
-def read_only_dir(tmp_path: Path):
-    """A directory nobody may create entries in: mode 0555 for a normal user; for root (who ignores modes) a
-    read-only tmpfs mounted on it (skipped where root cannot mount)."""
-    d = tmp_path / "ro"
-    d.mkdir()
-    if os.geteuid() != 0:
-        d.chmod(0o555)
-        yield d
-        d.chmod(0o755)
-        return
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(d)], capture_output=True, text=True)
-    if p.returncode != 0:
-        pytest.skip(f"root cannot mount a read-only tmpfs here: {p.stderr.strip()}")
-    try:
-        yield d
-    finally:
-        subprocess.run(["umount", "-l", str(d)], check=False)
 
 
 def test_run_dir_under_an_unwritable_directory(read_only_dir: Path) -> None:
