@@ -1,11 +1,11 @@
 """The run directory: where a run lives, and the checks made on it before any work starts.
 
 A run directory holds ``config.json``, ``checkpoints/``, TensorBoard event files, ``lineage.jsonl``,
-``adapters/``, ``run_summary.json`` and ``report/``. A new run starts only in a directory that holds none of
-these: a second run there would mix with the first (its checkpoints next to the old ones, ``config.json``
-overwritten, and a later ``--resume`` combining the old checkpoint with the new config). Continuing a run is
-``--resume``. Everything here is standard library only, so the command line can check a directory before it
-imports the learning stack or loads a model.
+``seeding.json``, ``adapters/``, ``run_summary.json`` and ``report/``. A new run starts only in a directory
+that holds none of these: a second run there would mix with the first (its checkpoints next to the old ones,
+``config.json`` overwritten, and a later ``--resume`` combining the old checkpoint with the new config).
+Continuing a run is ``--resume``. Everything here is standard library only, so the command line can check a
+directory before it imports the learning stack or loads a model.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from selfplay.config import TrainConfig
 
-RUN_ENTRIES = ("config.json", "run_summary.json", "lineage.jsonl", "checkpoints", "adapters", "report")
+RUN_ENTRIES = ("config.json", "run_summary.json", "lineage.jsonl", "seeding.json", "checkpoints", "adapters",
+               "report")
 """Names whose presence marks a directory as holding a run (besides TensorBoard event files)."""
 EVENTS_PREFIX = "events.out.tfevents."
 

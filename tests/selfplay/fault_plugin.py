@@ -60,9 +60,12 @@ def _install(point: str, step: int) -> None:
 
         LoRAPopulation.save = patched_save
     elif point == "before_done":
+        mark_done = ck._mark_done
+
         def patched_mark_done(tmp, s):
             if armed["on"]:
                 _die()
+            mark_done(tmp, s)
 
         ck._mark_done = patched_mark_done
     elif point == "after_done":
