@@ -58,7 +58,9 @@ class Engine:
         from agents.generation import make_generator
         from agents.population import LoRAPopulation
 
-        cfg, base, tokenizer, device = build_base(cfg_dict, threads)
+        backend = str(cfg_dict["generation"]["backend"])
+        # vLLM holds the GPU copy of the base; the HF copy here only keeps the adapters (PEFT layout) on the CPU
+        cfg, base, tokenizer, _device = build_base(cfg_dict, threads, "cpu" if backend == "vllm" else None)
         self.population = LoRAPopulation(base, list(members), rank=cfg.rank, alpha=cfg.alpha,
                                          target_modules=cfg.target_modules, seed=cfg.seed)
         g = cfg.generation

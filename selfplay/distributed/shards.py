@@ -43,9 +43,9 @@ from selfplay.distributed.packing import pack_rollouts, unpack_rollouts
 __all__ = ["RayPopulation", "RayTrainer", "TrainerShard", "build_base", "sync_gap"]
 
 
-def build_base(cfg_dict: Mapping[str, Any], threads: int):
+def build_base(cfg_dict: Mapping[str, Any], threads: int, device: str | None = None):
     """``(cfg, base, tokenizer, device)`` in an actor: plugins imported, torch threads set, the base loaded the
-    way :meth:`selfplay.loop.SelfPlayLoop.setup` loads it."""
+    way :meth:`selfplay.loop.SelfPlayLoop.setup` loads it (on ``device`` when given)."""
     from agents.models import load_base
     from selfplay.config import TrainConfig, from_dict
     from selfplay.plugins import load_plugins
@@ -54,7 +54,8 @@ def build_base(cfg_dict: Mapping[str, Any], threads: int):
     load_plugins(cfg.plugins)
     torch.set_num_threads(max(1, int(threads)))
     torch.manual_seed(cfg.seed)
-    device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device is None:
+        device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     base, tokenizer = load_base(cfg.model, dtype=getattr(torch, cfg.dtype))
     base.to(device)
     return cfg, base, tokenizer, device

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -178,6 +179,26 @@ def test_preflight_refuses_what_the_cluster_cannot_hold(ray_cluster, tmp_path):
     finally:
         remove_placement_group(hog)
     assert list(tmp_path.iterdir()) == []  # the visibility marker is never left behind
+
+
+def test_a_run_directory_a_trainer_node_cannot_see_exits_2(ray_cluster, tmp_path):
+    """The driver runs in a mount namespace of its own with a tmpfs over the run directory's parent: the nodes
+    (started outside it) cannot see the run directory, as on a cluster whose nodes do not share the file system."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and util-linux unshare to give the driver a private mount")
+    _cluster, address = ray_cluster
+    private = tmp_path / "private"
+    private.mkdir()
+    script = f'mount -t tmpfs populora-test "{private}" && exec "$@"'
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", sys.executable, "-m",
+                        "populora_cli.main", "train", *ARGS, "--backend", "ray", "--ray.address", address,
+                        "--run-dir", str(private / "run")],
+                       capture_output=True, text=True, env=cli_env(), cwd=REPO, timeout=600)
+    assert p.returncode == 2, (p.returncode, p.stderr[-3000:])
+    last = p.stderr.strip().splitlines()[-1]
+    assert "is not visible from node(s)" in last and "Traceback" not in p.stderr, last
+    assert list(private.iterdir()) == []  # the tmpfs is gone with the driver; nothing was written here
+    _no_pending()
 
 
 def test_cli_without_ray_installed_exits_2(tmp_path):
