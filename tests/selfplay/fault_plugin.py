@@ -30,6 +30,8 @@ def _die() -> None:
 
 
 def _install(point: str, step: int) -> None:
+    if point not in POINTS:
+        raise ValueError(f"POPULORA_TEST_KILL: unknown point {point!r} (known: {', '.join(POINTS)})")
     import selfplay.checkpoint as ck
     import selfplay.loop as lp
     from agents.population import LoRAPopulation
@@ -89,8 +91,6 @@ def _install(point: str, step: int) -> None:
             remove_tree(path)
 
         ck._remove_tree = patched_remove_tree
-    else:
-        raise ValueError(f"POPULORA_TEST_KILL: unknown point {point!r} (known: {', '.join(POINTS)})")
 
 
 _spec = os.environ.get("POPULORA_TEST_KILL")
