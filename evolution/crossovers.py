@@ -143,7 +143,7 @@ def svd_crossover(parents, modules, generator, *, mode: str):
     def work(chunk, gens):
         facs = [[module_factors(p, m, cdt) for p in parents] for m in chunk]
         # [2m, r, r], order (module, parent)
-        XB, S, XA, GB, GA = svd_maps([[B] for f in facs for _, B in f], [[A] for f in facs for A, _ in f])
+        XB, S, XA, GB, GA = svd_maps([B for f in facs for _, B in f], [A for f in facs for A, _ in f])
         nm, r = len(chunk), S.shape[-1]
         XB, XA, S = XB.view(nm, 2, r, r), XA.view(nm, 2, r, r), S.view(nm, 2, r)
         zero = (is_zero_gram(GB) | is_zero_gram(GA)).view(nm, 2).all(-1)

@@ -35,7 +35,7 @@ __all__ = [
     "GRAM_PRECISIONS",
     "GRAM_STATS",
     "canonical_signs",
-    "cat_gram",
+    "gram_matrix",
     "current_gram_precision",
     "emit",
     "gram_precision",
@@ -90,63 +90,50 @@ def reset_gram_stats() -> None:
         GRAM_STATS.update(float32=0, float64=0)
 
 
-def cat_gram(Xs: Sequence[Tensor], *, rows: bool, precision: torch.dtype = torch.float64) -> Tensor:
-    """Gram matrix (returned as float64) of the concatenation of ``Xs``: ``[X₁|…|X_k]ᵀ[X₁|…|X_k]`` for B's
-    (``rows=False``, each ``[d, r]``), ``[X₁;…;X_k][X₁;…;X_k]ᵀ`` for A's (``rows=True``, each ``[r, d]``).
+def gram_matrix(X: Tensor, *, rows: bool, precision: torch.dtype = torch.float64) -> Tensor:
+    """Gram matrix of ``X`` formed in ``precision`` and returned as float64: ``X Xᵀ`` for an A (``rows=True``,
+    ``[c, d]``), ``Xᵀ X`` for a B (``rows=False``, ``[d, c]``).
 
-    The factors are copied (cast) into a reused workspace of dtype ``precision`` and multiplied in one GEMM.
+    A factor of another dtype is first copied (cast) into a reused per-thread workspace, then multiplied in one
+    GEMM.
     """
-    k = len(Xs)
-    if k == 1 and Xs[0].dtype == precision:
-        x = Xs[0]
-        return (x @ x.mT if rows else x.mT @ x).to(torch.float64)
-    d, r = (Xs[0].shape[1], Xs[0].shape[0]) if rows else Xs[0].shape
-    ws = workspace(d * k * r, precision, Xs[0].device)
-    if rows:
-        X = ws.view(k * r, d)
-        for i, x in enumerate(Xs):
-            X[i * r : (i + 1) * r].copy_(x)
-        G = X @ X.mT
-    else:
-        X = ws.view(d, k * r)
-        for i, x in enumerate(Xs):
-            X[:, i * r : (i + 1) * r].copy_(x)
-        G = X.mT @ X
-    return G.to(torch.float64)
+    if X.dtype != precision:
+        X = workspace(X.numel(), precision, X.device).view(X.shape).copy_(X)
+    return (X @ X.mT if rows else X.mT @ X).to(torch.float64)
 
 
 def svd_maps(
-    bstacks: Sequence[Sequence[Tensor]],
-    astacks: Sequence[Sequence[Tensor]],
+    Bs: Sequence[Tensor],
+    As: Sequence[Tensor],
     weights: Tensor | None = None,
     *,
     precision: str | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Exact SVD maps of ``Σ_i w_i B_i A_i`` for a batch of modules: ``(XB, S, XA, GB, GA)`` (see ``gram_core``).
+    """Exact SVD maps of ``B·diag(w)·A`` for a batch of modules: ``(XB, S, XA, GB, GA)`` (see ``gram_core``).
 
-    ``bstacks[j]`` / ``astacks[j]`` are module ``j``'s B's / A's (concatenated: ``U = [B…]·XB``,
-    ``V = [A…]ᵀ·XA``). ``precision`` (default: :func:`current_gram_precision`): with ``"auto"`` the Gram matrices
-    are first formed in float32 and only the modules whose equilibrated conditioning fails the
+    ``Bs[j]`` / ``As[j]`` are module ``j``'s (stacked) factors, ``[d_out, c]`` / ``[c, d_in]``, all with one ``c``:
+    ``U = B·XB``, ``V = Aᵀ·XA``. ``precision`` (default: :func:`current_gram_precision`): with ``"auto"`` the Gram
+    matrices are first formed in float32 and only the modules whose equilibrated conditioning fails the
     :data:`FP32_GRAM_MIN_RATIO` test are redone in float64; with ``"float64"`` (or float64 factors) all are
     float64.
     """
     precision = _check_precision(current_gram_precision() if precision is None else precision)
-    try32 = precision == "auto" and bstacks[0][0].dtype != torch.float64
+    try32 = precision == "auto" and Bs[0].dtype != torch.float64
     prec = torch.float32 if try32 else torch.float64
-    GB = torch.stack([cat_gram(bs, rows=False, precision=prec) for bs in bstacks])
-    GA = torch.stack([cat_gram(as_, rows=True, precision=prec) for as_ in astacks])
+    GB = torch.stack([gram_matrix(B, rows=False, precision=prec) for B in Bs])
+    GA = torch.stack([gram_matrix(A, rows=True, precision=prec) for A in As])
     XB, S, XA, ratio_b, ratio_a = gram_core(GB, GA, weights, return_ratio=True)
-    n64 = 0 if try32 else len(bstacks)
+    n64 = 0 if try32 else len(Bs)
     if try32:
         bad = ((ratio_b < FP32_GRAM_MIN_RATIO) | (ratio_a < FP32_GRAM_MIN_RATIO)).nonzero().flatten().tolist()
         if bad:
-            GB[bad] = torch.stack([cat_gram(bstacks[i], rows=False) for i in bad])
-            GA[bad] = torch.stack([cat_gram(astacks[i], rows=True) for i in bad])
+            GB[bad] = torch.stack([gram_matrix(Bs[i], rows=False) for i in bad])
+            GA[bad] = torch.stack([gram_matrix(As[i], rows=True) for i in bad])
             XB[bad], S[bad], XA[bad] = gram_core(GB[bad], GA[bad], weights)
             n64 = len(bad)
     with _STATS_LOCK:
         GRAM_STATS["float64"] += n64
-        GRAM_STATS["float32"] += len(bstacks) - n64
+        GRAM_STATS["float32"] += len(Bs) - n64
     return XB, S, XA, GB, GA
 
 
@@ -259,7 +246,7 @@ def sum_to_rank(
                     d1.mul_(x1)
             cats.append((Bcat, Acat))
         omega = torch.tensor(weights, dtype=torch.float64, device=device).repeat_interleave(r)
-        XB, S, XA, GB, GA = svd_maps([[Bc] for Bc, _ in cats], [[Ac] for _, Ac in cats], omega)
+        XB, S, XA, GB, GA = svd_maps([Bc for Bc, _ in cats], [Ac for _, Ac in cats], omega)
         zero = torch.ones(GB.shape[0], dtype=torch.bool, device=GB.device)
         for i in range(k):
             blk = slice(i * r, (i + 1) * r)
@@ -303,7 +290,7 @@ def single_svd(
 
     def work(chunk: Sequence[LoraModule], gens: list[torch.Generator]) -> dict[str, Tensor]:
         facs = [module_factors(parent, m, cdt) for m in chunk]
-        XB, S, XA, GB, GA = svd_maps([[B] for _, B in facs], [[A] for A, _ in facs])
+        XB, S, XA, GB, GA = svd_maps([B for _, B in facs], [A for A, _ in facs])
         signs = canonical_signs([B for _, B in facs], XB).unsqueeze(-2)
         XB, XA = XB * signs, XA * signs
         r = S.shape[-1]

@@ -76,42 +76,52 @@ def canonical_svd(A: torch.Tensor, B: torch.Tensor):
     U, S, Vh = torch.linalg.svd(B.double() @ A.double(), full_matrices=False)
     U, S, V = U[:, :r], S[:r], Vh[:r].mT
     sums = U.sum(0)
-    assert float(sums.abs().min()) > 1e-3, "a sign tie would make the reference ambiguous"
+    live = S > 1e-10 * S[0]
+    assert float(sums[live].abs().min()) > 1e-3, "a sign tie would make the reference ambiguous"
     sign = torch.where(sums < 0, -1.0, 1.0).to(torch.float64)
     return U * sign, S, V * sign
 
 
-def cayley_rotation(G: torch.Tensor, eps: float) -> torch.Tensor:
-    """``(I − εK/2)⁻¹ (I + εK/2)`` with ``K = (G − Gᵀ)/2`` (float64)."""
+def cayley_rotation(G: torch.Tensor, eps: float, live: torch.Tensor | None = None) -> torch.Tensor:
+    """``(I − εK/2)⁻¹ (I + εK/2)`` with ``K = (G − Gᵀ)/2`` restricted to the live components (float64)."""
     K = 0.5 * (G - G.mT)
+    if live is not None:
+        K = K * (live[:, None] & live[None, :])
     eye = torch.eye(G.shape[-1], dtype=torch.float64)
     return torch.linalg.solve(eye - 0.5 * eps * K, eye + 0.5 * eps * K)
 
 
 def svd_mutation_reference(parent, seed: int, eps: float) -> dict[str, torch.Tensor]:
     """M1 child factors: ``B' = U R_U diag(√S')``, ``A' = diag(√S') (V R_V)ᵀ``, ``S' = S·exp(εz)``; module j
-    draws z (r), G_U (r×r), G_V (r×r), float64. Assumes every component is live."""
+    draws z (r), G_U (r×r), G_V (r×r), float64. Rotations only among live components (S > 0); a dead one keeps
+    a zero B column and gets a fresh PEFT-init A row, drawn next from the module's generator."""
     mods = lora_modules(parent)
     out = {}
     for m, g in zip(mods, module_generators(gen(seed), len(mods)), strict=True):
         U, S, V = canonical_svd(parent[m.a_key], parent[m.b_key])
-        r = S.shape[0]
-        assert float(S[-1]) > 1e-6 * float(S[0]), "reference assumes full rank"
+        r, d_in = S.shape[0], parent[m.a_key].shape[1]
+        live = S > 1e-10 * S[0]
         z = torch.randn(r, generator=g, dtype=torch.float64)
-        R_U = cayley_rotation(torch.randn(r, r, generator=g, dtype=torch.float64), eps)
-        R_V = cayley_rotation(torch.randn(r, r, generator=g, dtype=torch.float64), eps)
-        root = (S * torch.exp(eps * z)).sqrt()
+        R_U = cayley_rotation(torch.randn(r, r, generator=g, dtype=torch.float64), eps, live)
+        R_V = cayley_rotation(torch.randn(r, r, generator=g, dtype=torch.float64), eps, live)
+        root = torch.where(live, (S * torch.exp(eps * z)).sqrt(), 0.0)
         out[m.b_key] = (U @ R_U) * root
         out[m.a_key] = root[:, None] * (V @ R_V).mT
+        n_dead = int((~live).sum())
+        if n_dead:
+            bound = 1 / d_in**0.5
+            out[m.a_key][~live] = torch.empty(n_dead, d_in).uniform_(-bound, bound, generator=g).double()
     return out
 
 
 def noise_reference(parent, modules, gens, eps: float) -> dict[str, torch.Tensor]:
-    """M2/M4 on ``modules``: ``X + ε·std(X)·Z`` (unbiased std), Z = randn of X's shape (float32 draw), A then B."""
+    """M2/M4 on ``modules``: ``X + ε·std(X)·Z`` (unbiased std, 0 for one entry), Z = randn of X's shape (float32
+    draw), A then B."""
     out = {}
     for m, g in zip(modules, gens, strict=True):
         for key in (m.a_key, m.b_key):
             X = parent[key].double()
             Z = torch.randn(parent[key].shape, generator=g, dtype=torch.float32).double()
-            out[key] = X + eps * X.std() * Z
+            std = X.std() if X.numel() > 1 else 0.0  # undefined for one entry: no noise
+            out[key] = X + eps * std * Z
     return out

@@ -7,7 +7,15 @@ import math
 import pytest
 import torch
 
-from evolution.lowrank import lora_a_init, lowrank_svd, lowrank_svd_sum, refactor, truncate
+from evolution.lowrank import (
+    dead_components,
+    gram_core,
+    lora_a_init,
+    lowrank_svd,
+    lowrank_svd_sum,
+    refactor,
+    truncate,
+)
 
 from .helpers import gen, rel, top_r
 
@@ -133,3 +141,75 @@ def test_truncate_pads_with_zero_components():
 def test_factor_checks():
     with pytest.raises(ValueError, match="rank mismatch"):
         lowrank_svd(torch.randn(3, 5), torch.randn(4, 2))
+
+
+def test_dead_components_tolerance_is_relative_and_scaled_by_width():
+    """Dead iff S_i <= S_max · width · eps(dtype); all dead when S_max = 0."""
+    eps = torch.finfo(torch.float64).eps
+    S = torch.tensor([[1e6, 1e-4, 1e-10], [1.0, 3.5 * eps, 0.5 * eps]], dtype=torch.float64)
+    assert dead_components(S, width=4).tolist() == [[False, False, True], [False, True, True]]
+    assert dead_components(S, width=1).tolist() == [[False, False, True], [False, False, True]]
+    assert dead_components(S).tolist() == [[False, False, True], [False, False, True]]  # width = 3 columns
+    on_tol = torch.tensor([1.0, 3 * eps], dtype=torch.float64)  # exactly S_max · 3 · eps: dead (<=)
+    assert dead_components(on_tol, width=3).tolist() == [False, True]
+    assert dead_components(torch.zeros(2, 3)).all()
+
+
+def test_lora_a_init_on_batched_blocks():
+    """``[..., rows, d_in]``: the bound is 1/√d_in of the LAST dim."""
+    ours = lora_a_init((2, 3, 8), generator=gen(4), dtype=torch.float64)
+    ref = torch.empty(2, 3, 8, dtype=torch.float64).uniform_(-1 / math.sqrt(8), 1 / math.sqrt(8), generator=gen(4))
+    assert torch.equal(ours, ref)
+
+
+def test_gram_core_batched_weights_match_single_calls():
+    g = gen(8)
+    B = torch.randn(2, 12, 6, generator=g, dtype=torch.float64)
+    A = torch.randn(2, 6, 9, generator=g, dtype=torch.float64)
+    w = torch.tensor([[1.0, 1.0, 1.0, -0.5, -0.5, -0.5], [0.2, 0.2, 0.2, 2.0, 2.0, 2.0]], dtype=torch.float64)
+    XB, S, XA = gram_core(B.mT @ B, A @ A.mT, w)
+    for i in range(2):
+        XBi, Si, XAi = gram_core(B[i].mT @ B[i], A[i] @ A[i].mT, w[i])
+        torch.testing.assert_close(S[i], Si)
+        dense = B[i] @ torch.diag(w[i]) @ A[i]
+        U, V = B[i] @ XB[i], A[i].mT @ XA[i]
+        assert rel((U * S[i]) @ V.mT, dense) < 1e-12
+
+
+def test_stacked_sum_defaults_and_validation():
+    g = gen(9)
+    As = [torch.randn(3, 7, generator=g) for _ in range(2)]
+    Bs = [torch.randn(5, 3, generator=g) for _ in range(2)]
+    U, S, V = lowrank_svd_sum(As, Bs)  # weights default to 1
+    assert rel((U * S) @ V.mT, sum(B.double() @ A.double() for A, B in zip(As, Bs, strict=True))) < 1e-5
+    with pytest.raises(ValueError, match="same non-zero number"):
+        lowrank_svd_sum(As, Bs[:1])
+    with pytest.raises(ValueError, match="same non-zero number"):
+        lowrank_svd_sum([], [])
+    with pytest.raises(ValueError, match="2 weights for 1 terms"):
+        lowrank_svd_sum(As[:1], Bs[:1], [1.0, 2.0])
+    with pytest.raises(ValueError, match="at least 2-D"):
+        lowrank_svd(torch.randn(7), Bs[0])
+    with pytest.raises(ValueError, match="at least 2-D"):
+        lowrank_svd(As[0], torch.randn(5))
+
+
+def test_refactor_pads_small_values_and_batches():
+    """rank > #triplets pads dead components; √S is taken of values below 1 too; batched with dead components."""
+    g = gen(10)
+    A, B = torch.randn(3, 8, generator=g, dtype=torch.float64) * 0.1, torch.randn(6, 3, generator=g, dtype=torch.float64) * 0.1
+    U, S, V = lowrank_svd(A, B)
+    assert float(S[0]) < 1.0
+    A2, B2 = refactor(U, S, V, rank=5, generator=gen(1))
+    assert A2.shape == (5, 8) and B2.shape == (6, 5)
+    assert rel(B2 @ A2, B @ A) < 1e-12
+    torch.testing.assert_close(B2[:, :3].square().sum(0), S)  # ‖B col‖² = S: √S, not √max(S, 1)
+    assert torch.equal(B2[:, 3:], torch.zeros(6, 2, dtype=torch.float64))
+    fresh = lora_a_init((5, 8), generator=gen(1), dtype=torch.float64)[3:]
+    assert torch.equal(A2[3:], fresh)
+    # batched: one leading dim, a dead component in the second item only
+    Ub, Sb, Vb = torch.stack([U, U]), torch.stack([S, S * torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64)]), torch.stack([V, V])
+    Ab, Bb = refactor(Ub, Sb, Vb, generator=gen(2))
+    torch.testing.assert_close(Bb[0], refactor(U, S, V)[1])
+    assert torch.equal(Bb[1][:, 2], torch.zeros(6, dtype=torch.float64))
+    assert bool((Ab[1][2] != 0).all()) and torch.equal(Ab[0], refactor(U, S, V)[0])

@@ -21,6 +21,7 @@ from evolution.operators import (
     ties_merge,
     unregister_operator,
 )
+from evolution.ties import TIES_TIMINGS, topr_dense
 
 from .helpers import (
     canonical_svd,
@@ -67,11 +68,23 @@ def test_registry_contents_and_metadata():
         op = ops[name]
         assert (op.family, op.arity, op.default_pool) == (family, arity, pool), name
         assert op.summary, f"{name} has no docstring"
-    assert ops["svd_mutation"].defaults["epsilon"] == 0.1
-    assert ops["layer_mutation"].defaults == {"epsilon": 0.1, "fraction": 0.33}
-    assert ops["component_mask"].defaults["rho"] == 0.3
-    assert ops["adaptive_noise"].defaults["epsilon"] == 0.15
-    assert ops["dare"].defaults["p"] == 0.7
+    defaults = {  # every documented default
+        "svd_mutation": {"epsilon": 0.1},
+        "layer_mutation": {"epsilon": 0.1, "fraction": 0.33},
+        "component_mask": {"rho": 0.3},
+        "adaptive_noise": {"epsilon": 0.15},
+        "dare": {"p": 0.7, "space": "delta"},
+        "layer_crossover": {},
+        "svd_crossover": {"mode": "index"},
+        "extrapolate": {"eta_min": 1.0, "eta_max": 1.5, "eta": None, "space": "delta"},
+        "task_arithmetic": {"weights": (1.0, 1.0), "space": "delta"},
+        "ties": {"density": 0.5, "weights": (1.0, 1.0), "majority": "total", "space": "delta", "svd": "randomized",
+                 "niter": 1, "oversample": 16},
+        "copy_parent": {},
+        "linear_0_5": {"space": "delta"},
+    }
+    for name, want in defaults.items():
+        assert dict(ops[name].defaults) == want, name
     assert (ops["extrapolate"].defaults["eta_min"], ops["extrapolate"].defaults["eta_max"]) == (1.0, 1.5)
     assert [op.name for op in list_operators("control")] == ["copy_parent", "linear_0_5"]
 
@@ -242,6 +255,54 @@ def test_svd_mutation_float64_parents_are_exact():
         assert rel(c[k], ref[k]) < 1e-10, k
 
 
+def test_svd_mutation_rotates_only_live_components():
+    """A rank-deficient ΔW (B's last column 0): the dead component is not rotated into the live ones, stays
+    dead (zero B column) and gets a fresh A row from the module's generator after z, G_U, G_V."""
+    p = make_state(5)
+    for m in lora_modules(p):
+        p[m.b_key][:, -1] = 0.0
+    c = get_operator("svd_mutation")(p, generator=gen(6), epsilon=0.3)
+    ref = svd_mutation_reference(p, 6, 0.3)
+    for m in lora_modules(p):
+        assert torch.equal(c[m.b_key][:, -1], torch.zeros(p[m.b_key].shape[0]))
+        assert rel(c[m.b_key], ref[m.b_key]) < 1e-5, m.name
+        assert rel(c[m.a_key], ref[m.a_key]) < 1e-5, m.name
+
+
+def test_noise_mutations_on_tiny_factors():
+    """std over one entry is undefined: such a factor gets no noise; from two entries on it does."""
+    p = {
+        "m1.lora_A.weight": torch.tensor([[0.5]]), "m1.lora_B.weight": torch.tensor([[2.0]]),
+        "m2.lora_A.weight": torch.tensor([[0.5, -1.0]]), "m2.lora_B.weight": torch.tensor([[2.0]]),
+    }
+    c = get_operator("adaptive_noise")(p, generator=gen(3), epsilon=0.5)
+    assert torch.equal(c["m1.lora_A.weight"], p["m1.lora_A.weight"])
+    assert torch.equal(c["m2.lora_B.weight"], p["m2.lora_B.weight"])
+    mods = lora_modules(p)
+    ref = noise_reference(p, mods, module_generators(gen(3), len(mods)), 0.5)
+    assert torch.allclose(c["m2.lora_A.weight"].double(), ref["m2.lora_A.weight"], rtol=1e-6)
+    assert not torch.equal(c["m2.lora_A.weight"], p["m2.lora_A.weight"])
+
+
+def test_fraction_and_rho_bounds():
+    """fraction = 0 still mutates one module (n = max(1, ⌊fL⌋)); fraction and ρ must lie in [0, 1], both ends
+    allowed (ρ = 1 masks every component)."""
+    p = make_state(1, layers=4)
+    mods = lora_modules(p)
+    c = get_operator("layer_mutation")(p, generator=gen(2), fraction=0.0)
+    assert sum(not torch.equal(c[m.a_key], p[m.a_key]) for m in mods) == 1
+    c = get_operator("layer_mutation")(p, generator=gen(2), fraction=1.0)
+    assert all(not torch.equal(c[m.a_key], p[m.a_key]) for m in mods)
+    c = get_operator("component_mask")(p, generator=gen(2), rho=1.0)
+    assert all(torch.equal(c[m.b_key], torch.zeros_like(p[m.b_key])) for m in mods)
+    c = get_operator("component_mask")(p, generator=gen(2), rho=0.0)
+    assert all(rel(deltas(c)[m.name], deltas(p)[m.name]) < 1e-5 for m in mods)
+    for name, key in (("layer_mutation", "fraction"), ("component_mask", "rho")):
+        for bad in (-0.1, 1.5):
+            with pytest.raises(ValueError, match=f"{key} must be in"):
+                get_operator(name)(p, generator=gen(), **{key: bad})
+
+
 def test_component_mask_equals_the_seeded_reference():
     """M3: the masked indices are the ⌈ρr⌉ smallest of the module's r uniform scores; kept components are
     U√S / √S Vᵀ (documented signs); the masked ones get a zero B column and an A row drawn next from the same
@@ -371,6 +432,26 @@ def test_svd_crossover_equals_the_seeded_reference(mode):
     assert len(set(ks)) > 1  # k is drawn per module
 
 
+def test_dare_drop_other_dtypes_and_bad_p():
+    x = torch.randn(50, 40, generator=gen(1), dtype=torch.float64)
+    u = torch.empty(50, 40).uniform_(generator=gen(2))  # float32 uniforms whatever x's dtype
+    d = dare_drop(x, 0.3, gen(2))
+    assert d.dtype == torch.float64 and torch.equal(d, x * (u >= 0.3) / 0.7)
+    for bad in (1.0, -0.1):
+        with pytest.raises(ValueError, match="drop probability"):
+            dare_drop(x, bad, gen())
+        with pytest.raises(ValueError, match="p must be in"):
+            get_operator("dare")(make_state(1), make_state(2), generator=gen(), p=bad)
+
+
+def test_dare_mask_pair_boundaries():
+    """m₁ = [u ≥ p], m₂ = [u ≥ 2p − p²] ∨ [p² ≤ u < p], checked on the boundaries (p = 0.5: 0.25, 0.5, 0.75)."""
+    u = torch.tensor([0.0, 0.25, 0.4, 0.5, 0.6, 0.75, 0.9])
+    m1, m2 = dare_mask_pair(u, 0.5)
+    assert m1.tolist() == [False, False, False, True, True, True, True]
+    assert m2.tolist() == [False, True, True, False, False, True, True]
+
+
 def test_dare_drop_exact_rescale():
     x = torch.randn(200, 300, generator=gen(1))
     d = dare_drop(x, 0.7, gen(2))
@@ -382,6 +463,35 @@ def test_dare_drop_exact_rescale():
     u = torch.empty(200, 300).uniform_(generator=gen(2))
     assert torch.equal(kept, u >= 0.7)
     assert torch.equal(dare_drop(x, 0.0, gen(2)), x)
+
+
+@pytest.mark.parametrize("zero_parent", [0, 1])
+def test_one_zero_parent_is_not_a_zero_module(zero_parent):
+    """A module is copied only when ΔW = 0 in EVERY parent; one zero parent is combined like any other."""
+    ps = [make_state(1), make_state(2)]
+    m = lora_modules(ps[0])[0]
+    ps[zero_parent][m.b_key] = torch.zeros_like(ps[zero_parent][m.b_key])
+    c = get_operator("linear_0_5")(*ps, generator=gen())
+    want = top_r(0.5 * (deltas(ps[0])[m.name] + deltas(ps[1])[m.name]), R)
+    assert rel(deltas(c)[m.name], want) < 1e-5
+
+
+@pytest.mark.parametrize("r", [1, 2])
+def test_svd_crossover_at_ranks_one_and_two(r):
+    """r = 1: k ~ U{0, 1} (the child takes one parent's only component); r = 2: k = 1 always."""
+    p1, p2 = make_state(1, rank=r, layers=4), make_state(2, rank=r, layers=4)
+    c = get_operator("svd_crossover")(p1, p2, generator=gen(5))
+    mods = lora_modules(p1)
+    picks = []
+    for m, g in zip(mods, module_generators(gen(5), len(mods)), strict=True):
+        k = int(torch.randint(*((0, 2) if r == 1 else (1, r)), (), generator=g))
+        U1, S1, V1 = torch.linalg.svd(deltas(p1)[m.name], full_matrices=False)
+        U2, S2, V2 = torch.linalg.svd(deltas(p2)[m.name], full_matrices=False)
+        want = (U1[:, :k] * S1[:k]) @ V1[:k] + (U2[:, k:r] * S2[k:r]) @ V2[k:r]
+        assert rel(deltas(c)[m.name], want) < 1e-5, (m.name, k)
+        picks.append(k)
+    if r == 1:
+        assert set(picks) == {0, 1}
 
 
 def test_dare_matches_dense_reference_with_the_same_masks():
@@ -474,8 +584,16 @@ def test_dare_p0_is_linear_and_expectation_is_the_mean():
 
 def test_kth_largest_is_exact():
     g = gen(0)
-    for n, k in [(10, 3), (3_000_000, 1), (3_000_000, 1_500_000), (3_000_000, 3_000_000), (2_500_000, 17)]:
+    cases = [(10, 3), (3_000_000, 1), (3_000_000, 1_500_000), (3_000_000, 3_000_000), (2_500_000, 17),
+             (3_000_000, 50_000), (3_000_000, 2_950_000)]  # both bracket ends inside the data
+    for n, k in cases:
         x = torch.randn(n, generator=g)
+        assert float(kth_largest(x, k)) == float(torch.kthvalue(x, n - k + 1).values)
+    # an adversarial layout the strided sample misses (every sampled entry is 0): the full kthvalue answers
+    n = 1 << 21
+    x = torch.arange(n, dtype=torch.float32)
+    x[:: n // (1 << 18)] = 0.0
+    for k in (1_000, n // 2):
         assert float(kth_largest(x, k)) == float(torch.kthvalue(x, n - k + 1).values)
     x = torch.randint(0, 5, (2_000_000,), generator=g).float()  # heavy ties
     for k in (1, 400_000, 1_000_000, 1_999_999):
@@ -620,6 +738,46 @@ def test_float32_gram_is_accurate_at_realistic_width():
     assert rel(deltas(c)[m], top_r(-0.3 * deltas(p1)[m] + 1.3 * deltas(p2)[m], 16)) < 1e-5
     s = get_operator("svd_mutation")(p1, generator=gen(), epsilon=0.0)
     assert rel(deltas(s)[m], deltas(p1)[m]) < 1e-5
+
+
+def test_magnitude_trim_edge_densities():
+    t = torch.tensor([0.5, -3.0, 2.0, -1.0])
+    assert torch.equal(magnitude_trim(t, 0.0), torch.zeros(4))  # k = 0: nothing kept (allowed)
+    assert magnitude_trim(t, 0.25).tolist() == [0.0, -3.0, 0.0, 0.0]  # k = 1
+    assert torch.equal(magnitude_trim(t, 1.0), t) and torch.equal(magnitude_trim(t, 1.5), t)
+    with pytest.raises(ValueError, match="density must be >= 0"):
+        magnitude_trim(t, -0.1)
+
+
+def test_ties_timings_are_the_phases_of_the_last_call():
+    import time
+
+    p1, p2 = make_state(1), make_state(2)
+    t0 = time.perf_counter()
+    get_operator("ties")(p1, p2, generator=gen())
+    elapsed = time.perf_counter() - t0
+    assert set(TIES_TIMINGS) == {"dense", "merge", "svd"}
+    assert all(0.0 < v <= elapsed for v in TIES_TIMINGS.values())
+    assert sum(TIES_TIMINGS.values()) <= elapsed
+
+
+def test_randomized_truncation_uses_the_start_block_and_the_gaussian_columns():
+    """topr_dense("randomized"): the subspace starts from ``init`` plus ``oversample`` Gaussian columns."""
+    g = gen(4)
+    X, Y = torch.randn(30, 3, generator=g, dtype=torch.float64), torch.randn(20, 3, generator=g, dtype=torch.float64)
+    M = X @ Y.mT  # rank 3, row space span(Y)
+    ref = top_r(M, 3)
+    # the start block alone spans M's row space: exact with no Gaussian column and no power iteration
+    U, S, V = topr_dense(M, 3, method="randomized", init=Y, niter=0, oversample=0, generator=gen())
+    assert rel((U * S) @ V.mT, ref) < 1e-10
+    # a start block orthogonal to M's row space: the Gaussian columns alone must find it
+    Q = torch.linalg.qr(torch.cat([Y, torch.randn(20, 3, generator=g, dtype=torch.float64)], 1)).Q
+    U, S, V = topr_dense(M, 3, method="randomized", init=Q[:, 3:], niter=0, oversample=3, generator=gen())
+    assert rel((U * S) @ V.mT, ref) < 1e-10
+    U, S, V = topr_dense(M, 1, method="randomized", init=None, niter=0, oversample=1, generator=gen())
+    assert U.shape == (30, 1)
+    with pytest.raises(ValueError, match="svd must be"):
+        topr_dense(M, 3, method="lanczos", init=None, niter=0, oversample=0, generator=gen())
 
 
 def test_magnitude_trim_keeps_exactly_k_with_ties():
