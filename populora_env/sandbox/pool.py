@@ -133,6 +133,46 @@ def _claim_uid(base_uid: int, held: dict[int, int]) -> int:
     raise SandboxError(f"no free sandbox uid in [{base_uid}, {base_uid + _UID_SPAN})")
 
 
+def _tmpdir_prefix(pid: int) -> str:
+    """``populora-sbx-<pid namespace>-<pid>-``: which process a temporary directory belongs to."""
+    try:
+        pidns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        pidns = 0
+    return f"populora-sbx-{pidns}-{pid}-"
+
+
+def _remove_stale_tmpdirs() -> None:
+    """Remove the temporary directories of sandboxes whose process is gone without closing them (killed).
+
+    Only directories named by :func:`_tmpdir_prefix` for this pid namespace and a pid that no longer exists;
+    a pid in use again by another process keeps its directory (the safe side). Best effort.
+    """
+    base = tempfile.gettempdir()
+    mine = _tmpdir_prefix(0)[: -len("0-")]  # "populora-sbx-<pidns>-"
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(mine)]
+    except OSError:
+        return
+    for name in names:
+        pid_text = name[len(mine):].split("-", 1)[0]
+        if not pid_text.isdigit():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+            continue  # alive (or ours to keep)
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        path = os.path.join(base, name)
+        try:
+            wipe_tree(path)
+            os.rmdir(path)
+        except OSError as exc:
+            logger.debug("could not remove the stale sandbox directory %s: %s", path, exc)
+
+
 def _effective_limits(limits: Limits, timeout_s: float) -> dict:
     d = asdict(limits)
     d["timeout_s"] = timeout_s
@@ -276,7 +316,8 @@ class Sandbox:
         self._lock = threading.Lock()
         self._closed = False
         self._workers: list[_Worker | None] = [None] * self.n_workers
-        self._tmpdir = tempfile.mkdtemp(prefix="populora-sbx-")
+        _remove_stale_tmpdirs()
+        self._tmpdir = tempfile.mkdtemp(prefix=_tmpdir_prefix(os.getpid()))
         self._spawns = itertools.count()
         os.chmod(self._tmpdir, 0o711)
         self._is_root = os.geteuid() == 0

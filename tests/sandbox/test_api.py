@@ -10,6 +10,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ from populora_env.sandbox import (
     SandboxUnavailable,
     pool,
 )
+from populora_env.sandbox._worker import wipe_tree
 
 from .conftest import assert_workers_clean, sandbox_procs
 
@@ -347,6 +349,33 @@ def test_job_dies_with_its_worker_in_plain_mode() -> None:
         assert r.status == "crashed" and len(found) == 1
         _wait_for(lambda: _gone(found[0]), "the orphaned job to die")
         assert box.run_one("", "'fresh'").value == "'fresh'"
+
+
+def test_temp_dirs_of_killed_sandboxes_are_removed() -> None:
+    """A process killed with its Sandbox open leaves its temporary directory (no finalizer runs); the next
+    Sandbox removes those of dead processes of this pid namespace, however deep, and nothing else."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = Path(tempfile.mkdtemp(prefix=pool._tmpdir_prefix(gone.pid)))
+    fd = os.open(dead, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1200):  # deeper than shutil.rmtree can go
+        os.mkdir("d", dir_fd=fd)
+        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    os.close(fd)
+    alive = Path(tempfile.mkdtemp(prefix=pool._tmpdir_prefix(os.getpid())))
+    other_ns = Path(tempfile.mkdtemp(prefix=f"populora-sbx-1-{gone.pid}-"))
+    try:
+        with Sandbox(workers=1) as box:
+            assert box.run_one("", "1").value == "1"
+        assert not dead.exists()
+        assert alive.exists() and other_ns.exists()
+    finally:
+        for p in (dead, alive, other_ns):
+            if p.exists():
+                wipe_tree(str(p))
+                p.rmdir()
 
 
 def test_concurrent_callers_are_serialised(sb: Sandbox) -> None:
