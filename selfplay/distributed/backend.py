@@ -17,6 +17,8 @@ model loads.
 
 from __future__ import annotations
 
+import atexit
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -117,7 +119,24 @@ class RayBackend:
                                  cfg.generation.batch_size, whole_chunks=rc.engine_adapters == "all")
         generator.refresh(members)  # the engines start from the shards' states
         generator.wait_loaded()
+        generator.totals.update(calls=0, wall_s=0.0, compute_s=0.0)
+        self.generator, self.trainer = generator, trainer
+        atexit.register(self.log_overhead)
         return population, generator, trainer
+
+    def overhead(self) -> dict[str, float]:
+        """Driver wall time vs the actors' own compute so far: ``generation_*``, ``update_*`` seconds and
+        ``overhead_s`` = the wall time not spent computing in the busiest engine / shard (transfers, packing,
+        refresh, scheduling)."""
+        g, t = self.generator.totals, self.trainer.totals
+        return {"generate_calls": g["calls"], "generation_wall_s": g["wall_s"], "generation_compute_s": g["compute_s"],
+                "update_calls": t["calls"], "update_wall_s": t["wall_s"], "update_compute_s": t["compute_s"],
+                "overhead_s": g["wall_s"] - g["compute_s"] + t["wall_s"] - t["compute_s"]}
+
+    def log_overhead(self) -> None:
+        """Log :meth:`overhead` (at exit: the command's runs print it once)."""
+        if getattr(self, "generator", None) is not None:
+            log.info("ray overhead: %s", json.dumps({k: round(v, 4) for k, v in self.overhead().items()}))
 
     def close(self) -> None:
         """Stop every actor and release the reserved resources."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -97,6 +98,7 @@ class Engine:
                         ) -> dict[str, Any]:
         """Generate chunks ``chunks`` of the HF plan of ``requests`` (plan cached per ``call``); packed
         completions with their row numbers."""
+        t0 = time.perf_counter()
         gen = self.generator
         if self._plan is None or self._plan[0] != call:
             rows = gen._rows(requests)  # the HF backend's own rows: seeds, prompt ids, limits
@@ -107,11 +109,12 @@ class Engine:
         for c in chunks:
             done.extend(gen._generate_chunk([rows[i] for i in plan[c]]))
             numbers.extend(plan[c])
-        return pack_completions(done, numbers)
+        return pack_completions(done, numbers) | {"seconds": time.perf_counter() - t0}
 
     def generate(self, requests: Sequence[GenerationRequest]) -> dict[str, Any]:
         """The backend's ``generate`` on ``requests``; packed completions."""
-        return pack_completions(self.generator.generate(list(requests)))
+        t0 = time.perf_counter()
+        return pack_completions(self.generator.generate(list(requests))) | {"seconds": time.perf_counter() - t0}
 
 
 class RayGenerator:
@@ -138,6 +141,9 @@ class RayGenerator:
         self._loads: list[Any] = []
         self._call = 0
         self.last_call: dict[str, Any] = {}
+        # seconds: driver wall time of generate() (refresh waits included) and the engines' own compute on the
+        # critical path (per call, the busiest engine's sum); their difference is what the actors cost
+        self.totals = {"calls": 0, "wall_s": 0.0, "compute_s": 0.0}
 
     def refresh(self, names: Sequence[str] | None = None) -> None:
         """Publish the members' current states from their shards to the engines serving them (refs only)."""
@@ -158,6 +164,7 @@ class RayGenerator:
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         """Completions of every request, ordered by (request, sample), as the local backend returns them."""
+        t0 = time.perf_counter()
         requests = list(requests)
         self.wait_loaded()
         if not requests:
@@ -165,9 +172,12 @@ class RayGenerator:
         if any(r.seed is None for r in requests):
             raise ValueError("the Ray generator needs a seed on every request (the loop derives them): an unseeded "
                              "request would draw from a different RNG on each engine")
-        if self.whole_chunks:
-            return self._generate_chunks(requests)
-        return self._generate_routed(requests)
+        self._busy: dict[int, float] = {}
+        out = self._generate_chunks(requests) if self.whole_chunks else self._generate_routed(requests)
+        self.totals["calls"] += 1
+        self.totals["wall_s"] += time.perf_counter() - t0
+        self.totals["compute_s"] += max(self._busy.values(), default=0.0)
+        return out
 
     def _generate_chunks(self, requests: list[GenerationRequest]) -> list[Completion]:
         n_rows = sum(r.n for r in requests)
@@ -187,6 +197,7 @@ class RayGenerator:
             for ref in ready:
                 e = inflight.pop(ref)
                 packed = ray.get(ref)
+                self._busy[e] = self._busy.get(e, 0.0) + packed["seconds"]
                 for i, c in zip(packed["rows"].tolist(), unpack_completions(packed), strict=True):
                     rows[i] = c
                 used[e] = used.get(e, 0) + 1
@@ -210,8 +221,11 @@ class RayGenerator:
         refs = {e: self.engines[e].generate.remote([requests[i] for i in idx]) for e, idx in mine.items()}
         out: list[Completion] = []
         for e, ref in refs.items():
-            for c in unpack_completions(ray.get(ref)):
+            packed = ray.get(ref)
+            self._busy[e] = packed["seconds"]
+            for c in unpack_completions(packed):
                 c.request_index = mine[e][c.request_index]
                 out.append(c)
-        self.last_call = {"per_engine": {e: len(idx) for e, idx in mine.items()}}
+        self.last_call = {"per_engine": {e: len(idx) for e, idx in mine.items()},
+                          "adapters": {e: sorted({str(requests[i].adapter) for i in idx}) for e, idx in mine.items()}}
         return sorted(out, key=lambda c: (c.request_index, c.sample_index))

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -109,9 +110,10 @@ class TrainerShard:
                 "threads": torch.get_num_threads(), "rank": p.rank, "alpha": p.alpha,
                 "target_modules": list(p.target_modules), "dropout": p.dropout, "seed": p.seed}
 
-    def update_many(self, packed: Mapping[str, dict], sync_rollouts: int) -> dict[str, dict[str, float]]:
+    def update_many(self, packed: Mapping[str, dict], sync_rollouts: int) -> tuple[dict[str, dict[str, float]], float]:
         """Update each member of ``packed`` (in order) from its packed rollouts; metrics per member, with
-        ``sync`` scored before the update."""
+        ``sync`` scored before the update, and the seconds this took."""
+        t0 = time.perf_counter()
         out = {}
         for member, p in packed.items():
             rollouts = unpack_rollouts(p)
@@ -120,7 +122,7 @@ class TrainerShard:
             if gap is not None:
                 metrics["sync"] = gap
             out[member] = metrics
-        return out
+        return out, time.perf_counter() - t0
 
     def publish(self, names: Sequence[str]) -> dict[str, Any]:
         """Each member's current state put in the object store: ``name -> ObjectRef`` (the driver passes the
@@ -176,9 +178,12 @@ class RayTrainer:
         self.shards = list(shards)
         self.owner = dict(owner)
         self.sync_rollouts = int(sync_rollouts)
+        # driver wall time of update_many and the busiest shard's own seconds (see RayGenerator.totals)
+        self.totals = {"calls": 0, "wall_s": 0.0, "compute_s": 0.0}
 
     def update_many(self, batches: Mapping[str, Sequence[Rollout]]) -> dict[str, dict[str, float]]:
         """Every member of ``batches`` updated on its shard (shards in parallel); metrics in ``batches``' order."""
+        t0 = time.perf_counter()
         per_shard: dict[int, dict[str, dict]] = {}
         for member, rollouts in batches.items():
             if member not in self.owner:
@@ -186,8 +191,13 @@ class RayTrainer:
             per_shard.setdefault(self.owner[member], {})[member] = pack_rollouts(list(rollouts))
         refs = [self.shards[s].update_many.remote(p, self.sync_rollouts) for s, p in per_shard.items()]
         merged: dict[str, dict[str, float]] = {}
-        for out in ray.get(refs):
+        busiest = 0.0
+        for out, seconds in ray.get(refs):
             merged.update(out)
+            busiest = max(busiest, seconds)
+        self.totals["calls"] += 1
+        self.totals["wall_s"] += time.perf_counter() - t0
+        self.totals["compute_s"] += busiest
         return {m: merged[m] for m in batches}
 
     def update(self, member: str, rollouts: Sequence[Rollout]) -> dict[str, float]:

@@ -106,3 +106,31 @@ def test_sync_metric_tells_a_stale_engine(parts):
     again = trainer.update_many({m: _rollouts(generator.generate(reqs))})[m]["sync"]
     assert synced < 1e-4 and again < 1e-4, (synced, again)
     assert stale > 100 * max(synced, again, 1e-7) and stale > 1e-3, (synced, stale, again)
+
+
+def test_shard_mode_routes_requests_to_the_engine_of_their_shard(parts):
+    """engine_adapters=shard: each request goes whole to the engine serving its member (base requests to any);
+    samples are the local ones up to the float rounding of a different batch composition."""
+    from selfplay.distributed.cluster import split_members
+    from selfplay.distributed.engines import RayGenerator
+
+    backend, mapping, _population, generator, _trainer = parts
+    groups = split_members(mapping.members, mapping.roles, 2)
+    routed = RayGenerator(backend.engines, groups, backend.shards, generator.owner, "hf", 3, whole_chunks=False)
+    reqs = _requests(mapping.members)
+    got = routed.generate(reqs)
+    want = generator.generate(reqs)  # whole chunks: the local backend's samples
+    assert [(c.request_index, c.sample_index, c.adapter) for c in got] == \
+        [(c.request_index, c.sample_index, c.adapter) for c in want]
+    adapters = routed.last_call["adapters"]
+    assert sorted(adapters) == [0, 1], routed.last_call
+    for e in (0, 1):
+        assert set(adapters[e]) <= {*groups[e], "None"} and set(groups[e]) <= set(adapters[e]), adapters
+    for a, b in zip(want, got, strict=True):  # equal up to the first token a rounding difference flipped
+        assert a.prompt_token_ids == b.prompt_token_ids
+        k = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=False)) if x != y),
+                 min(len(a.token_ids), len(b.token_ids)))
+        assert all(abs(x - y) < 1e-3 for x, y in zip(a.logprobs[:k], b.logprobs[:k], strict=True))
+    with pytest.raises(KeyError, match="no engine serves"):
+        RayGenerator(backend.engines, [groups[0], groups[0]], backend.shards, generator.owner, "hf", 3,
+                     whole_chunks=False).generate([GenerationRequest(groups[1][0], "x", seed=1)])

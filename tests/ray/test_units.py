@@ -85,6 +85,7 @@ def test_rollouts_and_completions_survive_the_wire_exactly():
 
 def test_generation_plan_is_the_hf_backends():
     """hf_plan cuts rows as HFGenerator.generate does: the same chunks of rows, in the same order."""
+    pytest.importorskip("ray")
     import torch
 
     from agents.generation import GenerationRequest, HFGenerator
