@@ -1,10 +1,14 @@
-"""Shipped seed tasks: 20 small hand-written programs and the input generators of their arguments.
+"""Shipped seed tasks: 23 small hand-written programs and the input generators of their arguments.
 
 The seeds start every buffer, so they are the students' first filler tasks, the proposers' first reference
 snippets and the first programs of induction proposals. They are chosen so that a small model can work with
 them from step 1 (``benchmarks/seed_solvability.py`` measures how often SmolLM2-135M solves them):
 
-- AZR's identity zero triplet first (``f(a) = a`` with ``'Hello world'``);
+- AZR's identity zero triplet first (``f(a) = a`` with ``'Hello world'``), then three identity-like programs
+  (``s.strip()``, ``abs(x)``, ``s.lower()``) whose deduction and abduction seed tasks are solved by copying the
+  input or the output, what a ~100M model does when it cannot compute (measured: it copies), so a student
+  can earn +1 before it has learned anything; their other inputs are not fixed points, so their induction
+  tasks are real;
 - 13 one-operation programs (``n + 1``, ``s.upper()``, ``len(s)``, ``max(nums)``, ``sorted(nums)``...) with
   short, small inputs: a deduction is one step of arithmetic or string work; some abductions are solved by
   copying the output (``sorted``, ``s.upper()``, the identity); an induction is one line;
@@ -103,6 +107,105 @@ SEED_PROGRAMS: tuple[SeedProgram, ...] = (
         message='returns whatever you input',
         inputs=_IDENTITY_IO,
         outputs=_IDENTITY_IO,
+    ),
+    SeedProgram(
+        name='strip',
+        program=(
+            'def f(s):\n'
+            '    return s.strip()\n'
+        ),
+        arg_kinds=('text',),
+        message='the text without spaces at both ends',
+        inputs=(
+            "'cat'",
+            "'dog'",
+            "'  hi  '",
+            "' sun'",
+            "'moon '",
+            "'  a b  '",
+            "'tree'",
+            "'   x'",
+            "'blue sky '",
+            "' ok '",
+        ),
+        outputs=(
+            "'cat'",
+            "'dog'",
+            "'hi'",
+            "'sun'",
+            "'moon'",
+            "'a b'",
+            "'tree'",
+            "'x'",
+            "'blue sky'",
+            "'ok'",
+        ),
+    ),
+    SeedProgram(
+        name='absolute',
+        program=(
+            'def f(x):\n'
+            '    return abs(x)\n'
+        ),
+        arg_kinds=('number',),
+        message='the number without its sign',
+        inputs=(
+            '7',
+            '12',
+            '-5',
+            '0',
+            '-13',
+            '8',
+            '-1',
+            '42',
+            '-30',
+            '3',
+        ),
+        outputs=(
+            '7',
+            '12',
+            '5',
+            '0',
+            '13',
+            '8',
+            '1',
+            '42',
+            '30',
+            '3',
+        ),
+    ),
+    SeedProgram(
+        name='lower',
+        program=(
+            'def f(s):\n'
+            '    return s.lower()\n'
+        ),
+        arg_kinds=('letters',),
+        message='the text in small letters',
+        inputs=(
+            "'dog'",
+            "'cat'",
+            "'HELLO'",
+            "'Python'",
+            "'ABC'",
+            "'mOoN'",
+            "'Quick'",
+            "'LAMP'",
+            "'river'",
+            "'GoLd'",
+        ),
+        outputs=(
+            "'dog'",
+            "'cat'",
+            "'hello'",
+            "'python'",
+            "'abc'",
+            "'moon'",
+            "'quick'",
+            "'lamp'",
+            "'river'",
+            "'gold'",
+        ),
     ),
     SeedProgram(
         name='add_one',
