@@ -210,10 +210,18 @@ def connect(rc: RayConfig, private_cpus: float = 0.0) -> bool:
         except BaseException as exc:  # reported by the caller
             box["error"] = exc
 
-    t = threading.Thread(target=init, name="ray-init", daemon=True)
-    t.start()
-    t.join(rc.init_timeout_s)
-    if t.is_alive():
+    if not rc.address:
+        # A private instance is started in this thread: Ray ties its processes to the life of the thread that
+        # starts them (PR_SET_PDEATHSIG), so a helper thread would take them down when it ends. Starting one
+        # locally has Ray's own start-up timeouts and cannot wait on a remote cluster.
+        init()
+        alive = False
+    else:
+        t = threading.Thread(target=init, name="ray-init", daemon=True)
+        t.start()
+        t.join(rc.init_timeout_s)
+        alive = t.is_alive()
+    if alive:
         raise ClusterError(f"--ray.address {rc.address or '(private instance)'}: no connection to the Ray cluster "
                            f"within {rc.init_timeout_s:g} s (ray.init_timeout_s); is `ray start` running there, "
                            "and do RAY_AUTH_MODE / the auth token match the cluster's?")
