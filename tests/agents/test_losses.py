@@ -229,7 +229,14 @@ def test_metrics_ignore_padding_and_handle_tiny_batches():
 def test_log_ratio_is_clamped_to_20():
     out = policy_loss(torch.tensor([[25.0, -25.0]]), torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2))
     assert out.metrics["ratio_max"] == pytest.approx(math.exp(20.0))
-    assert out.metrics["ratio_mean"] == pytest.approx((math.exp(20.0) + math.exp(-20.0)) / 2)
+    low = policy_loss(torch.tensor([[-25.0]]), torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1))
+    assert low.metrics["ratio_mean"] == pytest.approx(math.exp(-20.0), rel=1e-5)
+
+
+def test_default_clip_range_is_0_2_on_both_sides():
+    lp = torch.log(torch.tensor([[1.5, 0.5]]))
+    out = policy_loss(lp, torch.zeros(1, 2), torch.tensor([[1.0, -1.0]]), torch.ones(1, 2))
+    assert out.loss.item() == pytest.approx((-1.2 + 0.8) / 2)  # clipped at 1.2 and at 0.8
 
 
 def test_zero_clip_epsilons_are_accepted():

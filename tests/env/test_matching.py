@@ -117,3 +117,14 @@ def test_draw_and_teacher_win_use_the_right_rate_1vs1() -> None:
     want_t2, want_s2 = trueskill.rate_1vs1(want_t, want_s, env=env)
     assert (ratings.mu("t"), ratings.sigma("s")) == (pytest.approx(want_t2.mu), pytest.approx(want_s2.sigma))
     assert "t" in ratings and "nobody" not in ratings
+
+
+def test_config_and_pairings_are_immutable() -> None:
+    import dataclasses
+
+    ratings = Ratings(["t", "s"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ratings.config.beta = 1.0  # type: ignore[misc]
+    (pair,) = pfsp_match(["t"], ["s"], ratings, np.random.default_rng(0))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        pair.p_ts = 0.0  # type: ignore[misc]

@@ -150,6 +150,8 @@ def test_dead_components_tolerance_is_relative_and_scaled_by_width():
     assert dead_components(S, width=4).tolist() == [[False, False, True], [False, True, True]]
     assert dead_components(S, width=1).tolist() == [[False, False, True], [False, False, True]]
     assert dead_components(S).tolist() == [[False, False, True], [False, False, True]]  # width = 3 columns
+    batched = torch.tensor([[[1.0, 3.5 * eps, 1.0, 1.0]]], dtype=torch.float64)  # [1, 1, 4]: width = 4
+    assert dead_components(batched).tolist() == [[[False, True, False, False]]]
     on_tol = torch.tensor([1.0, 3 * eps], dtype=torch.float64)  # exactly S_max · 3 · eps: dead (<=)
     assert dead_components(on_tol, width=3).tolist() == [False, True]
     assert dead_components(torch.zeros(2, 3)).all()

@@ -205,6 +205,13 @@ def test_factor_space_variants():
         assert torch.allclose(ta[k], p1[k] + w2 * p2[k], atol=1e-6)
 
 
+def test_extrapolate_degenerate_eta_range_is_a_fixed_eta():
+    p1, p2 = make_state(1), make_state(2)
+    a = get_operator("extrapolate")(p1, p2, generator=gen(3), eta_min=1.2, eta_max=1.2)
+    b = get_operator("extrapolate")(p1, p2, generator=gen(3), eta=1.2)
+    assert all(torch.allclose(a[k], b[k], rtol=1e-6, atol=1e-7) for k in p1)
+
+
 def test_extrapolate_eta_is_the_documented_first_draw():
     """η = η_min + (η_max − η_min)·u with u = the generator's first float64 ``rand``; both spaces use it."""
     p1, p2 = make_state(1), make_state(2)
@@ -381,12 +388,13 @@ def test_noise_on_zero_b_adds_nothing():
 def test_zero_delta_module_is_copied(name):
     op = get_operator(name)
     ps = [make_state(1), make_state(2)][: op.arity]
-    zero_mod = lora_modules(ps[0])[0]
+    zero_b, zero_a = lora_modules(ps[0])[:2]
     for p in ps:
-        p[zero_mod.b_key] = torch.zeros_like(p[zero_mod.b_key])  # untrained LoRA: B = 0, A random
+        p[zero_b.b_key] = torch.zeros_like(p[zero_b.b_key])  # untrained LoRA: B = 0, A random
+        p[zero_a.a_key] = torch.zeros_like(p[zero_a.a_key])  # ΔW = 0 through A
     c = op(*ps, generator=gen())
-    assert torch.equal(c[zero_mod.a_key], ps[0][zero_mod.a_key])
-    assert torch.equal(c[zero_mod.b_key], ps[0][zero_mod.b_key])
+    for m in (zero_b, zero_a):
+        assert torch.equal(c[m.a_key], ps[0][m.a_key]) and torch.equal(c[m.b_key], ps[0][m.b_key])
 
 
 # ---------------------------------------------------------------------------------------------- crossovers
@@ -749,6 +757,21 @@ def test_magnitude_trim_edge_densities():
         magnitude_trim(t, -0.1)
 
 
+def test_ties_timings_add_up_over_the_modules(monkeypatch):
+    """TIES_TIMINGS sums each phase over the modules: with a clock that ticks 1 s per reading, every computed
+    module adds exactly 1 s to each of dense, merge and svd."""
+    import types
+
+    import evolution.ties as ties_mod
+
+    ticks = iter(range(1000))
+    monkeypatch.setattr(ties_mod, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    p1, p2 = make_state(1), make_state(2)
+    get_operator("ties")(p1, p2, generator=gen())
+    n = len(lora_modules(p1))
+    assert TIES_TIMINGS == {"dense": n, "merge": n, "svd": n}
+
+
 def test_ties_timings_are_the_phases_of_the_last_call():
     import time
 
@@ -774,8 +797,15 @@ def test_randomized_truncation_uses_the_start_block_and_the_gaussian_columns():
     Q = torch.linalg.qr(torch.cat([Y, torch.randn(20, 3, generator=g, dtype=torch.float64)], 1)).Q
     U, S, V = topr_dense(M, 3, method="randomized", init=Q[:, 3:], niter=0, oversample=3, generator=gen())
     assert rel((U * S) @ V.mT, ref) < 1e-10
-    U, S, V = topr_dense(M, 1, method="randomized", init=None, niter=0, oversample=1, generator=gen())
-    assert U.shape == (30, 1)
+    # no start block: max(oversample, r) Gaussian columns, so even oversample 0 or 1 finds a rank-3 M exactly
+    for oversample in (0, 1):
+        U, S, V = topr_dense(M, 3, method="randomized", init=None, niter=0, oversample=oversample, generator=gen())
+        assert rel((U * S) @ V.mT, ref) < 1e-10
+    # one Gaussian column next to an orthogonal start block finds a rank-1 M
+    M1 = X[:, :1] @ Y[:, :1].mT
+    Q1 = torch.linalg.qr(torch.cat([Y[:, :1], torch.randn(20, 2, generator=g, dtype=torch.float64)], 1)).Q
+    U, S, V = topr_dense(M1, 1, method="randomized", init=Q1[:, 1:], niter=0, oversample=1, generator=gen())
+    assert rel((U * S) @ V.mT, M1) < 1e-10
     with pytest.raises(ValueError, match="svd must be"):
         topr_dense(M, 3, method="lanczos", init=None, niter=0, oversample=0, generator=gen())
 
