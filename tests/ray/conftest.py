@@ -16,13 +16,25 @@ else:
 NODE_CPUS = 4  # logical CPUs per node (Ray's bookkeeping; the machine's cores are shared by all of them)
 
 
+_STARTED: list = []  # the session's cluster, once started
+
+
+def _shutdown() -> None:
+    while _STARTED:
+        cluster = _STARTED.pop()
+        ray.shutdown()
+        cluster.shutdown()
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """``(cluster, address)``: head + 2 nodes, ``NODE_CPUS`` logical CPUs each."""
+    """``(cluster, address)``: head + 2 nodes, ``NODE_CPUS`` logical CPUs each. Stopped after the last test of
+    this directory (not at the end of the session: its idle processes would share the cores with later tests)."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": NODE_CPUS, "include_dashboard": False})
+    _STARTED.append(cluster)
     try:
         for _ in range(2):
             cluster.add_node(num_cpus=NODE_CPUS)
@@ -30,5 +42,10 @@ def ray_cluster():
         ray.init(address=cluster.address, include_dashboard=False, logging_level="WARNING")
         yield cluster, cluster.address
     finally:
-        ray.shutdown()
-        cluster.shutdown()
+        _shutdown()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    here = os.path.dirname(__file__)
+    if _STARTED and (nextitem is None or not str(nextitem.path).startswith(here + os.sep)):
+        _shutdown()
