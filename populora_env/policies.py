@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 import string
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,16 +27,20 @@ def format_answer(answer: str, thought: str = "Let me work it out.") -> str:
     return f"<think>{thought}</think>\n<answer>\n{answer}\n</answer>"
 
 
-def continue_prefix(prefix: str, answer: str, thought: str = "Let me work it out.") -> str:
+def continue_prefix(prefix: str, answer: str | Sequence[str], thought: str = "Let me work it out.") -> str:
     """The completion that continues the response ``prefix`` of a request (``info["requests"][k]["prefix"]``) so
     that ``prefix + completion`` reads ``format_answer(answer, thought)``, or with an empty thought when the
-    prefix pre-fills ``<think></think>``. If neither starts with ``prefix``, the whole formatted answer (the env
-    reads the answer after the last ``<answer>``, so a pre-filled opening followed by it still parses)."""
-    for t in (thought, ""):
-        full = format_answer(answer, t)
-        if full.startswith(prefix):
-            return full[len(prefix) :]
-    return format_answer(answer, thought)
+    prefix pre-fills ``<think></think>``. ``answer`` may list equivalent answers (e.g. a proposal's blocks in
+    either order: a prefix may open the input block first); the first one the prefix opens is used. If none
+    is, the whole formatted first answer (the env reads the answer after the last ``<answer>``, so a pre-filled
+    opening followed by it still parses)."""
+    answers = [answer] if isinstance(answer, str) else list(answer)
+    for candidate in answers:
+        for t in (thought, ""):
+            full = format_answer(candidate, t)
+            if full.startswith(prefix):
+                return full[len(prefix) :]
+    return format_answer(answers[0], thought)
 
 
 def _block(tag: str, content: str) -> str:
@@ -88,9 +92,10 @@ class SeedTeacher:
             else:
                 seed = self.programs[int(self.rng.integers(len(self.programs)))]
                 args = self._fresh_args(seed, str(task_type))
-                answer = _block("python", seed.program) + "\n" + _block("input", args)
+                program, given = _block("python", seed.program), _block("input", args)
                 thought = f"I reuse the {seed.name} program with a new input."
-                out.append(continue_prefix(str(request.get("prefix", "")), answer, thought))
+                answers = (program + "\n" + given, given + "\n" + program)
+                out.append(continue_prefix(str(request.get("prefix", "")), answers, thought))
         return tuple(out) + ("",) * (len(observation) - len(out))
 
     def _induction(self, request: Mapping[str, Any]) -> str:

@@ -28,11 +28,12 @@ Registered sets:
 - ``"azr"``: AZR's prompts for base models, in content (sections, constraints, reference snippets, answer
   format; docs/azr.md §2–§3) but in this project's words, inside the R1 wrapper that ends with
   ``Assistant: <think>``; no chat template; completions are checked with the ``<think>`` prefix.
-- ``"small"``: for a ~100M instruct model (SmolLM2-135M), chosen by measurement (docs/prompts.md): short
-  instructions, one worked example with concrete values per prompt, and the answer opening pre-filled per
-  kind.
+- ``"small"``: for a ~100M instruct model (SmolLM2-135M), chosen by measurement (docs/prompts.md §5): short
+  instructions, concrete values, the answer opening pre-filled per kind, proposals input first; meant to be
+  used with ``env.lenient_answer_close``.
 
-Every set tells proposers the literal-value rule that validation enforces (:data:`LITERAL_RULE`). Replace any
+Every set tells proposers the literal-value rule that validation enforces (:data:`LITERAL_RULE`, shortened
+to :data:`SHORT_LITERAL_RULE` in ``"small"``). Replace any
 field to change the wording::
 
     from dataclasses import replace
@@ -432,42 +433,52 @@ def _azr() -> PromptTemplates:
 _OPEN = "<think></think>\n<answer>\n"
 
 
-def _small() -> PromptTemplates:
-    """Prompts for a ~100M instruct model, chosen by measurement (docs/prompts.md, benchmarks/format_rates.py).
+#: The literal-value rule in the few words a ~100M model can use (the ``small`` set).
+SHORT_LITERAL_RULE = (
+    "The input and what `f` returns must be plain Python literals (numbers, strings, True/False/None, lists, "
+    "tuples, dicts, sets), not calls like `range(5)` or `Counter(...)`."
+)
 
-    Short instructions, one worked example with concrete values per prompt (placeholder text such as
-    "arguments for f" was copied literally), references shown in the answer's own layout (program and input
-    only), and the answer opening pre-filled per kind after the assistant's opening (the model never opened
-    ``<answer>`` by itself)."""
-    example_program = "```python\ndef f(nums, k):\n    return [x * k for x in nums if x > 0]\n```\n"
+
+def _small() -> PromptTemplates:
+    """Prompts for a ~100M instruct model, chosen by measurement (docs/prompts.md §5, benchmarks/format_rates.py).
+
+    Short instructions; the answer opening pre-filled per kind after the assistant's opening (the model never
+    opened ``<answer>`` by itself); concrete values instead of placeholder text (``arguments for f`` was copied
+    literally). Proposals give the input *first*, then the function (the parser takes the first python and
+    the first input block in either order): after writing a function the model wandered into prose or an
+    ``output`` block and never wrote the input. Solver prompts show one worked answer: without it fewer
+    answers were well formatted (its values get copied, which is formatted but wrong). A solver's induction
+    answer starts ``def f(``: helper functions go inside ``f``. The model rarely writes ``</answer>``: use the
+    set with ``env.lenient_answer_close`` (docs/prompts.md §4)."""
+    example = "```python\ndef f(nums, k):\n    return [x * k for x in nums if x > 0]\n```"
+    rules = "`f` takes at least one argument and returns a value; no imports, randomness, printing or input(). "
+
+    def proposer(task: str) -> str:
+        return (
+            "Write a new Python function `f` and one input for it. " + task + " " + rules + SHORT_LITERAL_RULE
+            + "\nGive the input first, then the function, like this:\n<answer>\n```input\n[3, -1, 4], 2\n```\n"
+            + example + "\n</answer>\n{references}\nNow write a different input and function."
+        )
+
     return PromptTemplates(
         chat_template=True,
-        prefix_propose_deduction=_OPEN + "```python\ndef f(",
-        prefix_propose_abduction=_OPEN + "```python\ndef f(",
+        prefix_propose_deduction=_OPEN + "```input\n",
+        prefix_propose_abduction=_OPEN + "```input\n",
         prefix_propose_induction=_OPEN + "```input\n",
         prefix_solve_deduction=_OPEN + "```output\n",
         prefix_solve_abduction=_OPEN + "```input\n",
         prefix_solve_induction=_OPEN + "```python\ndef f(",
-        propose_deduction=(
-            "Write a new Python function `f` and one input for it. Another model will see `f` and the input and "
-            "must predict what `f` returns. `f` takes at least one argument and returns a value; no imports, "
-            "randomness, printing or input(). " + LITERAL_RULE + "\n"
-            "Example answer:\n<answer>\n" + example_program + "```input\n[3, -1, 4], 2\n```\n</answer>\n"
-            "{references}\nNow write a different function `f` and its input."
-        ),
-        propose_abduction=(
-            "Write a new Python function `f` and one input for it. Another model will see `f` and what it "
-            "returns, and must find an input that gives it. `f` takes at least one argument and returns a "
-            "value; no imports, randomness, printing or input(). " + LITERAL_RULE + "\n"
-            "Example answer:\n<answer>\n" + example_program + "```input\n[3, -1, 4], 2\n```\n</answer>\n"
-            "{references}\nNow write a different function `f` and its input."
+        propose_deduction=proposer("Another model will see `f` and the input and must predict what `f` returns."),
+        propose_abduction=proposer(
+            "Another model will see `f` and what it returns, and must find an input that gives it."
         ),
         propose_induction=(
             "Here is a Python function:\n```python\n{program}```\n"
             "Write {n_inputs} different inputs for `f`, each in its own ```input block, then a ```message block "
-            "saying in a few words what `f` does. " + LITERAL_RULE + "\n"
-            "Example answer for `def f(a, b): return a + b` with 3 inputs:\n<answer>\n"
-            "```input\n1, 2\n```\n```input\n-5, 7\n```\n```input\n10, 0\n```\n"
+            "saying in a few words what `f` does. " + SHORT_LITERAL_RULE.replace("what `f` returns", "the outputs")
+            + "\nFor example, for `def f(a, b): return a + b` and 4 inputs:\n<answer>\n"
+            "```input\n1, 2\n```\n```input\n-5, 7\n```\n```input\n10, 0\n```\n```input\n3, 3\n```\n"
             "```message\nadds the two numbers\n```\n</answer>"
         ),
         solve_deduction=(
@@ -483,10 +494,9 @@ def _small() -> PromptTemplates:
         solve_induction=(
             "Write a Python function `f` that returns these outputs for these inputs.\n{pairs}\n"
             "Hint: {message}\n"
-            "Answer with the function in a ```python block, for example:\n<answer>\n" + example_program
-            + "</answer>"
+            "Answer with the function in a ```python block, for example:\n<answer>\n" + example + "\n</answer>"
         ),
-        reference="Another example:\n```python\n{program}```\n```input\n{input}\n```",
+        reference="Another example:\n```input\n{input}\n```\n```python\n{program}```",
     )
 
 

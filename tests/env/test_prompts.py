@@ -13,7 +13,7 @@ import pytest
 from populora_env import OracleStudent, PromptTemplates, get_prompt_set, list_prompt_sets
 from populora_env.config import ConfigError
 from populora_env.policies import format_answer
-from populora_env.prompts import LITERAL_RULE, PROMPT_KINDS, prompt_kind, with_prefix
+from populora_env.prompts import LITERAL_RULE, PROMPT_KINDS, SHORT_LITERAL_RULE, prompt_kind, with_prefix
 from populora_env.seeds import SEED_PROGRAMS, generate_args
 
 SETS = list_prompt_sets()
@@ -22,15 +22,17 @@ _THOUGHTS = ("Let me work it out.", "")  # the oracle's thought, or none
 _PLAIN_SEEDS = [p for p in SEED_PROGRAMS if p.program.startswith("def f(")]
 
 
-def _continue(prefix: str, answer: str) -> str:
-    """The completion after ``prefix`` that makes ``prefix + completion`` exactly a well-formatted answer
-    (with a thought, or with an empty one when the prefix pre-fills ``<think></think>``); fails the test when
-    the prefix fits neither, i.e. when the set's prefix does not open a correct answer of its kind."""
-    for thought in _THOUGHTS:
-        full = format_answer(answer, thought)
-        if full.startswith(prefix):
-            return full[len(prefix) :]
-    raise AssertionError(f"prefix {prefix!r} does not open the answer {format_answer(answer, '')!r}")
+def _continue(prefix: str, *answers: str) -> str:
+    """The completion after ``prefix`` that makes ``prefix + completion`` exactly a well-formatted answer, one of
+    ``answers`` (equivalent layouts), with a thought or with an empty one when the prefix pre-fills
+    ``<think></think>``; fails the test when the prefix opens none, i.e. when the set's prefix does not open a
+    correct answer of its kind."""
+    for answer in answers:
+        for thought in _THOUGHTS:
+            full = format_answer(answer, thought)
+            if full.startswith(prefix):
+                return full[len(prefix) :]
+    raise AssertionError(f"prefix {prefix!r} does not open the answer {format_answer(answers[0], '')!r}")
 
 
 def _block(tag: str, content: str) -> str:
@@ -54,10 +56,11 @@ class _ExactTeacher:
                     if args not in inputs and args not in seed.inputs:
                         inputs.append(args)
                 answer = "\n".join([_block("input", i) for i in inputs] + [_block("message", seed.message)])
-            else:
+                out.append(_continue(request["prefix"], answer))
+            else:  # program and input, in either order (a prefix may open the input block first)
                 seed = _PLAIN_SEEDS[int(self.rng.integers(len(_PLAIN_SEEDS)))]
-                answer = _block("python", seed.program) + "\n" + _block("input", generate_args(seed.arg_kinds, self.rng))
-            out.append(_continue(request["prefix"], answer))
+                program, given = _block("python", seed.program), _block("input", generate_args(seed.arg_kinds, self.rng))
+                out.append(_continue(request["prefix"], program + "\n" + given, given + "\n" + program))
         return tuple(out)
 
 
@@ -141,18 +144,19 @@ def test_chat_sets_leave_the_prefix_to_the_generator(make_env: Any) -> None:
             assert request["chat_template"] is True and request["prefix"].startswith("<think></think>\n<answer>\n")
             assert not prompt.endswith(request["prefix"])  # the user turn; the prefix follows the assistant opening
     small = get_prompt_set("small")
-    assert small.prefix("propose_deduction").endswith("```python\ndef f(")
+    assert small.prefix("propose_deduction").endswith("```input\n")  # proposals give the input first
     assert small.prefix("solve_deduction").endswith("```output\n")
 
 
 def test_every_set_tells_proposers_the_literal_rule(make_env: Any) -> None:
-    rule = LITERAL_RULE.format()  # as rendered (braces undoubled)
+    rules = (LITERAL_RULE.format(), SHORT_LITERAL_RULE, SHORT_LITERAL_RULE.replace("what `f` returns", "the outputs"))
     for name in SETS:
         env = make_env(prompts=name, task_types=("deduction", "abduction", "induction"))
         obs, _ = env.reset(seed=0)
         for teacher in env.teachers:
             for prompt in obs[teacher]:
-                assert rule in prompt, (name, prompt)
+                assert any(rule in prompt for rule in rules), (name, prompt)
+                assert "plain Python literals" in prompt and "`range(5)`" in prompt
 
 
 def test_prefix_rule_and_r1_kept() -> None:
@@ -192,7 +196,7 @@ def test_missing_answer_close_is_accepted_only_when_lenient(make_env: Any) -> No
                        tasks_per_teacher=1, task_types=("deduction",), samples_per_task=1)
         obs, infos = env.reset(seed=0)
         (request,) = infos["teacher_0"]["requests"]
-        full = _continue(request["prefix"], "```python\ndef f(x):\n    return x + 1\n```\n```input\n41\n```")
+        full = _continue(request["prefix"], "```input\n41\n```\n```python\ndef f(x):\n    return x + 1\n```")
         unclosed = full[: full.rindex("</answer>")]
         obs1, _, _, _, infos1 = env.step({"teacher_0": (unclosed,)})
         (proposal,) = infos1["teacher_0"]["proposals"]

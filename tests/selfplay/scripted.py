@@ -60,7 +60,7 @@ class Script:
     def _proposal(self, request: Mapping[str, Any]) -> str:
         prefix = str(request.get("prefix", ""))
         if request["task_type"] == "induction":
-            full = self.inducer.act(("p",), {"requests": [request]})[0]
+            full = self.inducer.act(("p",), {"requests": [{**request, "prefix": ""}]})[0]  # the full answer
             body = full[full.index("<answer>\n") + len("<answer>\n"): full.rindex("\n</answer>")]
             return continuation(body, prefix)
         seed = self.plain[int(self.rng.integers(len(self.plain)))]
@@ -68,7 +68,9 @@ class Script:
         while f"{seed.name}:{args}" in self.used:
             args = generate_args(seed.arg_kinds, self.rng)
         self.used.add(f"{seed.name}:{args}")
-        return continuation(f"```python\n{seed.program}```\n```input\n{args}\n```", prefix)
+        program, given = f"```python\n{seed.program}```", f"```input\n{args}\n```"
+        text = continuation(f"{program}\n{given}", prefix)
+        return text if text != GARBAGE else continuation(f"{given}\n{program}", prefix)  # a prefix may open the input
 
     @staticmethod
     def _answer(task: Any, request: Mapping[str, Any]) -> str:
