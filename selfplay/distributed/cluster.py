@@ -199,18 +199,22 @@ def connect(rc: RayConfig, private_cpus: float = 0.0) -> bool:
 
     if ray.is_initialized():
         return False
+    # unset: RAY_ADDRESS (Ray's own convention, e.g. on a cluster node) or else a private instance
+    address = rc.address or os.environ.get("RAY_ADDRESS") or None
+    shown = address or "(private instance)"
     box: dict[str, Any] = {}
 
     def init() -> None:
         try:
-            extra = {} if rc.address else {"num_cpus": int(max(os.cpu_count() or 1, math.ceil(private_cpus)))}
-            ray.init(address=rc.address, include_dashboard=False, logging_level=logging.WARNING,
+            extra = {} if address else {"num_cpus": int(max(os.cpu_count() or 1, math.ceil(private_cpus)))}
+            # "local": a new instance even where `ray start` left a cluster on this machine ("auto" joins that)
+            ray.init(address=address or "local", include_dashboard=False, logging_level=logging.WARNING,
                      log_to_driver=True, configure_logging=False, **extra)
             box["ok"] = True
         except BaseException as exc:  # reported by the caller
             box["error"] = exc
 
-    if not rc.address:
+    if not address:
         # A private instance is started in this thread: Ray ties its processes to the life of the thread that
         # starts them (PR_SET_PDEATHSIG), so a helper thread would take them down when it ends. Starting one
         # locally has Ray's own start-up timeouts and cannot wait on a remote cluster.
@@ -222,12 +226,12 @@ def connect(rc: RayConfig, private_cpus: float = 0.0) -> bool:
         t.join(rc.init_timeout_s)
         alive = t.is_alive()
     if alive:
-        raise ClusterError(f"--ray.address {rc.address or '(private instance)'}: no connection to the Ray cluster "
+        raise ClusterError(f"--ray.address {shown}: no connection to the Ray cluster "
                            f"within {rc.init_timeout_s:g} s (ray.init_timeout_s); is `ray start` running there, "
                            "and do RAY_AUTH_MODE / the auth token match the cluster's?")
     if "error" in box:
         exc = box["error"]
-        raise ClusterError(f"--ray.address {rc.address or '(private instance)'}: cannot connect to the Ray cluster: "
+        raise ClusterError(f"--ray.address {shown}: cannot connect to the Ray cluster: "
                            f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
     return True
 

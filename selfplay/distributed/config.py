@@ -24,7 +24,7 @@ class RayConfig:
 
     address: str | None = None
     """Cluster to join: 'auto' (the cluster `ray start` made on this machine), 'HOST:PORT' of a head node; None
-    starts a private Ray instance on this machine."""
+    joins $RAY_ADDRESS when it is set, else starts a private Ray instance on this machine."""
     trainers: int = 1
     """Trainer shards: the members are split into this many groups (teachers and students mixed); each shard
     holds one base copy with its members' adapters and optimizers."""

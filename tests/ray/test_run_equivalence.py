@@ -225,10 +225,13 @@ def test_the_baseline_on_a_private_ray_instance_is_the_local_baseline(tmp_path):
     the start-up, a bug found here); the single-agent baseline (one member in both roles) ends where it ends
     locally."""
     short = [*TINY, "--steps", "2", "--generation.batch-size", "4"]
+    env = cli_env()
+    env.pop("RAY_ADDRESS", None)  # set by this session's ray.init: it would make the command join that cluster
     runs = {}
     for arm, extra in (("local", []), ("ray", ["--backend", "ray", "--ray.sandbox-workers-per-node", "1"])):
         runs[arm] = tmp_path / arm
-        p = populora("baseline", *short, *extra, "--run-dir", str(runs[arm]), timeout=1200)
+        p = subprocess.run([sys.executable, "-m", "populora_cli.main", "baseline", *short, *extra, "--run-dir",
+                            str(runs[arm])], capture_output=True, text=True, env=env, cwd=REPO, timeout=1200)
         assert p.returncode == 0, (arm, p.stderr[-4000:])
     wa, wb = _weights(runs["local"] / "adapters"), _weights(runs["ray"] / "adapters")
     assert list(wa) == list(wb) == ["azr"]
