@@ -17,6 +17,7 @@ import pytest
 from agents.generation import Completion, GenerationRequest
 from populora_env import EnvConfig, parallel_env
 from populora_env.policies import RandomPolicy, SeedTeacher
+from populora_env.seeds import SEED_PROGRAMS
 from populora_env.sandbox import Limits, Sandbox
 from populora_env.tasks import TaskType
 from selfplay.config import TrainConfig
@@ -30,6 +31,7 @@ from selfplay.seeding import (
 )
 
 TYPES = ("deduction", "abduction", "induction")
+N = len(SEED_PROGRAMS)  # the hand-written seeds: one task per program and type in each buffer before seeding
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +58,13 @@ def _seed_teacher(seed: int = 0):
 
 def test_valid_proposals_fill_every_buffer_to_the_target(sandbox: Sandbox) -> None:
     env = _env(sandbox)
-    before = env.buffers.sizes()  # the hand-written seeds: 20 per type
+    before = env.buffers.sizes()
+    assert before == {t: N for t in TYPES}
     propose, calls = _seed_teacher()
-    report = seed_buffers(env, propose, target=26, budget=40, batch=4)
+    report = seed_buffers(env, propose, target=N + 6, budget=40, batch=4)
     assert report.reached and report.short == {} and report.warning() is None
     assert report.sizes_before == before
-    assert all(n >= 26 for n in report.sizes_after.values()) and report.sizes_after == env.buffers.sizes()
+    assert all(n >= N + 6 for n in report.sizes_after.values()) and report.sizes_after == env.buffers.sizes()
     ded, abd, ind = (report.per_type[t] for t in TYPES)
     # one pool of programs: deduction proposals (asked first) also fill the abduction buffer
     assert ded.proposals == 6 and ded.valid == 6 and ded.added == 6 and abd.proposals == 0 and abd.added == 6
@@ -83,14 +86,14 @@ def test_budget_bounds_a_base_model_that_never_proposes_a_valid_task(sandbox: Sa
         calls.append(len(prompts))
         return policy.act(tuple(prompts))
 
-    report = seed_buffers(env, propose, target=30, budget=7, batch=3)
+    report = seed_buffers(env, propose, target=N + 10, budget=7, batch=3)
     assert sum(calls) == 14 and calls == [7, 7]  # budget per type, never more
     assert report.short == {"deduction": 10, "induction": 10} and not report.reached
     assert report.per_type["deduction"].reasons == {"format": 7}
     message = report.warning()
     assert message is not None
-    assert "deduction: 20/30 tasks after 7 proposals (0 valid; most frequent rejections: format 7)" in message
-    assert "induction: 20/30" in message and "env.seed_max_proposals" in message
+    assert f"deduction: {N}/{N + 10} tasks after 7 proposals (0 valid; most frequent rejections: format 7)" in message
+    assert f"induction: {N}/{N + 10}" in message and "env.seed_max_proposals" in message
 
 
 def test_base_model_proposer_addresses_the_base_as_the_env_says(sandbox: Sandbox) -> None:
@@ -116,7 +119,7 @@ def test_base_model_proposer_addresses_the_base_as_the_env_says(sandbox: Sandbox
 
 def test_seed_before_training_runs_once_per_run_directory(sandbox: Sandbox, tmp_path: Path) -> None:
     cfg = TrainConfig(model="tiny-random", progress=False)
-    cfg.env.seed_tasks, cfg.env.seed_max_proposals, cfg.env.task_types = 23, 8, ("deduction", "abduction")
+    cfg.env.seed_tasks, cfg.env.seed_max_proposals, cfg.env.task_types = N + 3, 8, ("deduction", "abduction")
     teacher = SeedTeacher(seed=2)
 
     class ScriptedBase:
@@ -138,7 +141,7 @@ def test_seed_before_training_runs_once_per_run_directory(sandbox: Sandbox, tmp_
     report = seed_before_training(first)
     assert isinstance(report, SeedingReport) and report.reached and not report.reused
     # one call of min(budget, max(missing, 64)) = 8 proposals, all valid
-    assert ScriptedBase.calls == 1 and first.env.buffers.sizes() == {"deduction": 28, "abduction": 28, "induction": 20}
+    assert ScriptedBase.calls == 1 and first.env.buffers.sizes() == {"deduction": N + 8, "abduction": N + 8, "induction": N}
     saved = json.loads((tmp_path / SEEDING_FILE).read_text())
     assert saved["report"]["per_type"]["deduction"]["valid"] == 8
 
@@ -147,7 +150,7 @@ def test_seed_before_training_runs_once_per_run_directory(sandbox: Sandbox, tmp_
     assert reused is not None and reused.reused and ScriptedBase.calls == 1
     assert again.env.buffers.state_dict() == first.env.buffers.state_dict()
 
-    cfg.env.seed_tasks = 24  # other settings: seeded afresh
+    cfg.env.seed_tasks = N + 4  # other settings: seeded afresh
     assert not seed_before_training(loop()).reused and ScriptedBase.calls == 2
     cfg.env.seed_tasks = 0
     assert seed_before_training(loop()) is None and ScriptedBase.calls == 2
@@ -161,7 +164,7 @@ def test_tiny_random_run_seeds_once_warns_and_trains(tmp_path: Path, caplog: pyt
 
     run = tmp_path / "seeded"
     env = EnvConfig(num_teachers=2, num_students=2, tasks_per_teacher=2, samples_per_task=2, sandbox_workers=1,
-                    task_types=("deduction", "induction"), seed_tasks=21, seed_max_proposals=2)
+                    task_types=("deduction", "induction"), seed_tasks=N + 1, seed_max_proposals=2)
     cfg = TrainConfig(model="tiny-random", rank=4, alpha=8, steps=1, progress=False, run_dir=run, env=env,
                       generation=GenerationConfig(teacher_max_new_tokens=12, student_max_new_tokens=8,
                                                   temperature=1.0),
@@ -171,7 +174,7 @@ def test_tiny_random_run_seeds_once_warns_and_trains(tmp_path: Path, caplog: pyt
         train(cfg)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "selfplay.seeding"]
     assert len(warnings) == 1 and "the base model did not fill every buffer" in warnings[0]
-    assert "deduction: 20/21 tasks after 2 proposals (0 valid" in warnings[0] and "induction: 20/21" in warnings[0]
+    assert f"deduction: {N}/{N + 1} tasks after 2 proposals (0 valid" in warnings[0] and f"induction: {N}/{N + 1}" in warnings[0]
     saved = json.loads((run / SEEDING_FILE).read_text())
     report = saved["report"]
     assert report["short"] == {"deduction": 1, "induction": 1}
