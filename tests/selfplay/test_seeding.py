@@ -17,8 +17,8 @@ import pytest
 from agents.generation import Completion, GenerationRequest
 from populora_env import EnvConfig, parallel_env
 from populora_env.policies import RandomPolicy, SeedTeacher
-from populora_env.seeds import SEED_PROGRAMS
 from populora_env.sandbox import Limits, Sandbox
+from populora_env.seeds import SEED_PROGRAMS
 from populora_env.tasks import TaskType
 from selfplay.config import TrainConfig
 from selfplay.seeding import (
