@@ -155,6 +155,8 @@ def variants() -> dict[str, Variant]:
         "chat+open": Variant(_with_openings(get_prompt_set("chat")), note="chat + per-kind answer openings"),
         "chat+examples+open": Variant(_with_openings(_chat_examples()),
                                       note="chat + worked example + per-kind openings (issue 13's best)"),
+        "chat+examples+open+lenient": Variant(_with_openings(_chat_examples()), lenient=True,
+                                              note="issue 13's best, lenient_answer_close"),
         "small-v1": Variant(_small_v1(), note="first draft of small: program first, examples everywhere"),
         "small-v1+lenient": Variant(_small_v1(), lenient=True, note="first draft, lenient_answer_close"),
         "small-noex": Variant(_small_noex(), note="small without worked answers in solver prompts"),
