@@ -59,7 +59,12 @@ def _split_key(key: str) -> tuple[str, str, str] | None:
 
 
 def lora_modules(state: AdapterState) -> list[LoraModule]:
-    """Pair the ``lora_A`` / ``lora_B`` keys of an adapter state into modules (in the state's key order).
+    """Pair the ``lora_A`` / ``lora_B`` keys of an adapter state into modules, sorted by module name.
+
+    The order is canonical, not the state's key order: the operators draw per-module randomness in this order
+    (one seed per module, a layer pick per module), so the same parents and seed give the same child whether
+    they come from the live population (the model's module order) or from safetensors files (keys sorted by
+    name), and a PBT child is reproducible offline from its lineage record (``populora evolve``).
 
     Raises:
         ValueError: a key that is not a LoRA A/B weight (e.g. DoRA magnitudes, ``modules_to_save``), an A without
@@ -87,7 +92,7 @@ def lora_modules(state: AdapterState) -> list[LoraModule]:
     if not order:
         raise ValueError("the adapter state has no LoRA factors")
     modules = []
-    for name in order:
+    for name in sorted(order):
         if name not in a_keys or name not in b_keys:
             have, miss = ("lora_A", "lora_B") if name in a_keys else ("lora_B", "lora_A")
             raise ValueError(f"module {name!r} has {have} but no {miss}")

@@ -135,10 +135,9 @@ def _child(r: dict, weights: dict[str, dict[str, torch.Tensor]]) -> dict[str, to
               **op.resolve_params(r["params"]))
 
 
-@pytest.mark.xfail(strict=True, reason="the operators' draws follow the parents' key order: from the saved files "
-                   "(keys sorted by name, as `populora evolve` loads them) the recorded seed gives another child "
-                   "than the run's (population module order), so the lineage does not reproduce the child offline")
 def test_child_is_reproducible_from_the_saved_files(run: dict) -> None:
+    """From the saved files (keys sorted by name, as ``populora evolve`` loads them) the recorded operator,
+    parents and seed give the run's child: the operators draw per module in name order, not key order."""
     population = run["dir"] / "checkpoints" / "step_4" / "population"
     weights = _checkpoint_weights(population, order=lambda k: k)
     for r in (r for r in run["lineage"] if r["step"] == 4):
