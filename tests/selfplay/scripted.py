@@ -5,12 +5,12 @@ scheme), the seam (``rollouts_from_round``), the trainer (a real update of every
 the PBT controller. The generator is replaced by :class:`ScriptedGenerator`, which answers every request from a
 script made from the env's own observations and request infos (captured around ``env.reset``/``env.step``):
 
-- teachers: proposals of even index are valid (a seed program ``def f(...)`` with a fresh input; induction: the
-  given seed program's fresh inputs and message); proposals of odd index are garbage (format error, −1);
+- teachers: a teacher's proposals of each task type alternate, valid first (a seed program ``def f(...)`` with a
+  fresh input; induction: the given seed program's fresh inputs and message), then garbage (format error, −1);
 - students: even samples answer correctly (the env's ground truth), odd samples are garbage (−1).
 
 So within every member's batch of either role the rewards differ (valid vs invalid, correct vs wrong) whenever
-the role has at least two completions. Completions continue the request's response prefix (``infos`` carry it
+the role has at least two completions, and within every (role, task type) of it that has two. Completions continue the request's response prefix (``infos`` carry it
 when the prompt set pre-fills one): the scripted full answer is cut after that prefix.
 """
 
@@ -91,9 +91,12 @@ class Script:
         for agent in sorted(obs):
             prompts = list(obs[agent])
             requests = list(infos.get(agent, {}).get("requests", []))
+            of_type: Counter[str] = Counter()
             for i, (prompt, request) in enumerate(zip(prompts, requests, strict=True)):
                 if agent.startswith("teacher"):
-                    text = self._proposal(request) if i % 2 == 0 else GARBAGE
+                    kind = str(request["task_type"])
+                    text = self._proposal(request) if of_type[kind] % 2 == 0 else GARBAGE
+                    of_type[kind] += 1
                 else:
                     sample = int(request.get("sample", i))
                     text = self._answer(tasks[request["task_id"]], request) if sample % 2 == 0 else GARBAGE
