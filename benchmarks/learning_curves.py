@@ -16,6 +16,8 @@ population's seeds, or the baseline's): per type, last > first on the student fo
 the valid rate averaged over the runs; some correct student answers.
 
     .venv/bin/python benchmarks/learning_curves.py runs/cpu-learn-population-s0 runs/cpu-learn-population-s1 --check
+
+``--plot FILE.png`` draws, per task type (columns) and metric (rows), every run's per-step curve.
 """
 
 from __future__ import annotations
@@ -72,12 +74,48 @@ def _fmt(x: float) -> str:
     return "  -  " if math.isnan(x) else f"{x:.3f}"
 
 
+def plot(runs: list[Path], out: Path) -> None:
+    """One panel per (metric, task type): each run's value per step (steps without a value are gaps)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    scalars = {run: load_scalars(run) for run in runs}
+    types = [t for t in TYPES if any(scalars[r].get(METRICS["valid"](t)) for r in runs)]
+    labels = {"valid": "teachers' valid rate", "s_format": "students' well-formatted rate",
+              "s_correct": "students' correct rate"}
+    fig = Figure(figsize=(4.2 * len(types), 8.4))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(METRICS), len(types), squeeze=False, sharex=True, sharey=True)
+    for i, (name, tag) in enumerate(METRICS.items()):
+        for j, task_type in enumerate(types):
+            ax = axes[i][j]
+            for run in runs:
+                series = scalars[run].get(tag(task_type), [])
+                if series:
+                    ax.plot([s for s, _ in series], [v for _, v in series], marker="o", label=run.name)
+            ax.set_ylim(-0.05, 1.05)
+            ax.grid(alpha=0.3)
+            if i == 0:
+                ax.set_title(task_type)
+            if j == 0:
+                ax.set_ylabel(labels[name])
+            if i == len(METRICS) - 1:
+                ax.set_xlabel("step")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--window", type=int, default=3)
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--plot", type=Path, help="write the per-step curves of every run to this PNG")
     args = ap.parse_args(argv)
+    if args.plot:
+        plot(args.runs, args.plot)
     tables = {}
     for run in args.runs:
         tables[run] = table = run_table(run, args.window)
