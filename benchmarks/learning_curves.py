@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print("\n## done-when checks")
         ok_all = True
-        for task_type in TYPES:
+        played = [t for t in TYPES if all(t in tables[r] for r in args.runs)]  # the runs' task types
+        for task_type in played:
             fmt = [tables[r][task_type]["s_format"] for r in args.runs if "s_format" in tables[r].get(task_type, {})]
             fmt_ok = len(fmt) == len(args.runs) and all(b > a for a, b, *_ in fmt)
             valid = [tables[r][task_type]["valid"] for r in args.runs if "valid" in tables[r].get(task_type, {})]
