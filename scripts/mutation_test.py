@@ -600,11 +600,7 @@ class MutationWorker:
                 time.sleep(0.005)
                 for pid in list(running):
                     t, m, t0, sel, limit = running[pid]
-                    got, status = os.waitpid(pid, os.WNOHANG)
-                    if not got and _over_limit(pid, t0, limit):
-                        os.kill(pid, 9)
-                        os.waitpid(pid, 0)
-                        got, status = pid, None
+                    got, status = _poll_child(pid, _over_limit(pid, t0, limit))
                     if not got:
                         continue
                     del running[pid]
@@ -648,6 +644,18 @@ def _select(m: Mutant, per_test: dict[str, list[int]], stmt: dict[int, tuple[int
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _poll_child(pid: int, over_limit: bool) -> tuple[int, int | None]:
+    """``waitpid(pid, WNOHANG)``; a child still running when ``over_limit`` (checked just before) is killed
+    (SIGKILL) and reaped. Returns ``(0, 0)`` while it runs, else ``(pid, wait status)``, the status ``None`` when
+    killed."""
+    got, status = os.waitpid(pid, os.WNOHANG)
+    if not got and over_limit:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        return pid, None
+    return got, status
 
 
 def _over_limit(pid: int, t0: float, limit: float) -> bool:
@@ -772,11 +780,7 @@ def run_slow(module: str, mutants: list[Mutant], source: str, pool: list[Path], 
             time.sleep(0.01)
             for pid in list(running):
                 m, wd, t_start = running[pid]
-                got, status = os.waitpid(pid, os.WNOHANG)
-                if not got and time.monotonic() - t_start > limit:
-                    os.kill(pid, 9)
-                    os.waitpid(pid, 0)
-                    got, status = pid, None
+                got, status = _poll_child(pid, time.monotonic() - t_start > limit)
                 if not got:
                     continue
                 del running[pid]
