@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from agents.generation import Completion, GenerationRequest
-from populora_env.policies import SeedTeacher
+from populora_env.policies import SeedTeacher, format_answer
 from populora_env.seeds import SEED_PROGRAMS, generate_args
 from selfplay.config import TrainConfig
 from selfplay.loop import SelfPlayLoop
@@ -33,15 +33,11 @@ from selfplay.loop import SelfPlayLoop
 GARBAGE = "I am not sure what to write here."
 
 
-def _full(body: str, thought: str) -> str:
-    return f"<think>{thought}</think>\n<answer>\n{body}\n</answer>"
-
-
 def continuation(body: str, prefix: str) -> str:
     """The completion that, after ``prefix``, reads as a well-formatted answer with ``body``; garbage if no
     formatting of it starts with ``prefix``."""
     for thought in ("ok", ""):
-        full = _full(body, thought)
+        full = format_answer(body, thought)
         if full.startswith(prefix):
             return full[len(prefix):]
     return GARBAGE
