@@ -148,7 +148,9 @@ def test_cpu_seconds_limit() -> None:
         r = box.run_one("while True:\n    pass")
         # the CPU limit (1 s) fired, not the 120 s wall clock: the error names the clock that killed it
         assert (r.status, r.error) == ("timeout", "CPU time limit of 1 s exceeded")
-        assert r.seconds >= 1.0  # at least the CPU second it was allowed
+        # about the CPU second it was allowed: the kernel charges CPU time by whole scheduler ticks, so the
+        # charged second can be a few milliseconds of wall clock short (CI measured 0.997 s); far from 120 s
+        assert 0.9 <= r.seconds < 30.0
 
 
 def test_memory_limit_is_a_status(sb: Sandbox) -> None:
