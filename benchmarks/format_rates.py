@@ -2,7 +2,7 @@
 
     python benchmarks/format_rates.py [--variants chat,small,...] [--n-per-type 16] [--model smollm2-135m]
         [--teacher-tokens 160] [--student-tokens 96] [--temperature 0.8] [--top-p 0.95] [--batch-size 24]
-        [--threads 1] [--seed 0] [--out DIR]
+        [--threads 1] [--types deduction,abduction,induction] [--seed 0] [--out DIR]
 
 The model generates as the self-play loop runs it: through :class:`agents.generation.HFGenerator`, the base
 with adapters off (a fresh population's zero-initialised adapters act the same), sampling at ``--temperature``
@@ -142,6 +142,22 @@ def _small_noex() -> PromptTemplates:
     )
 
 
+def _small_unary() -> PromptTemplates:
+    """``small`` with one-argument worked examples (``def f(nums)`` / ``[3, -1, 4]``) in place of the two-argument
+    ones: most invalid ``small`` proposals call ``f`` with the wrong number of arguments."""
+    small = get_prompt_set("small")
+    fields = ("propose_deduction", "propose_abduction", "solve_abduction", "solve_induction")
+    swaps = (("def f(nums, k):\n    return [x * k for x in nums if x > 0]", "def f(nums):\n    return [x * 2 for x "
+              "in nums if x > 0]"), ("[3, -1, 4], 2", "[3, -1, 4]"))
+
+    def swap(text: str) -> str:
+        for old, new in swaps:
+            text = text.replace(old, new)
+        return text
+
+    return replace(small, **{k: swap(getattr(small, k)) for k in fields})
+
+
 def variants() -> dict[str, Variant]:
     """Every measurable variant by name (registered sets first)."""
     out = {
@@ -161,6 +177,8 @@ def variants() -> dict[str, Variant]:
         "small-v1+lenient": Variant(_small_v1(), lenient=True, note="first draft, lenient_answer_close"),
         "small-noex": Variant(_small_noex(), note="small without worked answers in solver prompts"),
         "small-noex+lenient": Variant(_small_noex(), lenient=True, note="small-noex, lenient_answer_close"),
+        "small-unary+lenient": Variant(_small_unary(), lenient=True,
+                                       note="small with one-argument worked examples, lenient_answer_close"),
     }
     for v in out.values():
         v.templates.validate()
@@ -262,23 +280,23 @@ def measure(variant: Variant, gen: CachedGenerator, sandbox: Sandbox, args: argp
             task_types=(t,), references_k=args.references_k, require_think=args.require_think,
             lenient_answer_close=variant.lenient, prompts=variant.templates, seed=args.seed, sandbox=sandbox,
         )
-        for t in TYPES
+        for t in args.types
     }
-    rows = {t: (Row(), Row()) for t in TYPES}
+    rows = {t: (Row(), Row()) for t in args.types}
 
     def play(phase: str, obs: dict, infos: dict, max_new: int) -> dict[str, dict[str, list[Completion]]]:
         # the seed tag names the type and agent, not the variant: variants with equal prompts share samples
         plan = [(t, a, _requests(obs[t][a], infos[t][a], max_new, args, f"{t}/{a}"))
                 for t, env in envs.items() for a in (env.teachers if phase == "propose" else env.students)]
         flat = gen.generate([r for _, _, reqs in plan for r in reqs])
-        out: dict[str, dict[str, list[Completion]]] = {t: {} for t in TYPES}
+        out: dict[str, dict[str, list[Completion]]] = {t: {} for t in args.types}
         for t, a, reqs in plan:
             out[t][a], flat = flat[: len(reqs)], flat[len(reqs) :]
         return out
 
     obs = {t: env.reset(seed=args.seed) for t, env in envs.items()}
-    infos = {t: obs[t][1] for t in TYPES}
-    obs = {t: obs[t][0] for t in TYPES}
+    infos = {t: obs[t][1] for t in args.types}
+    obs = {t: obs[t][0] for t in args.types}
     proposals = play("propose", obs, infos, args.teacher_tokens)
     obs1, infos1 = {}, {}
     for t, env in envs.items():
@@ -347,6 +365,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads while generating")
     ap.add_argument("--references-k", type=int, default=1, help="reference tasks per proposer prompt (cpu-smoke: 1)")
     ap.add_argument("--require-think", action="store_true", help="AZR's <think> requirement (cpu-smoke: off)")
+    ap.add_argument("--types", default=",".join(TYPES), help="comma-separated task types to measure")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/format_rates")
     args = ap.parse_args(argv)
@@ -356,6 +375,9 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"unknown variant(s) {unknown}; known: {', '.join(known)}")
     if args.n_per_type < 4:
         ap.error("--n-per-type must be >= 4")
+    args.types = tuple(t.strip() for t in args.types.split(",") if t.strip())
+    if not args.types or set(args.types) - set(TYPES):
+        ap.error(f"--types must name some of {', '.join(TYPES)}, got {args.types}")
 
     torch.set_num_threads(args.threads)
     load0 = os.getloadavg()
@@ -370,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
         for name in chosen:
             t0 = time.perf_counter()
             rows = measure(known[name], gen, sandbox, args)
-            results[name] = {t: {"teacher": rows[t][0].summary(), "student": rows[t][1].summary()} for t in TYPES}
+            results[name] = {t: {"teacher": rows[t][0].summary(), "student": rows[t][1].summary()} for t in args.types}
             tot_t, tot_s = _total(results[name], "teacher"), _total(results[name], "student")
             print(f"{name:<22} teachers {tot_t['formatted_pct']:5.1f}% formatted {tot_t['passed_pct']:5.1f}% valid "
                   f"{tot_t['truncated_pct']:5.1f}% cut | students {tot_s['formatted_pct']:5.1f}% formatted "
@@ -384,7 +406,7 @@ def main(argv: list[str] | None = None) -> None:
     table = markdown(results, {n: known[n].note for n in results})
     footer = (
         f"\n\n`python benchmarks/format_rates.py --variants {','.join(chosen)} --n-per-type {args.n_per_type}"
-        f" --teacher-tokens {args.teacher_tokens} --student-tokens {args.student_tokens}`: {args.model}, "
+        f" --types {','.join(args.types)} --teacher-tokens {args.teacher_tokens} --student-tokens {args.student_tokens}`: {args.model}, "
         f"T {args.temperature}, top-p {args.top_p}, references_k {args.references_k}, require_think "
         f"{args.require_think}, seed {args.seed}; {elapsed / 60:.1f} min, {gen.generated_tokens} tokens generated "
         f"in {gen.seconds:.0f} s ({gen.generated_tokens / max(gen.seconds, 1e-9):.0f} tok/s, batch "
