@@ -7,7 +7,8 @@ script made from the env's own observations and request infos (captured around `
 
 - teachers: a teacher's proposals of each task type alternate, valid first (a seed program ``def f(...)`` with a
   fresh input; induction: the given seed program's fresh inputs and message), then garbage (format error, −1);
-- students: even samples answer correctly (the env's ground truth), odd samples are garbage (−1).
+- students: likewise, a student's attempts of each task type alternate, correct first (the env's ground truth),
+  then garbage (−1), whatever ``samples_per_task`` is (one attempt per task included).
 
 So within every member's batch of either role the rewards differ (valid vs invalid, correct vs wrong) whenever
 the role has at least two completions, and within every (role, task type) of it that has two. Completions continue the request's response prefix (``infos`` carry it
@@ -88,14 +89,14 @@ class Script:
             prompts = list(obs[agent])
             requests = list(infos.get(agent, {}).get("requests", []))
             of_type: Counter[str] = Counter()
-            for i, (prompt, request) in enumerate(zip(prompts, requests, strict=True)):
+            for prompt, request in zip(prompts, requests, strict=True):
+                kind = str(request["task_type"])
+                good = of_type[kind] % 2 == 0
+                of_type[kind] += 1
                 if agent.startswith("teacher"):
-                    kind = str(request["task_type"])
-                    text = self._proposal(request) if of_type[kind] % 2 == 0 else GARBAGE
-                    of_type[kind] += 1
+                    text = self._proposal(request) if good else GARBAGE
                 else:
-                    sample = int(request.get("sample", i))
-                    text = self._answer(tasks[request["task_id"]], request) if sample % 2 == 0 else GARBAGE
+                    text = self._answer(tasks[request["task_id"]], request) if good else GARBAGE
                 self.texts.setdefault((adapter_of[agent], prompt), deque()).append(text)
 
 

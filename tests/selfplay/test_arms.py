@@ -6,8 +6,10 @@
 2. Per step (a real step with scripted completions, ``tests/selfplay/scripted.py``): the baseline's single
    adapter makes exactly ``tasks_per_teacher`` proposals, as each population teacher does, and
    ``samples_per_task`` attempts at each of its tasks (its teacher's valid tasks, topped up with buffer tasks
-   to ``tasks_per_teacher``), as each population student does; every adapter takes exactly one update (one
-   optimizer step); every generation request carries the same token limits and sampling settings in both arms.
+   to ``tasks_per_teacher``), as each population student does; every adapter takes exactly one update per
+   step, in optimizer steps of ``trainer.mini_batch_size`` rollouts (one step over the whole batch when it is
+   unset), so with mini-batches the baseline, whose batch holds both roles, takes the steps of one teacher and
+   one student together; every generation request carries the same token limits and sampling settings in both arms.
 3. The estimator's scoping is the same: the baseline's batch is whitened per role × task type exactly as its
    proposer half and its solver half would be as two population members (roles never share a scope).
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 from collections import Counter
 from pathlib import Path
@@ -141,11 +144,22 @@ def test_proposals_and_attempts_per_adapter_are_one_teacher_and_one_student(arms
     assert roles == {"teacher": env_cfg.tasks_per_teacher, "student": _count(record, "student_0")}
 
 
-def test_every_adapter_takes_one_update_per_step(arms: tuple[str, dict]) -> None:
-    _, steps = arms
+def test_every_adapter_takes_one_update_per_step_in_equal_mini_batches(arms: tuple[str, dict]) -> None:
+    preset, steps = arms
+    trainer = load_preset(preset).trainer
+    role_steps: dict[str, dict[frozenset, float]] = {}
     for arm, (loop, record) in steps.items():
         assert dict(loop.updates) == dict.fromkeys(loop.mapping.members, 1), arm
-        assert {m["num_steps"] for m in record.member_metrics.values()} == {1.0}, arm
+        for member, batch in loop.batches.items():
+            mini = trainer.mini_batch_size or len(batch)
+            num_steps = record.member_metrics[member]["num_steps"]
+            assert num_steps == trainer.epochs * math.ceil(len(batch) / mini), (arm, member, len(batch))
+            role_steps.setdefault(arm, {})[frozenset(r.meta["role"] for r in batch)] = num_steps
+    pop, (base,) = role_steps["population"], role_steps["baseline"].values()
+    if trainer.mini_batch_size is None:
+        assert base == trainer.epochs  # one step over its whole batch, as every population member takes
+    else:  # as many rollouts per optimizer step: the steps of one teacher and one student together
+        assert base == pop[frozenset({"teacher"})] + pop[frozenset({"student"})]
 
 
 def test_same_token_limits_and_sampling_in_both_arms(arms: tuple[str, dict]) -> None:
