@@ -144,7 +144,8 @@ def _small_noex() -> PromptTemplates:
 
 def _small_unary() -> PromptTemplates:
     """``small`` with one-argument worked examples (``def f(nums)`` / ``[3, -1, 4]``) in place of the two-argument
-    ones: most invalid ``small`` proposals call ``f`` with the wrong number of arguments."""
+    ones, to test whether ``small``'s ``error`` rejections are arity slips copied from the example (measured: not
+    measurably, docs/prompts.md §5)."""
     small = get_prompt_set("small")
     fields = ("propose_deduction", "propose_abduction", "solve_abduction", "solve_induction")
     swaps = (("def f(nums, k):\n    return [x * k for x in nums if x > 0]", "def f(nums):\n    return [x * 2 for x "
