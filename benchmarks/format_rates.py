@@ -45,10 +45,10 @@ from agents.generation import Completion, GenerationRequest, HFGenerator  # noqa
 from agents.models import load_base  # noqa: E402
 from agents.population import LoRAPopulation  # noqa: E402
 from populora_env import PromptTemplates, get_prompt_set, parallel_env  # noqa: E402
+from populora_env.config import TASK_TYPES as TYPES  # noqa: E402
 from populora_env.prompts import LITERAL_RULE  # noqa: E402
 from populora_env.sandbox import Limits, Sandbox  # noqa: E402
 
-TYPES = ("deduction", "abduction", "induction")
 _OPEN = "<think></think>\n<answer>\n"
 
 

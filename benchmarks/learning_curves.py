@@ -33,6 +33,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from evaluation.report import load_scalars  # noqa: E402
+from populora_env.config import TASK_TYPES as TYPES  # noqa: E402
 from selfplay import tags  # noqa: E402
 
 METRICS = {
@@ -40,7 +41,6 @@ METRICS = {
     "s_format": tags.student_format_rate,
     "s_correct": tags.student_correct_rate,
 }
-TYPES = ("deduction", "abduction", "induction")
 
 
 def _mean(xs: list[float]) -> float:
@@ -54,9 +54,9 @@ def first_last(series: list[tuple[int, float]], steps: int, window: int) -> tupl
     return _mean(first), _mean(last), len(first), len(last)
 
 
-def run_table(run: Path, window: int) -> dict[str, dict[str, tuple[float, float, int, int]]]:
-    """``{type: {metric: (first, last, n_first, n_last)}}`` of one run."""
-    scalars = load_scalars(run)
+def run_table(scalars: dict[str, list[tuple[int, float]]], window: int
+              ) -> dict[str, dict[str, tuple[float, float, int, int]]]:
+    """``{type: {metric: (first, last, n_first, n_last)}}`` of one run's scalars."""
     steps = max((s for series in scalars.values() for s, _ in series), default=0)
     out: dict[str, dict[str, tuple[float, float, int, int]]] = {}
     for task_type in TYPES:
@@ -74,12 +74,12 @@ def _fmt(x: float) -> str:
     return "  -  " if math.isnan(x) else f"{x:.3f}"
 
 
-def plot(runs: list[Path], out: Path) -> None:
+def plot(scalars: dict[Path, dict[str, list[tuple[int, float]]]], out: Path) -> None:
     """One panel per (metric, task type): each run's value per step (steps without a value are gaps)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    scalars = {run: load_scalars(run) for run in runs}
+    runs = list(scalars)
     types = [t for t in TYPES if any(scalars[r].get(METRICS["valid"](t)) for r in runs)]
     labels = {"valid": "teachers' valid rate", "s_format": "students' well-formatted rate",
               "s_correct": "students' correct rate"}
@@ -114,11 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--plot", type=Path, help="write the per-step curves of every run to this PNG")
     args = ap.parse_args(argv)
+    scalars = {run: load_scalars(run) for run in args.runs}
     if args.plot:
-        plot(args.runs, args.plot)
+        plot(scalars, args.plot)
     tables = {}
     for run in args.runs:
-        tables[run] = table = run_table(run, args.window)
+        tables[run] = table = run_table(scalars[run], args.window)
         print(f"\n## {run.name} (first {args.window} steps -> last {args.window} steps; n = steps with a value)")
         print(f"{'type':10} " + " ".join(f"{m:>24}" for m in METRICS))
         for task_type, row in table.items():
@@ -154,10 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             ok_all &= fmt_ok and valid_ok
             print(f"{task_type:10} student format last > first in every run: {fmt_ok}; "
                   f"valid rate averaged over runs {_fmt(v_first)} -> {_fmt(v_last)}: {valid_ok}")
-        correct = 0.0
-        for run in args.runs:
-            scalars = load_scalars(run)
-            correct += sum(v for _, v in scalars.get(tags.STUDENT_CORRECT_RATE, []))
+        correct = sum(v for run in args.runs for _, v in scalars[run].get(tags.STUDENT_CORRECT_RATE, []))
         print(f"some correct student answers: {correct > 0}")
         print(f"all criteria met: {ok_all and correct > 0}")
     return 0

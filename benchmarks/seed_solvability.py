@@ -45,11 +45,10 @@ from agents.generation import GenerationRequest, HFGenerator  # noqa: E402
 from agents.models import load_base  # noqa: E402
 from agents.population import LoRAPopulation  # noqa: E402
 from populora_env import parallel_env  # noqa: E402
+from populora_env.config import TASK_TYPES as TYPES  # noqa: E402
 from populora_env.seeds import seed_tasks  # noqa: E402
 
 env_module = importlib.import_module("populora_env.env")  # the module (populora_env.env is also a function)
-
-TYPES = ("deduction", "abduction", "induction")
 
 
 def seeds_at(rev: str) -> types.ModuleType:
