@@ -8,8 +8,6 @@ import pytest
 
 from evaluation import stats
 
-pytest.importorskip("rliable.metrics", reason="the stats extra is not installed")
-
 
 def test_mean_and_iqm_points_by_hand() -> None:
     assert stats.mean([1.0, 2.0, 3.0, 6.0], reps=10).point == pytest.approx(3.0)
@@ -97,3 +95,21 @@ def test_missing_rliable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> No
     assert not stats.rliable_available()
     with pytest.raises(stats.StatsUnavailable, match=r"\.\[stats\]"):
         stats.mean([1.0, 2.0], reps=10)
+
+
+def test_batched_estimators_equal_rliables_replicate_by_replicate() -> None:
+    from rliable import metrics
+
+    rng = np.random.default_rng(3)
+    # scores on a coarse grid so that ties occur (the 1/2 of the probability of improvement)
+    x = rng.integers(0, 5, size=(5, 3)).astype(float)
+    y = rng.integers(0, 5, size=(4, 3)).astype(float)
+    sx = stats.bootstrap_replicates(x, 200, rng)
+    sy = stats.bootstrap_replicates(y, 200, rng)
+    np.testing.assert_allclose(stats.batched_mean(sx), [metrics.aggregate_mean(r) for r in sx])
+    np.testing.assert_allclose(stats.batched_iqm(sx), [metrics.aggregate_iqm(r) for r in sx])
+    np.testing.assert_allclose(stats.batched_probability_of_improvement(sx, sy),
+                               [metrics.probability_of_improvement(a, b) for a, b in zip(sx, sy, strict=True)])
+    # identical columns: rliable's special case (0.5) is what the pair count gives
+    same = stats.bootstrap_replicates(x, 20, rng)
+    np.testing.assert_allclose(stats.batched_probability_of_improvement(same, same), 0.5)

@@ -1,0 +1,201 @@
+"""``compare.md``, ``compare.json`` and the figures of a comparison (matplotlib ``Figure`` on the Agg canvas, as
+:mod:`evaluation.report.plots`: no pyplot, no change to the process-wide backend)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from evaluation.compare.rundirs import METRIC_LABELS
+from evaluation.compare.summary import REFERENCE, TREATMENT
+
+ARM_COLOURS = {TREATMENT: "tab:blue", REFERENCE: "tab:orange"}
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _ci(e: dict[str, Any] | None, pct: bool = False) -> str:
+    if not e:
+        return "-"
+    f = 100.0 if pct else 1.0
+    fmt = "{:.1f}" if pct else "{:.3f}"
+    if e["low"] == e["high"] == e["point"]:
+        return fmt.format(e["point"] * f) + " (no interval)"
+    return f"{fmt.format(e['point'] * f)} [{fmt.format(e['low'] * f)}, {fmt.format(e['high'] * f)}]"
+
+
+def _verdict(block: dict[str, Any]) -> str:
+    d = block.get("difference")
+    if not d:
+        return "-"
+    if min(d["runs"]) < 2:
+        return "too few seeds"
+    if d["low"] > 0:
+        return "population higher"
+    if d["high"] < 0:
+        return "baseline higher"
+    return "intervals overlap 0"
+
+
+def _table(rows: list[tuple[str, dict[str, Any]]], arms: list[str], pct: bool = False) -> list[str]:
+    head = ["what"] + [f"{a} mean" for a in arms] + [f"{a} IQM" for a in arms] + \
+        [f"{TREATMENT} − {REFERENCE}", f"P({TREATMENT} > {REFERENCE})", "reading"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, block in rows:
+        a = block["arms"]
+        cells = [label] + [_ci(a.get(x, {}).get("mean"), pct) + (f" n={len(a[x]['runs'])}" if x in a else "")
+                           for x in arms]
+        cells += [_ci(a.get(x, {}).get("iqm"), pct) for x in arms]
+        cells += [_ci(block.get("difference"), pct), _ci(block.get("probability_of_improvement")), _verdict(block)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def render_markdown(result: dict[str, Any], figures: list[str]) -> str:
+    """``compare.md``: the runs, one table per block (mean and IQM per arm with 95 % intervals, difference and
+    probability of improvement), the figures and the notes."""
+    arms = [a for a in (TREATMENT, REFERENCE) if a in result["runs"]] + \
+        sorted(a for a in result["runs"] if a not in (TREATMENT, REFERENCE))
+    s = result["settings"]
+    conf = int(round(100 * s["confidence"]))
+    lines = ["# Population vs single agent over seeds", "",
+             f"Written {result['created']}. Each cell: estimate [{conf} % stratified-bootstrap interval], "
+             f"{s['reps']} replicates, bootstrap seed {s['bootstrap_seed']}; n = runs (seeds). `final` = a run's "
+             f"mean over its last {s['tail']} logged steps; `gain` = final minus the mean of its first "
+             f"{s['tail']}. Reading: the difference's interval above 0, below 0, or overlapping it "
+             "(estimators: evaluation/stats.py).", "", "## Runs", ""]
+    for arm in arms:
+        rs = result["runs"][arm]
+        lines.append(f"- **{arm}** ({len(rs)}): " + ", ".join(
+            f"`{Path(r['path']).name}` (seed {r['seed']}, {r['steps']} steps)" for r in rs))
+    for path, why in result["excluded"].items():
+        lines.append(f"- excluded `{path}`: {why}")
+    if result["launched"]:
+        lines.append(f"- launched or resumed by this call: {', '.join(result['launched'])}")
+    lines += ["", "## Training metrics (run_summary.json history)", ""]
+    rows = []
+    for metric, blocks in result["metrics"].items():
+        label = METRIC_LABELS.get(metric, metric)
+        rows += [(f"{label}: final", blocks["final"]), (f"{label}: gain", blocks["gain"])]
+    lines += _table(rows, arms) if rows else ["No complete run logged a history."]
+    ev = result.get("eval")
+    if ev:
+        lines += ["", f"## Benchmarks (populora eval; a run's score: `{s['eval_score']}`, pass@1 in %)", ""]
+        rows = [(k, b) for k, b in ev["benchmarks"].items()]
+        if ev.get("aggregate"):
+            rows.append((f"aggregate over {', '.join(ev['aggregate']['benchmarks'])}", ev["aggregate"]))
+        lines += _table(rows, arms, pct=True)
+        lines += ["", "Probability of improvement is a probability (0-1), not a percentage."]
+    if figures:
+        lines += ["", "## Figures", ""] + [f"![{f}]({f})" for f in figures]
+    if result["notes"]:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def _figure(rows: int, cols: int, size: tuple[float, float]) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(rows, cols, squeeze=False)
+
+
+def plot_curves(result: dict[str, Any], out: Path) -> str | None:
+    """``curves.png``: per metric, each arm's mean over seeds per step with its interval band."""
+    metrics = list(result["curves"])
+    if not metrics:
+        return None
+    cols = min(3, len(metrics))
+    rows = (len(metrics) + cols - 1) // cols
+    fig, axes = _figure(rows, cols, (4.2 * cols, 3.0 * rows))
+    for i, metric in enumerate(metrics):
+        ax = axes[i // cols][i % cols]
+        for arm, c in result["curves"][metric].items():
+            if not c["steps"]:
+                continue
+            colour = ARM_COLOURS.get(arm)
+            n = max(c["runs"])
+            ax.plot(c["steps"], c["mean"], marker=".", color=colour, label=f"{arm} (n={n})")
+            ax.fill_between(c["steps"], c["low"], c["high"], color=colour, alpha=0.2, linewidth=0)
+        ax.set_title(METRIC_LABELS.get(metric, metric))
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, frameon=False)
+    for j in range(len(metrics), rows * cols):
+        axes[j // cols][j % cols].set_visible(False)
+    fig.savefig(out / "curves.png", dpi=110)
+    return "curves.png"
+
+
+def _interval_panel(ax: Any, rows: list[tuple[str, dict[str, Any]]], title: str, scale: float = 1.0) -> None:
+    arms = sorted({a for _, b in rows for a in b["arms"]}, key=lambda a: (a != TREATMENT, a != REFERENCE, a))
+    width = 0.8 / max(1, len(arms))
+    for k, arm in enumerate(arms):
+        xs, ys, lo, hi = [], [], [], []
+        for i, (_, b) in enumerate(rows):
+            e = b["arms"].get(arm, {}).get("mean")
+            if e:
+                xs.append(i + (k - (len(arms) - 1) / 2) * width)
+                ys.append(e["point"] * scale)
+                lo.append((e["point"] - e["low"]) * scale)
+                hi.append((e["high"] - e["point"]) * scale)
+        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, color=ARM_COLOURS.get(arm), label=arm)
+    ax.set_xticks(range(len(rows)), [r[0] for r in rows], rotation=30, ha="right", fontsize=7)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, frameon=False)
+
+
+def plot_final(result: dict[str, Any], out: Path) -> str | None:
+    """``final.png``: per metric, each arm's mean final value over seeds with its interval, and the
+    difference population - baseline with its interval."""
+    metrics = list(result["metrics"])
+    if not metrics:
+        return None
+    fig, axes = _figure(1, 2, (10, 3.6))
+    _interval_panel(axes[0][0], [(METRIC_LABELS.get(m, m), result["metrics"][m]["final"]) for m in metrics],
+                    "final value per arm (mean over seeds)")
+    ax = axes[0][1]
+    diffs = [(METRIC_LABELS.get(m, m), result["metrics"][m]["final"].get("difference")) for m in metrics]
+    diffs = [(lab, d) for lab, d in diffs if d]
+    if diffs:
+        ax.errorbar(range(len(diffs)), [d["point"] for _, d in diffs],
+                    yerr=[[d["point"] - d["low"] for _, d in diffs], [d["high"] - d["point"] for _, d in diffs]],
+                    fmt="o", capsize=3, color="black")
+        ax.axhline(0.0, color="grey", linewidth=0.8)
+        ax.set_xticks(range(len(diffs)), [lab for lab, _ in diffs], rotation=30, ha="right", fontsize=7)
+    ax.set_title(f"{TREATMENT} − {REFERENCE} (final)")
+    ax.grid(alpha=0.3)
+    fig.savefig(out / "final.png", dpi=110)
+    return "final.png"
+
+
+def plot_eval(result: dict[str, Any], out: Path) -> str | None:
+    """``eval.png``: per benchmark (and the aggregate), each arm's mean score over seeds with its interval."""
+    ev = result.get("eval")
+    if not ev:
+        return None
+    rows = list(ev["benchmarks"].items())
+    if ev.get("aggregate"):
+        rows.append(("aggregate", ev["aggregate"]))
+    fig, axes = _figure(1, 1, (max(5.0, 0.9 * len(rows) + 2), 3.6))
+    _interval_panel(axes[0][0], rows, "pass@1 (%) per arm, mean over seeds", scale=100.0)
+    fig.savefig(out / "eval.png", dpi=110)
+    return "eval.png"
+
+
+def write_outputs(result: dict[str, Any], out: Path) -> list[Path]:
+    """Write ``compare.json``, the figures and ``compare.md`` into ``out``; returns the files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    figures = [f for f in (plot_curves(result, out), plot_final(result, out), plot_eval(result, out)) if f]
+    _write_text(out / "compare.json", json.dumps(result, indent=2, sort_keys=True) + "\n")
+    _write_text(out / "compare.md", render_markdown(result, figures))
+    return [out / "compare.json", out / "compare.md"] + [out / f for f in figures]
