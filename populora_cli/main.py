@@ -10,6 +10,8 @@ Sub-commands::
     populora eval     runs/<name> [--baseline runs/<other>] --benchmarks humaneval,gsm8k [--limit N]
     populora eval     --samples FILE.jsonl --benchmark humaneval [--json]
     populora evolve   --op ties --parents DIR_A DIR_B --out DIR_C [--param density=0.5]
+    populora compare  --preset P --seeds N --out DIR [--backend local|ray] [--parallel K]  # arms over seeds
+    populora compare  --from RUN_DIR [RUN_DIR ...] --out DIR
 
 A bad flag or config value exits with status 2 and a message naming the field, before any work starts.
 """
@@ -29,7 +31,7 @@ from typing import Annotated, Any
 import tyro
 
 USAGE = __doc__ or ""
-COMMANDS = ("train", "baseline", "report", "eval", "evolve")
+COMMANDS = ("train", "baseline", "report", "eval", "evolve", "compare")
 
 
 def _fail(cmd: str, message: str) -> int:
@@ -268,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
         return _evolve(rest)
     if cmd == "eval":
         return _eval(rest)
+    if cmd == "compare":
+        from populora_cli.compare import compare_main
+
+        return compare_main(rest)
     return _fail(cmd, f"unknown command (choose one of: {', '.join(COMMANDS)})")
 
 

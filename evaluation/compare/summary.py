@@ -3,8 +3,10 @@
 Per metric of the ``run_summary.json`` history (:data:`~evaluation.compare.rundirs.HISTORY_METRICS`), each
 complete run gives two scores:
 
-* ``final``: the mean of the metric over the run's last ``tail`` steps that logged it;
-* ``gain``: ``final`` minus the mean over its first ``tail`` such steps (what the run learned).
+* ``final``: the mean of the metric over the run's last ``k`` steps that logged it;
+* ``gain``: ``final`` minus the mean over its first ``k`` such steps (what the run learned);
+
+with ``k = min(tail, steps // 2)`` (at least 1), so the two windows do not overlap.
 
 Per benchmark of ``populora eval`` (where complete ``eval/results.json`` files exist), a run's score is its
 ``eval_score`` entry (default: the mean pass@1 over its members; the baseline has one member), and AZR's
@@ -55,7 +57,7 @@ def _tail_means(series: list[tuple[int, float]], tail: int) -> tuple[float, floa
     if not series:
         return None
     values = [v for _, v in sorted(series)]
-    k = max(1, min(tail, len(values)))
+    k = max(1, min(tail, len(values) // 2))  # the first and last windows never overlap (2 steps or more)
     return float(np.mean(values[-k:])), float(np.mean(values[:k]))
 
 

@@ -25,8 +25,6 @@ def _ci(e: dict[str, Any] | None, pct: bool = False) -> str:
         return "-"
     f = 100.0 if pct else 1.0
     fmt = "{:.1f}" if pct else "{:.3f}"
-    if e["low"] == e["high"] == e["point"]:
-        return fmt.format(e["point"] * f) + " (no interval)"
     return f"{fmt.format(e['point'] * f)} [{fmt.format(e['low'] * f)}, {fmt.format(e['high'] * f)}]"
 
 
@@ -67,8 +65,8 @@ def render_markdown(result: dict[str, Any], figures: list[str]) -> str:
     lines = ["# Population vs single agent over seeds", "",
              f"Written {result['created']}. Each cell: estimate [{conf} % stratified-bootstrap interval], "
              f"{s['reps']} replicates, bootstrap seed {s['bootstrap_seed']}; n = runs (seeds). `final` = a run's "
-             f"mean over its last {s['tail']} logged steps; `gain` = final minus the mean of its first "
-             f"{s['tail']}. Reading: the difference's interval above 0, below 0, or overlapping it "
+             f"mean over its last k = min({s['tail']}, steps // 2) logged steps; `gain` = final minus the mean of "
+             "its first k. Reading: the difference's interval above 0, below 0, or overlapping it "
              "(estimators: evaluation/stats.py).", "", "## Runs", ""]
     for arm in arms:
         rs = result["runs"][arm]

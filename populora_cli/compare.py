@@ -1,0 +1,435 @@
+"""``populora compare``: the population against the single-agent baseline over seeds.
+
+Usage::
+
+    populora compare --preset P --seeds N --out DIR [--arms population,baseline] [--baseline-preset P2]
+                     [--first-seed S] [--backend local|ray] [--parallel K] [--ray-address ADDR]
+                     [--tail T] [--reps R] [--bootstrap-seed B] [--eval-score population_mean|best|weakest]
+                     [-- EXTRA TRAIN FLAGS]
+    populora compare --from RUN_DIR [RUN_DIR ...] --out DIR [statistics flags]
+
+Every arm x seed run lives in ``DIR/<arm>-s<seed>/``, an ordinary run directory (``populora report`` and
+``populora eval`` work on it), started as its own process of the ordinary command line::
+
+    populora train|baseline --preset P --seed S --run-dir DIR/<arm>-s<seed> --no-progress [EXTRA]
+    populora train|baseline --resume DIR/<arm>-s<seed> --no-progress                # an unfinished run
+
+A run is **complete** when its ``run_summary.json`` holds all the steps of its ``config.json`` (the loop writes
+that file once, after the last step and the final adapters); complete runs are skipped, so a second call
+launches nothing, and a call after a killed one resumes every unfinished run from its last checkpoint. A
+directory holding run files but no ``config.json`` (killed during set-up, before anything was trained) is moved
+to ``DIR/.unstarted/`` and started again. The runs' output goes to ``DIR/logs/<arm>-s<seed>.log``.
+
+Cores: ``--parallel K`` runs at once, each with ``T = cores // K`` threads (at least 1): ``--threads`` and
+``--generation.threads`` become ``T`` where the preset leaves them at 0 (torch's default: every core) or above
+``T``, and ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` are ``T``. Each run is started so that it dies with this
+command (``PR_SET_PDEATHSIG``): killing ``populora compare`` kills its runs, never leaves one writing.
+``--backend ray``: one Ray task per run (``num_cpus = T``, with ``cores`` the smallest node's CPUs;
+``num_gpus = 1`` for a run on ``cuda`` or with vLLM generation), on the cluster at ``--ray-address`` (or
+``$RAY_ADDRESS``), else on a private one-machine instance; the task starts the same command line on its node
+(same interpreter path, working directory and ``PYTHONPATH`` as here: a cluster's nodes share the checkout).
+
+Then ``DIR/compare.md``, ``DIR/compare.json`` and figures (``evaluation.compare``). ``--from`` skips launching
+and compares the given run directories (complete ones; the others are listed as excluded).
+
+Exit status: 2 for a bad argument, preset or existing directory (before any run starts), 1 if a run failed
+(the comparison of the complete runs is still written), 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ARMS = {"population": "train", "baseline": "baseline"}
+"""Arm -> the ``populora`` sub-command that runs it."""
+
+
+class CompareError(Exception):
+    """A bad argument or state found before any run starts (exit 2)."""
+
+
+def _fail(message: str) -> int:
+    print(f"populora compare: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    from evaluation.compare.rundirs import EVAL_SCORES
+
+    p = argparse.ArgumentParser(
+        prog="populora compare",
+        description="Launch (or resume) every arm x seed run of a preset into DIR/<arm>-s<seed>/ and compare the "
+        "arms over seeds: mean and IQM per arm with 95%% bootstrap intervals, the difference population - "
+        "baseline and the probability of improvement, learning curves (DIR/compare.md, compare.json, PNGs). "
+        "Flags after '--' go to every new run's train/baseline command.")
+    p.add_argument("--preset", help="preset of the runs (shipped name or .json file)")
+    p.add_argument("--baseline-preset", help="preset of the baseline arm (default: --preset), e.g. azr-baseline")
+    p.add_argument("--seeds", type=int, help="seeds per arm: first-seed .. first-seed + N - 1")
+    p.add_argument("--first-seed", type=int, default=0)
+    p.add_argument("--arms", default="population,baseline", help="comma-separated subset of population,baseline")
+    p.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="local: runs as processes of this command; ray: one Ray task per run")
+    p.add_argument("--parallel", type=int, default=1, help="runs at once per machine (each gets cores/K threads)")
+    p.add_argument("--ray-address", default=None, help="Ray cluster to use (default: $RAY_ADDRESS, else a private "
+                   "instance on this machine)")
+    p.add_argument("--out", required=True, help="directory of the runs and of the comparison")
+    p.add_argument("--from", dest="from_dirs", nargs="+", default=None, metavar="RUN_DIR",
+                   help="compare these existing run directories; launch nothing")
+    p.add_argument("--tail", type=int, default=3, help="steps averaged for a run's final value (and gain)")
+    p.add_argument("--reps", type=int, default=2000, help="bootstrap replicates per interval")
+    p.add_argument("--bootstrap-seed", type=int, default=0)
+    p.add_argument("--eval-score", choices=EVAL_SCORES, default="population_mean",
+                   help="which number of a run's eval/results.json stands for the run")
+    return p
+
+
+# ------------------------------------------------------------------------------------------ the plan
+
+
+@dataclass
+class Job:
+    """One arm x seed run and the command that launches or resumes it."""
+
+    arm: str
+    seed: int
+    run_dir: Path
+    argv: list[str] = field(default_factory=list)
+    resume: bool = False
+    num_cpus: int = 1
+    num_gpus: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _child_env(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    repo = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([repo] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    return env
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "populora_cli.main", *args]
+
+
+def resolve(arm: str, preset: str, seed: int, extra: list[str]) -> dict[str, Any]:
+    """The resolved configuration of an arm's run (``populora train|baseline ... --dry-run``, in a subprocess:
+    the same code path as the runs). Raises :class:`CompareError` with the command's own message if refused."""
+    p = subprocess.run(_cli(ARMS[arm], "--preset", preset, "--seed", str(seed), *extra, "--dry-run"),
+                       capture_output=True, text=True, env=_child_env(1), timeout=600)
+    if p.returncode != 0:
+        lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+        raise CompareError(f"the {arm} arm's configuration is refused: {lines[-1] if lines else p.returncode}")
+    return json.loads(p.stdout)
+
+
+def _thread_flags(cfg: dict[str, Any], threads: int) -> list[str]:
+    flags = []
+    own = int(cfg.get("threads") or 0)
+    if own == 0 or own > threads:
+        flags += ["--threads", str(threads)]
+    gen = int((cfg.get("generation") or {}).get("threads") or 0)
+    if gen == 0 or gen > threads:
+        flags += ["--generation.threads", str(threads)]
+    return flags
+
+
+def _gpus(cfg: dict[str, Any]) -> int:
+    return 1 if cfg.get("device") == "cuda" or (cfg.get("generation") or {}).get("backend") == "vllm" else 0
+
+
+def _preset_stem(preset: Any) -> str:
+    return Path(str(preset)).stem
+
+
+def plan(out: Path, arms: list[str], presets: dict[str, str], seeds: list[int], extra: list[str],
+         config_of: Any, threads: int) -> tuple[list[Job], list[str]]:
+    """The jobs to run (new or resumed) and the names of the complete runs skipped. Checks every existing
+    directory against what it should hold (arm, seed, preset) first: :class:`CompareError` if one differs.
+    ``config_of(arm)``: the arm's resolved configuration (asked only for arms with a run to launch)."""
+    from evaluation.compare.rundirs import State, read_run
+
+    jobs: list[Job] = []
+    skipped: list[str] = []
+    for arm in arms:
+        for seed in seeds:
+            run_dir = out / f"{arm}-s{seed}"
+            info = read_run(run_dir)
+            if info.state in (State.UNFINISHED, State.COMPLETE):
+                want = {"arm": arm, "seed": seed, "preset": _preset_stem(presets[arm])}
+                have = {"arm": info.arm, "seed": info.seed, "preset": _preset_stem(info.preset)}
+                bad = [f"{k} {have[k]!r} (expected {want[k]!r})" for k in want if have[k] != want[k]]
+                if bad:
+                    raise CompareError(f"{run_dir} holds another run: {', '.join(bad)}; choose another --out")
+            if info.state is State.COMPLETE:
+                skipped.append(run_dir.name)
+                continue
+            cfg = config_of(arm)
+            flags = ["--no-progress", *_thread_flags(cfg, threads)]
+            if info.state is State.UNFINISHED:
+                argv = _cli(ARMS[arm], "--resume", str(run_dir), *flags)
+            else:
+                argv = _cli(ARMS[arm], "--preset", presets[arm], "--seed", str(seed), "--run-dir", str(run_dir),
+                            *flags, *extra)
+            jobs.append(Job(arm, seed, run_dir, argv, info.state is State.UNFINISHED, threads, _gpus(cfg)))
+    return jobs, skipped
+
+
+def set_aside_unstarted(out: Path, jobs: list[Job]) -> list[str]:
+    """Move the directories of runs killed during set-up (run files, no ``config.json``) to ``out/.unstarted/``,
+    so the run starts again there; returns what was moved."""
+    from evaluation.compare.rundirs import State, read_run
+
+    moved = []
+    for job in jobs:
+        if read_run(job.run_dir).state is State.UNSTARTED:
+            dest = out / ".unstarted" / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(job.run_dir), str(dest))
+            moved.append(f"{job.run_dir} -> {dest}")
+    return moved
+
+
+# ------------------------------------------------------------------------------------------ launching
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    import ctypes
+
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before prctl: do not run orphaned
+        os._exit(1)
+
+
+def run_local(jobs: list[Job], parallel: int, logs: Path, env: dict[str, str]) -> dict[str, int]:
+    """Run the jobs as child processes, ``parallel`` at once; returns each job's exit status. Interrupted
+    (Ctrl-C, SIGTERM), it kills the running children before it returns."""
+    pending = list(jobs)
+    running: dict[str, tuple[subprocess.Popen, Any]] = {}
+    status: dict[str, int] = {}
+    try:
+        while pending or running:
+            while pending and len(running) < parallel:
+                job = pending.pop(0)
+                log = (logs / f"{job.name}.log").open("a", encoding="utf-8")
+                log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(job.argv)}\n")
+                log.flush()
+                proc = subprocess.Popen(job.argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                        preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                running[job.name] = (proc, log)
+                print(f"  started {job.name} (pid {proc.pid}{', resuming' if job.resume else ''})", flush=True)
+            time.sleep(0.2)
+            for name, (proc, log) in list(running.items()):
+                rc = proc.poll()
+                if rc is not None:
+                    log.close()
+                    del running[name]
+                    status[name] = rc
+                    print(f"  {name} exited with status {rc}", flush=True)
+    finally:
+        for proc, log in running.values():
+            proc.kill()
+            proc.wait()
+            log.close()
+    return status
+
+
+def run_ray(jobs: list[Job], logs: Path, env: dict[str, str], address: str | None) -> dict[str, int]:
+    """Run each job as one Ray task with the job's CPUs and GPUs; returns each job's exit status."""
+    import ray
+
+    def run_task(argv: list[str], env: dict[str, str], log_path: str, cwd: str) -> int:
+        import ctypes
+        import os
+        import signal
+        import subprocess
+        import time
+
+        def die_with_parent() -> None:
+            parent = os.getppid()
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+        with open(log_path, "a", encoding="utf-8") as log:
+            log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} (ray task) {' '.join(argv)}\n")
+            log.flush()
+            return subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                  preexec_fn=die_with_parent).returncode
+
+    task = ray.remote(run_task)
+    refs: dict[Any, Job] = {}
+    status: dict[str, int] = {}
+    try:
+        for job in jobs:
+            ref = task.options(num_cpus=job.num_cpus, num_gpus=job.num_gpus, max_retries=0).remote(
+                job.argv, env, str((logs / f"{job.name}.log").resolve()), os.getcwd())
+            refs[ref] = job
+            print(f"  submitted {job.name} (num_cpus={job.num_cpus}, num_gpus={job.num_gpus}"
+                  f"{', resuming' if job.resume else ''})", flush=True)
+        waiting = list(refs)
+        while waiting:
+            done, waiting = ray.wait(waiting, num_returns=1)
+            job = refs[done[0]]
+            try:
+                status[job.name] = int(ray.get(done[0]))
+            except ray.exceptions.RayError as exc:
+                print(f"  {job.name}: the Ray task failed: {type(exc).__name__}", flush=True)
+                status[job.name] = 1
+            print(f"  {job.name} exited with status {status[job.name]}", flush=True)
+    finally:
+        for ref, job in refs.items():
+            if job.name not in status:
+                ray.cancel(ref, force=True)
+    return status
+
+
+def _ray_init(address: str | None) -> int:
+    """Connect to (or start) the cluster; returns the smallest node's CPU count."""
+    import ray
+
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        ray.init(address=address, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    else:
+        ray.init(num_cpus=_cores(), include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    cpus = [int(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n.get("Alive")]
+    return max(1, min(cpus)) if cpus else 1
+
+
+# ------------------------------------------------------------------------------------------ main
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def compare_main(argv: list[str]) -> int:
+    """Entry of ``populora compare`` (see the module docstring); returns the exit status."""
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    else:
+        extra = []
+    args = _parser().parse_args(argv)
+    from evaluation import stats
+
+    if not stats.rliable_available():
+        return _fail(f"statistics over seeds need rliable, which is not installed: {stats.INSTALL_HINT}")
+    if args.tail < 1:
+        return _fail(f"--tail must be >= 1 (got {args.tail})")
+    if args.reps < 1:
+        return _fail(f"--reps must be >= 1 (got {args.reps})")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        return _fail(f"--out {out} exists and is not a directory")
+    common = {"tail": args.tail, "reps": args.reps, "seed": args.bootstrap_seed, "eval_score": args.eval_score}
+    from evaluation.compare import compare_runs
+
+    if args.from_dirs is not None:
+        if args.preset or args.seeds is not None or extra:
+            return _fail("--from compares existing runs: it takes no --preset, --seeds or train flags")
+        missing = [d for d in args.from_dirs if not Path(d).is_dir()]
+        if missing:
+            return _fail(f"--from: {', '.join(missing)} is not a directory")
+        out.mkdir(parents=True, exist_ok=True)
+        files = compare_runs([Path(d) for d in args.from_dirs], out, **common)
+        print(f"comparison written to {out / 'compare.md'} ({len(files)} files)")
+        return 0
+    if not args.preset:
+        return _fail("--preset is required (or --from RUN_DIR ...)")
+    if args.seeds is None or args.seeds < 1:
+        return _fail("--seeds N (N >= 1) is required")
+    if args.first_seed < 0:
+        return _fail(f"--first-seed must be >= 0 (got {args.first_seed})")
+    if args.parallel < 1:
+        return _fail(f"--parallel must be >= 1 (got {args.parallel})")
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if not arms or unknown or len(set(arms)) != len(arms):
+        return _fail(f"--arms: choose from {', '.join(ARMS)} (got {args.arms!r})")
+    if args.backend == "ray":
+        from selfplay.distributed.config import RAY_INSTALL_HINT, ray_installed
+
+        if not ray_installed():
+            return _fail(f"--backend ray needs Ray: {RAY_INSTALL_HINT}")
+    elif args.ray_address:
+        return _fail("--ray-address needs --backend ray")
+    presets = {"population": args.preset, "baseline": args.baseline_preset or args.preset}
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    configs: dict[str, dict[str, Any]] = {}
+
+    def config_of(arm: str) -> dict[str, Any]:
+        if arm not in configs:
+            cfg = resolve(arm, presets[arm], seeds[0], extra)
+            if cfg.get("backend") == "ray":
+                raise CompareError(f"the {arm} arm's preset runs with --backend ray: populora compare launches "
+                                   "local-backend runs only (not implemented for Ray-backend runs)")
+            configs[arm] = cfg
+        return configs[arm]
+
+    try:  # every check before the cluster is joined and before any run starts
+        jobs, _ = plan(out, arms, presets, seeds, extra, config_of, 1)
+    except CompareError as e:
+        return _fail(str(e))
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    cores = _ray_init(args.ray_address) if args.backend == "ray" and jobs else _cores()
+    threads = max(1, cores // args.parallel)
+    jobs, skipped = plan(out, arms, presets, seeds, extra, config_of, threads)
+    out.mkdir(parents=True, exist_ok=True)
+    logs = out / "logs"
+    logs.mkdir(exist_ok=True)
+    for line in set_aside_unstarted(out, jobs):
+        print(f"set aside a run killed during set-up: {line}")
+    for name in skipped:
+        print(f"  {name}: complete, skipped")
+    for job in jobs:
+        print(f"  {job.name}: {'unfinished, resuming' if job.resume else 'new run'}")
+    print(f"{len(jobs)} run(s) to launch, {len(skipped)} complete; {threads} thread(s) per run, "
+          f"{args.parallel if args.backend == 'local' else 'Ray-scheduled'} at once; logs in {logs}", flush=True)
+    env = _child_env(threads)
+    status: dict[str, int] = {}
+    try:
+        if jobs and args.backend == "ray":
+            status = run_ray(jobs, logs, env, args.ray_address)
+        elif jobs:
+            status = run_local(jobs, args.parallel, logs, env)
+    finally:
+        if args.backend == "ray" and jobs:
+            import ray
+
+            ray.shutdown()
+    from evaluation.compare.rundirs import read_run
+
+    run_dirs = [out / f"{arm}-s{seed}" for arm in arms for seed in seeds]
+    failed = [d.name for d in run_dirs if not read_run(d).complete]
+    files = compare_runs(run_dirs, out, launched=[j.name for j in jobs], **common)
+    print(f"comparison written to {out / 'compare.md'} ({len(files)} files)")
+    if failed:
+        for name in failed:
+            print(f"populora compare: {name} did not complete (status {status.get(name, '?')}; see "
+                  f"{logs / (name + '.log')}); run the same command again to resume it", file=sys.stderr)
+        return 1
+    return 0
