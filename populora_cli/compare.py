@@ -24,10 +24,13 @@ Cores: ``--parallel K`` runs at once, each with ``T = cores // K`` threads (at l
 ``--generation.threads`` become ``T`` where the preset leaves them at 0 (torch's default: every core) or above
 ``T``, and ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` are ``T``. Each run is started so that it dies with this
 command (``PR_SET_PDEATHSIG``): killing ``populora compare`` kills its runs, never leaves one writing.
-``--backend ray``: one Ray task per run (``num_cpus = T``, with ``cores`` the smallest node's CPUs;
-``num_gpus = 1`` for a run on ``cuda`` or with vLLM generation), on the cluster at ``--ray-address`` (or
-``$RAY_ADDRESS``), else on a private one-machine instance; the task starts the same command line on its node
-(same interpreter path, working directory and ``PYTHONPATH`` as here: a cluster's nodes share the checkout).
+
+``--backend ray``: one Ray task per run, on the cluster at ``--ray-address`` (or ``$RAY_ADDRESS``), else on a
+private one-machine instance; ``cores`` is the smallest node's CPU count, the task asks for ``num_cpus`` = the
+larger of the run's two thread counts and ``num_gpus = 1`` for a run on ``cuda`` or with vLLM generation, and
+Ray runs as many at once as the nodes hold. The task starts the same command line on its node (same
+interpreter path, working directory and ``PYTHONPATH`` as here: a cluster's nodes share the checkout).
+Presets whose runs themselves use ``--backend ray`` are refused (not implemented).
 
 Then ``DIR/compare.md``, ``DIR/compare.json`` and figures (``evaluation.compare``). ``--from`` skips launching
 and compares the given run directories (complete ones; the others are listed as excluded).
@@ -143,14 +146,21 @@ def resolve(arm: str, preset: str, seed: int, extra: list[str]) -> dict[str, Any
     return json.loads(p.stdout)
 
 
-def _thread_flags(cfg: dict[str, Any], threads: int) -> list[str]:
-    flags = []
+def _threads(cfg: dict[str, Any], threads: int) -> tuple[int, int]:
+    """(torch threads, generation threads) of a run given ``threads`` per run: the preset's own where it sets
+    them within ``threads``, else ``threads``."""
     own = int(cfg.get("threads") or 0)
-    if own == 0 or own > threads:
-        flags += ["--threads", str(threads)]
     gen = int((cfg.get("generation") or {}).get("threads") or 0)
-    if gen == 0 or gen > threads:
-        flags += ["--generation.threads", str(threads)]
+    return (own if 0 < own <= threads else threads), (gen if 0 < gen <= threads else threads)
+
+
+def _thread_flags(cfg: dict[str, Any], threads: int) -> list[str]:
+    own, gen = _threads(cfg, threads)
+    flags = []
+    if own != int(cfg.get("threads") or 0):
+        flags += ["--threads", str(own)]
+    if gen != int((cfg.get("generation") or {}).get("threads") or 0):
+        flags += ["--generation.threads", str(gen)]
     return flags
 
 
@@ -191,7 +201,8 @@ def plan(out: Path, arms: list[str], presets: dict[str, str], seeds: list[int], 
             else:
                 argv = _cli(ARMS[arm], "--preset", presets[arm], "--seed", str(seed), "--run-dir", str(run_dir),
                             *flags, *extra)
-            jobs.append(Job(arm, seed, run_dir, argv, info.state is State.UNFINISHED, threads, _gpus(cfg)))
+            jobs.append(Job(arm, seed, run_dir, argv, info.state is State.UNFINISHED, max(_threads(cfg, threads)),
+                            _gpus(cfg)))
     return jobs, skipped
 
 
