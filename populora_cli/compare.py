@@ -427,6 +427,10 @@ def compare_main(argv: list[str]) -> int:
             status = run_ray(jobs, logs, env, args.ray_address)
         elif jobs:
             status = run_local(jobs, args.parallel, logs, env)
+    except KeyboardInterrupt:  # the runs were stopped (run_local / run_ray kill them on the way out)
+        print(f"populora compare: interrupted; run the same command again to resume the runs in {out}",
+              file=sys.stderr)
+        return 130
     finally:
         if args.backend == "ray" and jobs:
             import ray

@@ -185,3 +185,26 @@ def test_a_run_killed_during_set_up_is_set_aside(tmp_path: Path) -> None:
     assert len(moved) == 1 and not run.exists()
     kept = list((tmp_path / ".unstarted").iterdir())
     assert len(kept) == 1 and (kept[0] / "seeding.json").is_file()
+
+
+def test_plan_threads_and_commands(tmp_path: Path) -> None:
+    """cores // K threads per run where the preset leaves them to torch (0) or asks for more; the preset's own
+    count where it fits; a new run's command names preset, seed and run directory, an unfinished one --resume."""
+    from populora_cli.compare import plan
+
+    configs = {"population": {"threads": 0, "generation": {"threads": 1}},
+               "baseline": {"threads": 8, "generation": {"threads": 0}, "device": "cuda"}}
+    unfinished = tmp_path / "baseline-s0"
+    unfinished.mkdir()
+    (unfinished / "config.json").write_text(json.dumps(
+        {"arm": "baseline", "config": {"seed": 0, "preset": "p.json", "steps": 2}}))
+    jobs, skipped = plan(tmp_path, ["population", "baseline"], {"population": "p.json", "baseline": "p.json"},
+                         [0], ["--steps", "2"], configs.__getitem__, threads=3)
+    assert skipped == []
+    pop, base = jobs
+    assert pop.argv[3:] == ["train", "--preset", "p.json", "--seed", "0", "--run-dir", str(tmp_path / "population-s0"),
+                            "--no-progress", "--threads", "3", "--steps", "2"]
+    assert (pop.resume, pop.num_cpus, pop.num_gpus) == (False, 3, 0)
+    assert base.argv[3:] == ["baseline", "--resume", str(unfinished), "--no-progress", "--threads", "3",
+                             "--generation.threads", "3"]
+    assert (base.resume, base.num_cpus, base.num_gpus) == (True, 3, 1)
