@@ -406,7 +406,10 @@ def compare_main(argv: list[str]) -> int:
     except CompareError as e:
         return _fail(str(e))
     signal.signal(signal.SIGTERM, _on_sigterm)
-    cores = _ray_init(args.ray_address) if args.backend == "ray" and jobs else _cores()
+    try:
+        cores = _ray_init(args.ray_address) if args.backend == "ray" and jobs else _cores()
+    except Exception as e:  # noqa: BLE001 - any failure to join or start the cluster is one line, exit 2
+        return _fail(f"--backend ray: cannot start or reach the Ray cluster: {type(e).__name__}: {e}")
     threads = max(1, cores // args.parallel)
     jobs, skipped = plan(out, arms, presets, seeds, extra, config_of, threads)
     out.mkdir(parents=True, exist_ok=True)
