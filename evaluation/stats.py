@@ -17,7 +17,9 @@ task (a benchmark, or a single metric). Estimators (the point estimates are rlia
 replicate resamples, *independently within every task column*, N runs with replacement from that column's N
 runs (for two arms: each arm resampled on its own), the statistic is computed on the replicate, and the
 interval is the (α/2, 1 − α/2) percentiles of the ``reps`` replicates (``numpy.percentile``, linear
-interpolation). With one run per arm every replicate is the data and the interval collapses to the point.
+interpolation). With one run per arm every replicate is the data and the interval collapses to the point;
+with few runs the interval is too narrow (a replicate mean never leaves the range of the runs' values, and
+with 3 runs only 10 distinct means exist), so read it with the number of runs.
 
 What is hand-rolled here and why: that resampling (:func:`bootstrap_replicates`), and batched forms of
 rliable's three estimators that compute all replicates at once (the point estimates are rliable's; the tests

@@ -94,7 +94,9 @@ def summarize(runs: Sequence[RunInfo], tail: int = 3, reps: int = stats.DEFAULT_
         else:
             used.append(r)
     by_arm: dict[str, list[RunInfo]] = {}
-    for r in sorted(used, key=lambda r: (r.arm or "", r.seed if isinstance(r.seed, int) else 0, r.name)):
+    order = {TREATMENT: 0, REFERENCE: 1}
+    for r in sorted(used, key=lambda r: (order.get(r.arm or "", 2), r.arm or "",
+                                         r.seed if isinstance(r.seed, int) else 0, r.name)):
         by_arm.setdefault(r.arm or "", []).append(r)
     out: dict[str, Any] = {
         "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),

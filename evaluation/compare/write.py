@@ -67,7 +67,8 @@ def render_markdown(result: dict[str, Any], figures: list[str]) -> str:
              f"{s['reps']} replicates, bootstrap seed {s['bootstrap_seed']}; n = runs (seeds). `final` = a run's "
              f"mean over its last k = min({s['tail']}, steps // 2) logged steps; `gain` = final minus the mean of "
              "its first k. Reading: the difference's interval above 0, below 0, or overlapping it "
-             "(estimators: evaluation/stats.py).", "", "## Runs", ""]
+             "(estimators: evaluation/stats.py). A percentile-bootstrap interval never leaves the range of the "
+             "seeds' own values: with 3 seeds per arm it understates the uncertainty.", "", "## Runs", ""]
     for arm in arms:
         rs = result["runs"][arm]
         lines.append(f"- **{arm}** ({len(rs)}): " + ", ".join(
@@ -125,6 +126,7 @@ def plot_curves(result: dict[str, Any], out: Path) -> str | None:
             ax.fill_between(c["steps"], c["low"], c["high"], color=colour, alpha=0.2, linewidth=0)
         ax.set_title(METRIC_LABELS.get(metric, metric))
         ax.set_xlabel("step")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, frameon=False)
     for j in range(len(metrics), rows * cols):
