@@ -286,12 +286,15 @@ class EvolveArgs:
 def _evolve(argv: list[str]) -> int:
     args = tyro.cli(EvolveArgs, args=argv, prog="populora evolve")
     from evolution.adapters_io import evolve_dirs, parse_params
+    from selfplay.rundir import os_error_line
 
     try:
         params = parse_params(args.param)
         out = evolve_dirs(args.op, args.parents, args.out, params, seed=args.seed)
     except (ValueError, KeyError, FileNotFoundError) as e:
-        return _fail("evolve", str(e))
+        return _fail("evolve", str(e).strip("'\""))
+    except OSError as e:  # writing the child: a full disk, --out under a file, ...
+        return _fail("evolve", f"cannot write --out {args.out}: {os_error_line(e)}")
     print(f"child adapter written to {out}")
     return 0
 
