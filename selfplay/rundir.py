@@ -79,6 +79,13 @@ def check_writable(path: Path) -> None:
         os.unlink(probe)
 
 
+def _check_not_in_use(path: Path) -> None:
+    holder = lock_holder(path)
+    if holder is not None:
+        raise RunDirError(f"run directory {path} is in use by {holder}: one run per directory; wait for it to "
+                          f"finish, or choose another --run-dir")
+
+
 def prepare_new_run_dir(path: Path) -> Path:
     """Check the directory of a new run and create it (with its parents); returns it.
 
@@ -91,6 +98,7 @@ def prepare_new_run_dir(path: Path) -> Path:
     if path.exists() or path.is_symlink():
         if not path.is_dir():
             raise RunDirError(f"run directory {path} exists and is not a directory")
+        _check_not_in_use(path)
         found = run_entries(path)
         if found:
             raise RunDirError(f"run directory {path} already holds a run ({', '.join(found)}); continue it with "
@@ -116,6 +124,7 @@ def check_resume_dir(path: Path) -> Path:
     path = Path(path)
     if not path.is_dir():
         raise RunDirError(f"--resume: {path} is not a directory")
+    _check_not_in_use(path)
     if not (path / "config.json").is_file():
         raise RunDirError(f"--resume: {path / 'config.json'} not found (is {path} a run directory?)")
     check_writable(path)
@@ -138,6 +147,27 @@ def _holder(path: Path) -> str:
                 f"(since {info.get('since', '?')}, {info.get('command', '?')})")
     except (OSError, ValueError):
         return "another process (its pid/host record is not readable)"
+
+
+def lock_holder(path: Path) -> str | None:
+    """Who holds the lock of run directory ``path`` (pid, host, since when), or ``None`` if nobody (this
+    process's own lock counts as nobody). Takes nothing: a shared ``flock`` is tried and released at once."""
+    path = Path(path)
+    if os.path.realpath(path) in _held:
+        return None
+    try:
+        fd = os.open(path / LOCK_NAME, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder(path)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # releases the probe's shared lock too
+    return None
 
 
 @contextlib.contextmanager
@@ -174,8 +204,8 @@ def run_lock(path: Path, command: str = "train") -> Iterator[Path]:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise RunDirError(f"run directory {path} is in use by {_holder(path)}: one run per directory; wait for "
-                          f"it to finish, or choose another --run-dir") from None
+        _check_not_in_use(path)  # names the holder
+        raise RunDirError(f"run directory {path} is in use by another process") from None
     except OSError as exc:
         os.close(fd)
         raise RunDirError(f"cannot lock run directory {path}: {exc.strerror or exc}") from exc
