@@ -52,7 +52,9 @@ def check_rewards(batches: Mapping[str, Sequence[Any]], scheme: str) -> None:
             if isinstance(v, bool) or not isinstance(v, numbers.Real):
                 raise RewardSchemeError(f"reward scheme {scheme!r} gave {agent} a reward of {v!r} "
                                         f"({type(v).__name__}): rewards must be real numbers")
-            if not math.isfinite(float(np.float32(v))):
+            with np.errstate(over="ignore"):
+                as_float32 = float(np.float32(v))
+            if not math.isfinite(as_float32):
                 raise RewardSchemeError(f"reward scheme {scheme!r} gave {agent} a reward of {v!r}, which is "
                                         f"not finite in the trainer's float32 (|r| <= 3.4e38)")
 

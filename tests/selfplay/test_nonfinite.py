@@ -56,8 +56,8 @@ def test_reward_checks_in_process() -> None:
         return {"m": [SimpleNamespace(reward=r, meta={"agent": "student_0"}) for r in rewards]}
 
     check_rewards(batch(0.5, -1, np.float64(3.0e38), np.float32(1.0)), "s")
-    for bad, match in [(True, "True \\(bool\\)"), ("0.5", "'0.5' \\(str\\)"), (1e39, "float32"),
-                       (math.nan, "float32"), (None, "None")]:
+    for bad, match in [(True, "True \\(bool\\)"), ("0.5", "'0.5' \\(str\\)"), (1e39, "1e\\+39, which is not finite in the trainer's float32"),
+                       (-math.inf, "-inf, which"), (math.nan, "nan, which"), (None, "None \\(NoneType\\)")]:
         with pytest.raises(RewardSchemeError, match=f"reward scheme 's' gave student_0 a reward of {match}"):
             check_rewards(batch(0.0, bad), "s")
 
