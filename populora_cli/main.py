@@ -119,7 +119,7 @@ def _train(cmd: str, argv: list[str]) -> int:
         return _fail(cmd, "--override: only with --resume (it names settings of a resumed run allowed to change)")
     arm = ARMS[cmd]
     assignment: dict[str, str] | None = None
-    saved: dict = {}
+    saved_config: dict = {}
     try:
         if known.resume:
             cfg_path = Path(known.resume) / "config.json"
@@ -132,6 +132,7 @@ def _train(cmd: str, argv: list[str]) -> int:
                 default = from_dict(TrainConfig, saved["config"])
             except ConfigError as e:
                 return _fail(cmd, f"--resume: {cfg_path}: {e.field}: {e.reason}")
+            saved_config = to_dict(default)  # a field added since the run was written: its default, no difference
             if known.preset:  # its values, compared with the run's below: every difference is listed
                 default = load_preset(known.preset)
             arm = saved.get("arm", arm)
@@ -167,7 +168,7 @@ def _train(cmd: str, argv: list[str]) -> int:
         if known.resume:  # the run's own configuration: a difference is refused (or recorded) before any work
             from selfplay.config_changes import check_changes
 
-            check_changes(saved["config"], to_dict(cfg), overrides or ())
+            check_changes(saved_config, to_dict(cfg), overrides or ())
     except ConfigError as e:
         return _config_error(cmd, e)
     if known.dry_run:

@@ -25,7 +25,7 @@ from selfplay.checkpoint import (
     write_failure,
     write_json,
 )
-from selfplay.config import ConfigError, TrainConfig, read_config_json, to_dict
+from selfplay.config import ConfigError, TrainConfig, from_dict, read_config_json, to_dict
 from selfplay.config_changes import HISTORY_NAME, check_changes, record_changes
 from selfplay.logger import TensorBoardLogger
 from selfplay.loop import SelfPlayLoop
@@ -111,7 +111,9 @@ def _resume_changes(cfg: TrainConfig, run_dir: Path, overrides: Sequence[str]) -
     saved = read_config_json(run_dir / "config.json", "resume")
     if not isinstance(saved.get("config"), dict):
         raise ConfigError("resume", f"{run_dir / 'config.json'} holds no run configuration")
-    return saved, check_changes(saved["config"], to_dict(cfg), overrides)
+    # normalised through the dataclasses: a field added since the run was written is its default, not a change
+    saved_config = to_dict(from_dict(TrainConfig, saved["config"]))
+    return saved, check_changes(saved_config, to_dict(cfg), overrides)
 
 
 def _train(cfg: TrainConfig, assignment: Mapping[str, str] | None, meta: Mapping[str, Any] | None,

@@ -90,3 +90,13 @@ def test_check_changes_in_process() -> None:
     assert [c[0] for c in check_changes(old, sectioned, ["trainer", "seed"])] == ["seed", "trainer.lr"]
     with pytest.raises(ConfigError, match="cannot change"):
         check_changes(old, to_dict(TrainConfig(model="tiny-random", target_modules=("q_proj",))), ["target_modules"])
+
+
+def test_a_field_added_since_the_run_was_written_is_no_difference(run: Path) -> None:
+    """A run written before a field existed resumes with the field's default, without --override."""
+    saved = json.loads((run / "config.json").read_text())
+    del saved["config"]["trainer"]["max_nonfinite_updates"]
+    (run / "config.json").write_text(json.dumps(saved))
+    p = populora("train", "--resume", str(run), "--no-progress", "--dry-run", timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout)["trainer"]["max_nonfinite_updates"] == 3
