@@ -45,6 +45,7 @@ from torch.utils.checkpoint import checkpoint
 
 from agents.advantages import get_advantage, list_advantages
 from agents.losses import KL_ESTIMATORS, get_loss_agg, kl_penalty, list_loss_aggs, policy_loss
+from agents.nonfinite import finite_update
 from agents.rollout import Rollout
 
 __all__ = ["TrainerConfig", "PolicyGradientTrainer", "KL_MODES"]
@@ -102,7 +103,10 @@ class TrainerConfig:
     logprob_chunk_size: int = 1024
     """Completion tokens per LM-head chunk (bounds the size of the full-vocabulary logits)."""
     skip_nonfinite_grad: bool = True
-    """Skip the optimizer step (and report it) when the gradient norm is NaN/inf."""
+    """Skip the optimizer step (and report it) when the loss or the gradient norm is NaN/inf."""
+    max_nonfinite_updates: int = 3
+    """Stop the run (exit 2, naming the member and step; the last checkpoint stays intact) after this many
+    consecutive updates of one member whose every optimizer step was skipped as non-finite."""
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]
@@ -451,7 +455,7 @@ class PolicyGradientTrainer:
                 max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
                 gn = float(torch.nn.utils.clip_grad_norm_(params, max_norm).item())
                 grad_norms.append(gn)
-                if math.isfinite(gn) or not cfg.skip_nonfinite_grad:
+                if finite_update(step_loss, gn) or not cfg.skip_nonfinite_grad:
                     opt.step()
                 else:
                     skipped += 1

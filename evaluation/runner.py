@@ -247,6 +247,10 @@ def _adapter_dirs(run_dir: Path) -> dict[str, Path]:
     dirs = {p.name: p for p in sorted(root.iterdir()) if (p / "adapter_config.json").is_file()}
     if not dirs:
         raise FileNotFoundError(f"no PEFT adapter (adapter_config.json) under {root}")
+    from evolution.adapters_io import load_adapter_dir
+
+    for d in dirs.values():  # before any model loads: a damaged file exits 2 naming it (AdapterFileError)
+        load_adapter_dir(d)
     return dirs
 
 

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from evolution.operators import get_operator, lora_modules
 
-__all__ = ["evolve_dirs", "load_adapter_dir", "parse_params", "save_adapter_dir"]
+__all__ = ["AdapterFileError", "evolve_dirs", "load_adapter_dir", "parse_params", "save_adapter_dir"]
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -56,11 +56,38 @@ def parse_params(items: Sequence[str]) -> dict[str, float | int | str]:
     return out
 
 
+class AdapterFileError(ValueError):
+    """An adapter file that cannot be used (unreadable, truncated, garbage, non-finite); the message names it."""
+
+
+def _read_config(cfg_file: Path) -> dict[str, Any]:
+    try:
+        config = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise AdapterFileError(f"{cfg_file}: not a readable adapter config ({type(exc).__name__}: {exc})") from None
+    if not isinstance(config, dict):
+        raise AdapterFileError(f"{cfg_file}: not an adapter config (a JSON object), got {type(config).__name__}")
+    return config
+
+
+def _read_weights(weights: Path) -> dict[str, torch.Tensor]:
+    try:
+        state = load_file(str(weights))
+    except Exception as exc:  # safetensors' SafetensorError (truncated, bad header), OSError, ...
+        raise AdapterFileError(f"{weights}: not a readable safetensors file ({type(exc).__name__}: {exc})") from None
+    for key, t in state.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise AdapterFileError(f"{weights}: tensor {key} holds NaN or inf values")
+    return state
+
+
 def load_adapter_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """``(adapter_config, state)`` of a PEFT LoRA directory (safetensors weights only).
 
     Raises:
         FileNotFoundError: no directory, no ``adapter_config.json`` or no weights file.
+        AdapterFileError: (a ValueError naming the file) an unreadable or garbage ``adapter_config.json``, a
+            truncated or damaged weights file, or weights holding NaN/inf.
         ValueError: only a pickled ``adapter_model.bin`` (not loaded: it can execute code), or not a LoRA adapter.
     """
     path = Path(path)
@@ -77,12 +104,12 @@ def load_adapter_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.
                 f"with PeftModel.from_pretrained and save_pretrained(..., safe_serialization=True))"
             )
         raise FileNotFoundError(f"{path} has no {WEIGHTS_NAME}")
-    config = json.loads(cfg_file.read_text())
+    config = _read_config(cfg_file)
     if str(config.get("peft_type", "LORA")).upper() != "LORA":
         raise ValueError(
-            f"{path}: peft_type is {config.get('peft_type')!r}, only LORA adapters are supported"
+            f"{cfg_file}: peft_type is {config.get('peft_type')!r}, only LORA adapters are supported"
         )
-    return config, load_file(str(weights))
+    return config, _read_weights(weights)
 
 
 def save_adapter_dir(
@@ -178,6 +205,9 @@ def evolve_dirs(
         FileNotFoundError: a missing parent directory or file.
     """
     operator = get_operator(op)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory")
     paths = [Path(p) for p in parents]
     if len(paths) != operator.arity:
         raise ValueError(f"operator {op!r} takes {operator.arity} parent(s), got {len(paths)}: {paths}")
@@ -191,5 +221,14 @@ def evolve_dirs(
         except ValueError as e:
             raise ValueError(f"{p}: {e}") from None
     _check_compatible(paths, configs, states)
-    child = operator(*states, generator=torch.Generator().manual_seed(int(seed)), **resolved)
+    given = ", ".join(f"{k}={v}" for k, v in sorted(dict(params or {}).items())) or "its default parameters"
+    try:
+        child = operator(*states, generator=torch.Generator().manual_seed(int(seed)), **resolved)
+    except RuntimeError as exc:  # e.g. torch.linalg on values an extreme parameter made ill-conditioned
+        raise ValueError(f"operator {op!r} with {given} failed: {type(exc).__name__}: {exc}") from None
+    bad = [k for k, t in child.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ValueError(f"operator {op!r} with {given} (resolved: {resolved}) produced a child with NaN/inf "
+                         f"weights in {len(bad)} tensor(s), e.g. {bad[0]}: nothing was written; choose smaller "
+                         f"values of {', '.join(sorted(dict(params or {}))) or 'the parameters'}")
     return save_adapter_dir(out, configs[0], child, config_file=paths[0] / CONFIG_NAME)

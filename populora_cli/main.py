@@ -76,8 +76,39 @@ def _config_error(cmd: str, e: Any) -> int:
     return _fail(cmd, f"{_flag(e.field)}: {e.reason}")
 
 
+def _take_overrides(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """``argv`` without ``--override FIELD [FIELD ...]`` (or ``--override=FIELD``), and the fields (``None``: the
+    flag was not given)."""
+    rest: list[str] = []
+    fields: list[str] | None = None
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--override" or a.startswith("--override="):
+            fields = fields if fields is not None else []
+            if a.startswith("--override="):
+                fields += [f for f in a.split("=", 1)[1].split(",") if f]
+            i += 1
+            while i < len(argv) and not argv[i].startswith("--"):
+                fields.append(argv[i])
+                i += 1
+            continue
+        rest.append(a)
+        i += 1
+    return rest, fields
+
+
 def _train(cmd: str, argv: list[str]) -> int:
-    from selfplay.config import ConfigError, TrainConfig, from_dict, list_presets, load_preset, validate
+    from selfplay.config import (
+        ConfigError,
+        TrainConfig,
+        from_dict,
+        list_presets,
+        load_preset,
+        read_config_json,
+        to_dict,
+        validate,
+    )
     from selfplay.plugins import PluginError, load_plugins, normalize_plugin
 
     pre = argparse.ArgumentParser(add_help=False)
@@ -85,19 +116,27 @@ def _train(cmd: str, argv: list[str]) -> int:
     pre.add_argument("--resume", default=None)
     pre.add_argument("--dry-run", action="store_true")
     known, _ = pre.parse_known_args(argv)
-    argv = [a for a in argv if a != "--dry-run"]
+    argv, overrides = _take_overrides([a for a in argv if a != "--dry-run"])
+    if overrides is not None and not known.resume:
+        return _fail(cmd, "--override: only with --resume (it names settings of a resumed run allowed to change)")
     arm = ARMS[cmd]
     assignment: dict[str, str] | None = None
+    saved_config: dict = {}
     try:
         if known.resume:
             cfg_path = Path(known.resume) / "config.json"
             if not cfg_path.is_file():
                 return _fail(cmd, f"--resume: {cfg_path} not found (is {known.resume} a run directory?)")
+            saved = read_config_json(cfg_path, "resume")
+            if not isinstance(saved.get("config"), dict):
+                return _fail(cmd, f"--resume: {cfg_path} is not a run configuration (no \"config\" object)")
             try:
-                saved = json.loads(cfg_path.read_text())
                 default = from_dict(TrainConfig, saved["config"])
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                return _fail(cmd, f"--resume: {cfg_path} is not a run configuration ({exc})")
+            except ConfigError as e:
+                return _fail(cmd, f"--resume: {cfg_path}: {e.field}: {e.reason}")
+            saved_config = to_dict(default)  # a field added since the run was written: its default, no difference
+            if known.preset:  # its values, compared with the run's below: every difference is listed
+                default = load_preset(known.preset)
             arm = saved.get("arm", arm)
             mapping = saved.get("mapping") or {}
             assignment = mapping.get("agent_to_member")
@@ -109,7 +148,9 @@ def _train(cmd: str, argv: list[str]) -> int:
     with _json_dict_rule():
         cfg = tyro.cli(TrainConfig, default=default, args=argv, prog=f"populora {cmd}",
                        description=(TrainConfig.__doc__ or "") + f" Shipped presets: {presets}. "
-                       "--dry-run prints the resolved configuration as JSON and exits.")
+                       "--dry-run prints the resolved configuration as JSON and exits. With --resume RUN_DIR, "
+                       "--override FIELD [FIELD ...] allows the named settings (dotted, e.g. trainer.lr) to differ "
+                       "from the run's config.json; the change is recorded in RUN_DIR/config_history.jsonl.")
     if known.resume:
         cfg = dataclasses.replace(cfg, resume=Path(known.resume))
     elif cmd == "baseline":
@@ -126,27 +167,38 @@ def _train(cmd: str, argv: list[str]) -> int:
         cfg = dataclasses.replace(cfg, name=f"{Path(cfg.preset).stem}-{arm}-s{cfg.seed}")
     try:
         validate(cfg)
+        if known.resume:  # the run's own configuration: a difference is refused (or recorded) before any work
+            from selfplay.config_changes import check_changes
+
+            check_changes(saved_config, to_dict(cfg), overrides or ())
     except ConfigError as e:
         return _config_error(cmd, e)
     if known.dry_run:
-        from selfplay.config import to_dict
-
         print(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
         return 0
     from selfplay.rundir import (
         RunDirError,
         check_resume_dir,
         default_run_dir,
-        os_error_line,
         prepare_new_run_dir,
+        run_lock,
     )
 
     target = Path(known.resume) if known.resume else default_run_dir(cfg)
-    try:  # before the learning stack is imported and the model loads
+    try:  # before the learning stack is imported and the model loads; the lock is held until the run ends
         check_resume_dir(target) if known.resume else prepare_new_run_dir(target)
+        with run_lock(target, cmd):
+            return _train_locked(cmd, cfg, assignment, arm, target, overrides or ())
     except RunDirError as e:
         return _fail(cmd, str(e))
+
+
+def _train_locked(cmd: str, cfg: Any, assignment: dict[str, str] | None, arm: str, target: Path,
+                  overrides: list[str] | tuple[str, ...]) -> int:
+    from populora_env.rewards import RewardSchemeError
+    from selfplay.config import ConfigError
     from selfplay.distributed.cluster import ClusterError
+    from selfplay.rundir import RunDirError, os_error_line
 
     if cfg.backend == "ray":  # the cluster can hold the run (resources, run directory on every node): exit 2 if not
         from dataclasses import asdict
@@ -158,11 +210,16 @@ def _train(cmd: str, argv: list[str]) -> int:
         except ClusterError as e:
             return _fail(cmd, str(e))
     from selfplay.checkpoint import CheckpointError
+    from selfplay.finite import NonFiniteTraining
     from selfplay.run import train
 
     try:
-        run_dir = train(cfg, assignment, meta={"arm": arm})
-    except (RunDirError, CheckpointError, ClusterError) as e:
+        run_dir = train(cfg, assignment, meta={"arm": arm}, overrides=overrides)
+    except ConfigError as e:
+        return _config_error(cmd, e)
+    except RewardSchemeError as e:
+        return _fail(cmd, f"--env.reward-scheme {cfg.env.reward_scheme}: {e}; the run stopped before training on it")
+    except (RunDirError, CheckpointError, ClusterError, NonFiniteTraining) as e:
         return _fail(cmd, str(e))
     except OSError as e:  # a full disk, a folder that became unwritable, ...: one line, no traceback
         logging.getLogger(__name__).debug("the run stopped", exc_info=True)
@@ -232,12 +289,15 @@ class EvolveArgs:
 def _evolve(argv: list[str]) -> int:
     args = tyro.cli(EvolveArgs, args=argv, prog="populora evolve")
     from evolution.adapters_io import evolve_dirs, parse_params
+    from selfplay.rundir import os_error_line
 
     try:
         params = parse_params(args.param)
         out = evolve_dirs(args.op, args.parents, args.out, params, seed=args.seed)
     except (ValueError, KeyError, FileNotFoundError) as e:
-        return _fail("evolve", str(e))
+        return _fail("evolve", str(e).strip("'\""))
+    except OSError as e:  # writing the child: a full disk, --out under a file, ...
+        return _fail("evolve", f"cannot write --out {args.out}: {os_error_line(e)}")
     print(f"child adapter written to {out}")
     return 0
 

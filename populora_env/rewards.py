@@ -26,6 +26,7 @@ Built-ins:
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -128,31 +129,46 @@ def azr_rewards(results: RoundResults, extreme_reward: float = 0.0) -> dict[str,
     return rewards
 
 
+class RewardSchemeError(ValueError):
+    """A reward scheme returned something that is not one real, finite reward per completion (a bug in the
+    scheme, not in the model's output); the message names the scheme."""
+
+
+def _name(scheme: Any) -> str:
+    return str(getattr(scheme, "name", None) or getattr(scheme, "__name__", None) or type(scheme).__name__)
+
+
 def compute_rewards(
     scheme: RewardScheme, results: RoundResults, kwargs: Mapping[str, Any] | None = None
 ) -> dict[str, list[float]]:
     """Run ``scheme`` and check its answer: one finite float per completion for every agent.
 
     Raises:
-        ValueError: the scheme returned an unknown agent, a list of the wrong length or a non-finite value
-            (a bug in the scheme: it must fail loudly, not train on garbage).
+        RewardSchemeError: (a ValueError) the scheme returned an unknown agent, a list of the wrong length, a
+            value that is not a real number (a bool, a string) or a non-finite one (a bug in the scheme: it must
+            fail loudly, not train on garbage).
     """
     raw = scheme(results, **dict(kwargs or {}))
     if not isinstance(raw, Mapping):
-        raise ValueError(f"reward scheme returned {type(raw).__name__}, expected a mapping agent -> list")
+        raise RewardSchemeError(f"reward scheme returned {type(raw).__name__}, expected a mapping agent -> list")
     unknown = set(raw) - set(results.agents)
     if unknown:
-        raise ValueError(f"reward scheme returned rewards for unknown agents {sorted(unknown)}")
+        raise RewardSchemeError(f"reward scheme returned rewards for unknown agents {sorted(unknown)}")
     out: dict[str, list[float]] = {}
     for agent in results.agents:
         expected = results.n_completions(agent)
         values = list(raw.get(agent, []))
         if len(values) != expected:
-            raise ValueError(
+            raise RewardSchemeError(
                 f"reward scheme returned {len(values)} rewards for {agent}, which has {expected} completions"
             )
+        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, numbers.Real)]
+        if bad:
+            raise RewardSchemeError(f"reward scheme {_name(scheme)!r} returned {bad[0]!r} ({type(bad[0]).__name__}) "
+                                    f"as a reward for {agent}: rewards must be real numbers")
         floats = [float(v) for v in values]
         if not all(math.isfinite(v) for v in floats):
-            raise ValueError(f"reward scheme returned a non-finite reward for {agent}: {floats}")
+            raise RewardSchemeError(f"reward scheme {_name(scheme)!r} returned a non-finite reward for {agent}: "
+                                    f"{floats}")
         out[agent] = floats
     return out

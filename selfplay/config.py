@@ -15,8 +15,12 @@ command-line flags override it; ``--resume RUN_DIR`` starts from the run's own `
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import math
+import numbers
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -40,6 +44,7 @@ __all__ = [
     "list_presets",
     "load_preset",
     "preset_path",
+    "read_config_json",
     "to_dict",
     "validate",
 ]
@@ -130,25 +135,144 @@ class TrainConfig:
 # ----------------------------------------------------------------------------------- dict <-> config
 
 
-def _coerce(tp: Any, value: Any, path: str) -> Any:
-    """Convert a JSON value into the annotated type ``tp`` (nested dataclasses, tuples, Paths)."""
+INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
+"""Every integer field fits in a signed 64-bit integer (what numpy, torch and the JSON readers of other tools
+accept); fields with narrower documented bounds are checked by :func:`validate`."""
+MAX_CONFIG_BYTES = 1 << 20
+"""Largest preset / ``config.json`` file read (a run configuration is a few kilobytes)."""
+MAX_CONFIG_DEPTH = 16
+"""Deepest nesting of objects/lists in a preset (a run configuration nests four levels)."""
+
+
+def _type_name(tp: Any) -> str:
+    """How an annotation reads in an error message: ``a bool``, ``an int``, ``one of 'a', 'b'``, ..."""
     origin = typing.get_origin(tp)
+    if tp is bool:
+        return "a bool (true/false)"
+    if tp is int:
+        return "an int"
+    if tp is float:
+        return "a number"
+    if tp is str:
+        return "a string"
+    if tp is Path:
+        return "a path (string)"
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        names = [_type_name(a) if a is not type(None) else "null" for a in typing.get_args(tp)]
+        return " or ".join(names)
+    if origin is tuple:
+        return "a list"
+    if origin is dict or dataclasses.is_dataclass(tp):
+        return "an object"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _got(value: Any) -> str:
+    text = repr(value)
+    return f"{text[:80]}{'...' if len(text) > 80 else ''} ({type(value).__name__})"
+
+
+def _exact(tp: Any, value: Any) -> bool:
+    """Whether ``value`` already is of the simple type ``tp`` (used to pick a union member without converting)."""
+    if tp is type(None):
+        return value is None
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp in (int, float, str):
+        return isinstance(value, tp) and not isinstance(value, bool)
+    if typing.get_origin(tp) is Literal:
+        return any(value == a and type(value) is type(a) for a in typing.get_args(tp))
+    return False
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    """``value`` (from JSON, a flag or Python) as the annotated type ``tp``, or :class:`ConfigError` naming
+    ``path`` and the expected type.
+
+    Generic over the annotations of the config dataclasses, so a field added to any section is checked the same
+    way: bools are bools (not ``"false"``, not ``0``), ints are ints (not bools, not ``1.5``) within the signed
+    64-bit range, floats are finite numbers, strings are strings, ``Literal`` values are one of the choices,
+    tuples are lists of the element type (of the declared length for ``tuple[X, Y]``), dicts have string keys
+    and typed values, nested dataclasses are objects of their own fields (unknown keys refused).
+    """
+    origin = typing.get_origin(tp)
+    expected = _type_name(tp)
+    if tp is Any or tp is object:
+        return value
     if dataclasses.is_dataclass(tp):
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = to_dict(value)
         if not isinstance(value, dict):
-            raise ConfigError(path, f"expected an object, got {value!r}")
+            raise ConfigError(path, f"must be an object, got {_got(value)}")
         return from_dict(tp, value, prefix=path + ".")
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        return _coerce(args[0], value, path)
+        args = typing.get_args(tp)
+        for a in args:  # a value that already has one of the types keeps it (5 stays an int in float | int | str)
+            if _exact(a, value):
+                return value
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(a, value, path)
+            except ConfigError:
+                continue
+        raise ConfigError(path, f"must be {expected}, got {_got(value)}")
+    if origin is Literal:
+        if not _exact(tp, value):
+            raise ConfigError(path, f"must be {expected}, got {_got(value)}")
+        return value
     if origin is tuple:
         if not isinstance(value, list | tuple):
-            raise ConfigError(path, f"expected a list, got {value!r}")
+            raise ConfigError(path, f"must be a list, got {_got(value)}")
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
+        if args:
+            if len(value) != len(args):
+                raise ConfigError(path, f"must be a list of {len(args)} values, got {_got(value)}")
+            return tuple(_coerce(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
         return tuple(value)
-    if origin is dict and not isinstance(value, dict):
-        raise ConfigError(path, f"expected an object, got {value!r}")
+    if origin is list:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(path, f"must be a list, got {_got(value)}")
+        (arg,) = typing.get_args(tp) or (Any,)
+        return [_coerce(arg, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(path, f"must be an object, got {_got(value)}")
+        key_t, val_t = typing.get_args(tp) or (str, Any)
+        out = {}
+        for k, v in value.items():
+            if key_t is str and not isinstance(k, str):
+                raise ConfigError(path, f"keys must be strings, got {_got(k)}")
+            out[k] = _coerce(val_t, v, f"{path}.{k}")
+        return out
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(path, f"must be {expected}, got {_got(value)}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ConfigError(path, f"must be {expected}, got {_got(value)}")
+        if not INT_MIN <= value <= INT_MAX:
+            raise ConfigError(path, f"must be an int in the signed 64-bit range [{INT_MIN}, {INT_MAX}], got {value}")
+        return int(value)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ConfigError(path, f"must be {expected}, got {_got(value)}")
+        if not math.isfinite(value):
+            raise ConfigError(path, f"must be a finite number, got {value}")
+        return float(value) if not isinstance(value, numbers.Integral) else float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(path, f"must be {expected}, got {_got(value)}")
+        return value
     if tp is Path:
+        if not isinstance(value, str | os.PathLike):
+            raise ConfigError(path, f"must be {expected}, got {_got(value)}")
         return Path(value)
     return value
 
@@ -203,6 +327,41 @@ def preset_path(preset: str) -> Path | None:
     return Path(str(shipped)) if shipped.is_file() else None
 
 
+def _depth(value: Any) -> int:
+    """Nesting depth of a JSON value (iterative: a hostile file cannot exhaust the stack here)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        deepest = max(deepest, d)
+        if d > MAX_CONFIG_DEPTH:
+            break
+        if isinstance(v, dict):
+            todo.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, list):
+            todo.extend((x, d + 1) for x in v)
+    return deepest
+
+
+def read_config_json(path: Path, field_name: str) -> dict:
+    """The JSON object in ``path`` (a preset or a run's ``config.json``), within :data:`MAX_CONFIG_BYTES` and
+    :data:`MAX_CONFIG_DEPTH`; :class:`ConfigError` for ``field_name`` naming the file otherwise."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(field_name, f"{path} is {size} bytes, more than a run configuration can be "
+                                          f"({MAX_CONFIG_BYTES} bytes)")
+        data = json.loads(path.read_text())
+    except RecursionError:
+        raise ConfigError(field_name, f"{path} nests deeper than {MAX_CONFIG_DEPTH} levels") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(field_name, f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(field_name, f"{path} must hold a JSON object, got {type(data).__name__}")
+    if _depth(data) > MAX_CONFIG_DEPTH:
+        raise ConfigError(field_name, f"{path} nests deeper than {MAX_CONFIG_DEPTH} levels")
+    return data
+
+
 def load_preset(preset: str) -> TrainConfig:
     """The :class:`TrainConfig` a preset describes (unset fields keep the dataclass defaults)."""
     path = preset_path(preset)
@@ -210,12 +369,7 @@ def load_preset(preset: str) -> TrainConfig:
         what = "preset file" if preset.endswith(".json") or "/" in preset else "preset"
         raise ConfigError("preset", f"{what} {preset!r} not found (shipped presets: {', '.join(list_presets())}; "
                                     "or give a path to a .json file)")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError("preset", f"cannot read {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError("preset", f"{path} must hold a JSON object")
+    data = read_config_json(path, "preset")
     data = {k: v for k, v in data.items() if not k.startswith("_")}  # "_comment" and the like
     data["preset"] = preset
     return from_dict(TrainConfig, data)
@@ -242,19 +396,83 @@ def _registered(name: str, value: str, names: list[str], kind: str) -> None:
     check(value in names, name, f"unknown {kind} {value!r} (known: {', '.join(names)})")
 
 
+MAX_SEED = (1 << 63) - 1
+"""Largest run / PBT seed: every RNG of a run takes it (torch, numpy's Generator, Python's ``random``; numpy's
+legacy global seed gets its low 32 bits)."""
+
+
+def check_types(cfg: TrainConfig) -> None:
+    """Every field of ``cfg`` has its annotated type (:func:`_coerce`); :class:`ConfigError` naming the dotted
+    field and the expected type otherwise. Covers values set from Python or by a flag as well as from JSON."""
+    from_dict(TrainConfig, to_dict(cfg))
+
+
+def _model_config_file(model: str) -> Path | None:
+    """The ``config.json`` of ``model`` if it can be read without building or loading anything: a local HF
+    directory, or a built-in model already converted into the cache."""
+    p = Path(model).expanduser()
+    if p.is_dir():
+        return p / "config.json" if (p / "config.json").is_file() else None
+    if model in KNOWN_MODELS:
+        from agents import models
+
+        name = {"tiny-random": "tiny-random-llama", "smollm2-135m": "smollm2-135m-instruct-fp32"}[model]
+        f = models.cache_dir() / f"{name}-{models._CACHE_VERSION}" / "config.json"
+        return f if f.is_file() else None
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def model_module_names(model: str) -> tuple[str, ...] | None:
+    """Sorted names (last component) of the modules of ``model`` that hold weights of their own, from its
+    ``config.json`` with the model built on the meta device (no weights read or allocated); ``None`` when the
+    config cannot be read that way (a hub id, a ``.gguf`` not converted yet): peft checks the names later."""
+    f = _model_config_file(model)
+    if f is None:
+        return None
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(str(f.parent))
+        with torch.device("meta"):
+            net = AutoModelForCausalLM.from_config(config)
+    except Exception:  # an unusual architecture: leave the check to peft when the model loads
+        return None
+    return tuple(sorted({name.rsplit(".", 1)[-1] for name, m in net.named_modules()
+                         if name and any(True for _ in m.parameters(recurse=False))}))
+
+
+def unknown_target_modules(model: str, targets: tuple[str, ...]) -> list[str]:
+    """The entries of ``targets`` that name no module of ``model`` (by last name component or a dotted suffix,
+    as peft matches them); empty when the model's modules cannot be listed without loading it."""
+    names = model_module_names(model)
+    if names is None:
+        return []
+    return [t for t in targets if t.rsplit(".", 1)[-1] not in names]
+
+
 def validate(cfg: TrainConfig) -> None:
     """Check every value; raise :class:`ConfigError` naming the first bad field (``env.*`` by the env's own
     rules). Plugins must already be imported (their registered names are looked up here)."""
+    check_types(cfg)
     check_int("steps", cfg.steps, 1)
-    check_int("seed", cfg.seed, 0)
+    check_int("seed", cfg.seed, 0, MAX_SEED)
+    check_int("pbt.seed", cfg.pbt.seed, 0, MAX_SEED)
     check_int("threads", cfg.threads, 0, 4096)
     problem = _model_problem(cfg.model)
     check(problem is None, "model", problem or "")
-    check(cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"), "device",
-          f"must be auto, cpu or cuda[:N] (got {cfg.device!r})")
+    check(cfg.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d{1,3}", cfg.device) is not None, "device",
+          f"must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     check_int("rank", cfg.rank, 1, 4096)
     check_number("alpha", cfg.alpha, low=0.0, high=1e6, low_open=True)
     check(len(cfg.target_modules) > 0, "target_modules", "must name at least one module")
+    check(len(set(cfg.target_modules)) == len(cfg.target_modules), "target_modules",
+          f"names a module twice: {list(cfg.target_modules)}")
+    unknown = unknown_target_modules(cfg.model, cfg.target_modules)
+    check(not unknown, "target_modules",
+          f"{', '.join(map(repr, unknown))} not in model {cfg.model!r} (its modules: "
+          f"{', '.join(model_module_names(cfg.model) or [])})")
     try:
         cfg.env.validate()
     except ConfigError as exc:
@@ -277,6 +495,7 @@ def validate(cfg: TrainConfig) -> None:
     _registered("trainer.advantage", t.advantage, list_advantages(), "advantage estimator")
     _registered("trainer.loss_agg_mode", t.loss_agg_mode, list_loss_aggs(), "loss aggregation mode")
     check_number("trainer.lr", t.lr, low=0.0, high=1.0, low_open=True)
+    check_int("trainer.max_nonfinite_updates", t.max_nonfinite_updates, 1, 1 << 20)
     if cfg.evolution:  # the controller checks its own config (operators known, probabilities, interval, γ)
         from evolution.pbt import PBTController
 

@@ -50,6 +50,7 @@ from selfplay.checkpoint import (
     write_text_atomic,
 )
 from selfplay.config import TrainConfig
+from selfplay.finite import NonFiniteGuard, check_rewards
 from selfplay.mapping import AgentMapping
 from selfplay.rollouts import CompletionId, rollouts_from_round
 from selfplay.seeding import SeedingReport, seed_before_training
@@ -105,6 +106,7 @@ class SelfPlayLoop:
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.assignment = None if assignment is None else dict(assignment)
         self.callbacks = list(callbacks)
+        self.nonfinite = NonFiniteGuard(cfg.trainer.max_nonfinite_updates)
 
     # ------------------------------------------------------------------------------------- set-up
     def _device(self) -> str:
@@ -120,7 +122,7 @@ class SelfPlayLoop:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        np.random.seed(cfg.seed)
+        np.random.seed(cfg.seed & 0xFFFFFFFF)  # numpy's legacy seed takes 32 bits; the same for seeds < 2**32
         if cfg.backend == "ray":  # the same parts as Ray actors behind the same interfaces (docs/ray.md)
             from selfplay.distributed.backend import RayBackend
 
@@ -323,7 +325,9 @@ class SelfPlayLoop:
 
         t0 = time.perf_counter()
         batches = rollouts_from_round(outcome, completions, self.mapping)
+        check_rewards(batches, cfg.env.reward_scheme)  # real and finite in float32, else RewardSchemeError
         member_metrics = self.trainer.update_many({m: batches[m] for m in self.mapping.members if batches.get(m)})
+        self.nonfinite.observe(self.step + 1, member_metrics)  # NonFiniteTraining before this step's checkpoint
         self.generator.refresh(list(member_metrics))
         update_s = time.perf_counter() - t0
 

@@ -41,6 +41,16 @@ def _module_name(path: Path) -> str:
     return f"populora_plugin_{path.stem}_{digest}"
 
 
+def _import_failure(spec: str, exc: BaseException) -> PluginError:
+    """The error of a plugin whose import raised ``exc``; ``sys.exit(N)`` and ``KeyboardInterrupt`` inside a
+    plugin's import are reported like any failure (the command exits 2), not passed on as the command's exit."""
+    if isinstance(exc, SystemExit):
+        return PluginError(f"plugin {spec!r} exited with {exc.code if exc.code is not None else 0} while importing")
+    if isinstance(exc, KeyboardInterrupt):
+        return PluginError(f"plugin {spec!r} exited with KeyboardInterrupt while importing")
+    return PluginError(f"plugin {spec!r} failed while importing: {type(exc).__name__}: {exc}")
+
+
 def load_plugin(spec: str) -> ModuleType:
     """Import one plugin (a ``.py`` path or a module name); importing the same one twice is a no-op."""
     if spec.endswith(".py"):
@@ -57,12 +67,14 @@ def load_plugin(spec: str) -> ModuleType:
         sys.modules[name] = module
         try:
             module_spec.loader.exec_module(module)
-        except Exception as exc:
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
             del sys.modules[name]
-            raise PluginError(f"plugin {spec!r} failed while importing: {type(exc).__name__}: {exc}") from exc
+            raise _import_failure(spec, exc) from exc
         return module
     try:
         return importlib.import_module(spec)
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise _import_failure(spec, exc) from exc
     except ModuleNotFoundError as exc:
         if exc.name and spec.startswith(exc.name):
             raise PluginError(f"plugin module {spec!r} not found (give an importable module name or a .py path)") \

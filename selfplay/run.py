@@ -9,7 +9,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +25,11 @@ from selfplay.checkpoint import (
     write_failure,
     write_json,
 )
-from selfplay.config import TrainConfig, to_dict
+from selfplay.config import ConfigError, TrainConfig, from_dict, read_config_json, to_dict
+from selfplay.config_changes import HISTORY_NAME, check_changes, record_changes
 from selfplay.logger import TensorBoardLogger
 from selfplay.loop import SelfPlayLoop
-from selfplay.rundir import check_resume_dir, default_run_dir, prepare_new_run_dir
+from selfplay.rundir import check_resume_dir, default_run_dir, prepare_new_run_dir, run_lock
 
 log = logging.getLogger(__name__)
 
@@ -79,21 +80,57 @@ def save_adapters(loop: SelfPlayLoop, adapters: Path) -> None:
 
 
 def train(cfg: TrainConfig, assignment: Mapping[str, str] | None = None,
-          meta: Mapping[str, Any] | None = None) -> Path:
+          meta: Mapping[str, Any] | None = None, overrides: Sequence[str] = ()) -> Path:
     """Run (or, with ``cfg.resume``, continue) a job; returns the run directory.
+
+    The run directory is locked for the whole call (:func:`selfplay.rundir.run_lock`): a second process
+    writing the same directory fails at once with :class:`RunDirError` naming this one.
 
     Args:
         cfg: the validated run configuration.
         assignment: env agent -> adapter name (``None``: one adapter per agent). Saved in ``config.json``.
         meta: extra fields for ``config.json`` (e.g. ``{"arm": "baseline"}``), read by the report.
+        overrides: with ``cfg.resume``, the fields allowed to differ from the run's ``config.json``
+            (:mod:`selfplay.config_changes`: any other difference raises :class:`ConfigError` before the
+            model loads; an accepted one is recorded in ``config_history.jsonl`` at the resumed step).
+
+    Raises:
+        NonFiniteTraining: ``trainer.max_nonfinite_updates`` consecutive updates of a member were skipped
+            (no checkpoint is written after them: the last one is intact).
     """
+    target = Path(cfg.resume) if cfg.resume is not None else default_run_dir(cfg)
+    if cfg.resume is not None:
+        check_resume_dir(target)
+    else:
+        prepare_new_run_dir(target)
+    with run_lock(target):
+        return _train(cfg, assignment, meta, overrides)
+
+
+def _resume_changes(cfg: TrainConfig, run_dir: Path, overrides: Sequence[str]) -> tuple[dict, list]:
+    saved = read_config_json(run_dir / "config.json", "resume")
+    if not isinstance(saved.get("config"), dict):
+        raise ConfigError("resume", f"{run_dir / 'config.json'} holds no run configuration")
+    # normalised through the dataclasses: a field added since the run was written is its default, not a change
+    saved_config = to_dict(from_dict(TrainConfig, saved["config"]))
+    return saved, check_changes(saved_config, to_dict(cfg), overrides)
+
+
+def _train(cfg: TrainConfig, assignment: Mapping[str, str] | None, meta: Mapping[str, Any] | None,
+           overrides: Sequence[str]) -> Path:
     resuming = cfg.resume is not None
     # every check on the directory and its checkpoints comes before the model loads
     chosen: Resumable | None = None
     if resuming:
         run_dir = check_resume_dir(Path(cfg.resume))
+        saved, changes = _resume_changes(cfg, run_dir, overrides)
         cleanup_partial(run_dir)
         chosen = find_resumable(run_dir)  # NoIntactCheckpoint if every checkpoint is damaged
+        if changes:  # recorded at the step the run continues from, before any step trains with them
+            for line in record_changes(run_dir, chosen.step if chosen is not None else 0, changes):
+                log.warning("resume: %s changed from %s to %s after step %d (recorded in %s)", line["field"],
+                            json.dumps(line["old"]), json.dumps(line["new"]), line["step"], HISTORY_NAME)
+            write_json(run_dir / "config.json", {**saved, "config": to_dict(cfg)})
     else:
         run_dir = prepare_new_run_dir(default_run_dir(cfg))  # RunDirError if it already holds a run
     loop = SelfPlayLoop(cfg, run_dir, assignment)

@@ -3,6 +3,7 @@ teacher × student matrices, links to the figures and the notes on what could no
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import Counter
 from collections.abc import Sequence
@@ -250,6 +251,21 @@ def unique_names(runs: list[RunData]) -> None:
             r.name = f"{r.name} ({seen[r.name]})"
 
 
+def config_changes_section(runs: Sequence[RunData]) -> list[str]:
+    """``## Configuration changes``: every change a resume recorded (``config_history.jsonl``), at its step;
+    nothing when no run has one."""
+    from selfplay.config_changes import read_history
+
+    rows = [[r.name, str(h["step"]), f"`{h['field']}`", f"`{json.dumps(h.get('old'))}`", f"`{json.dumps(h.get('new'))}`"]
+            for r in runs for h in read_history(r.path)]
+    if not rows:
+        return []
+    return ["## Configuration changes", "",
+            "Settings changed when the run was resumed (`--override`, or `steps`), from `config_history.jsonl`: "
+            "steps after the one shown trained with the new value.", "",
+            *md_table(["run", "after step", "field", "old", "new"], rows), ""]
+
+
 def summary_markdown(
     runs: Sequence[RunData],
     smoothing: float,
@@ -277,6 +293,7 @@ def summary_markdown(
         "",
         *md_table(["metric"] + [r.name for r in runs], [[m] + [heads[r.name][m] for r in runs] for m in metrics]),
         "",
+        *config_changes_section(runs),
         "## Evaluation",
         "",
         *eval_section(runs, entries),
