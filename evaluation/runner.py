@@ -567,10 +567,10 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
                 # partial results after every benchmark, so a long evaluation that is stopped keeps what it has
                 write_results({**results, "complete": False}, run_dir, tensorboard=False, out_dir=out_dir)
     finally:
-        for gen in generators:
-            close = getattr(gen, "close", None)
-            if callable(close):
-                close()
+        for gen in generators:  # the vLLM engine's processes stop here, not when it is collected
+            stop = getattr(gen, "shutdown", None)
+            if callable(stop):
+                stop()
     if not results["failed_reference"]:
         del results["failed_reference"]
     results["aggregates"] = aggregate_rows(results["benchmarks"], cfg.baseline)
