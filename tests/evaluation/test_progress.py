@@ -3,6 +3,7 @@ command line is tyro over EvalConfig (run mode) and SamplesArgs (samples mode)."
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -132,6 +133,6 @@ def test_cli_is_tyro_over_evalconfig(run, capsys) -> None:
         assert flag in text, flag
     assert eval_main([]) == 2
     assert "give a run directory" in capsys.readouterr().err
-    assert eval_main([str(run), "--backend", "vllm", "--device", "cpu", "--benchmarks", "gsm8k"]) == 2
-    err = capsys.readouterr().err
-    assert "vLLM's CPU build" in err or "vllm" in err.lower()
+    if importlib.util.find_spec("vllm") is None:  # where vLLM is installed this would start an engine
+        assert eval_main([str(run), "--backend", "vllm", "--device", "cpu", "--benchmarks", "gsm8k"]) == 2
+        assert "needs vLLM's CPU build" in capsys.readouterr().err

