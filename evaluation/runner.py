@@ -222,43 +222,48 @@ def resolve_samples(cfg: EvalConfig, profile: str) -> int:
 
 
 def check_config(cfg: EvalConfig) -> None:
-    """Every setting's value (names, ranges); raise ValueError naming the setting, before any work."""
-    parse_benchmarks(cfg.benchmarks)
-    if cfg.limit is not None and cfg.limit < 1:
-        raise ValueError(f"limit must be >= 1, got {cfg.limit}")
-    if cfg.budget_profile not in ("auto", *BUDGET_PROFILES):
-        raise ValueError(f"budget_profile must be auto, gpu or cpu, got {cfg.budget_profile!r}")
-    if not (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:")):
-        raise ValueError(f"device must be auto, cpu or cuda[:N], got {cfg.device!r}")
-    for name in ("max_new_tokens", "max_new_tokens_code", "max_new_tokens_math"):
+    """Every setting's value (names, ranges), before any work: a :class:`~populora_env.config.ConfigError`
+    naming the field (``populora eval: error: --limit: must be >= 1, got 0`` on the command line)."""
+    from populora_env.config import ConfigError
+
+    def check(ok: bool, name: str, reason: str) -> None:
+        if not ok:
+            raise ConfigError(name, reason)
+
+    def parsed(name: str, parse: Any, value: Any) -> None:
+        try:
+            parse(value)
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            raise ConfigError(name, str(exc).removeprefix(f"{name}: ")) from exc
+
+    parsed("benchmarks", parse_benchmarks, cfg.benchmarks)
+    check(cfg.limit is None or cfg.limit >= 1, "limit", f"must be >= 1, got {cfg.limit}")
+    check(cfg.budget_profile in ("auto", *BUDGET_PROFILES), "budget_profile",
+          f"must be auto, gpu or cpu, got {cfg.budget_profile!r}")
+    check(cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"), "device",
+          f"must be auto, cpu or cuda[:N], got {cfg.device!r}")
+    for name in ("max_new_tokens", "max_new_tokens_code", "max_new_tokens_math", "chunk_size", "max_model_len"):
         value = getattr(cfg, name)
-        if value is not None and value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    parse_budgets(cfg.budgets)
-    if cfg.samples_per_problem is not None and cfg.samples_per_problem < 0:
-        raise ValueError(f"samples_per_problem must be >= 0, got {cfg.samples_per_problem}")
+        check(value is None or value >= 1, name, f"must be >= 1, got {value}")
+    parsed("budgets", parse_budgets, cfg.budgets)
+    check(cfg.samples_per_problem is None or cfg.samples_per_problem >= 0, "samples_per_problem",
+          f"must be >= 0, got {cfg.samples_per_problem}")
     if cfg.sampled_benchmarks.strip():
-        parse_benchmarks(cfg.sampled_benchmarks)
-    if not 0.0 < cfg.sample_temperature <= 100.0:
-        raise ValueError(f"sample_temperature must be in (0, 100], got {cfg.sample_temperature}")
-    if not 0.0 < cfg.sample_top_p <= 1.0:
-        raise ValueError(f"sample_top_p must be in (0, 1], got {cfg.sample_top_p}")
-    if cfg.batch_size < 1 or cfg.workers < 1:
-        raise ValueError(f"batch_size and workers must be >= 1, got {cfg.batch_size}, {cfg.workers}")
-    if cfg.backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}")
-    if cfg.math_template not in ("auto", *MATH_TEMPLATES):
-        raise ValueError(f"math_template must be auto, r1 or chat, got {cfg.math_template!r}")
-    if cfg.base_math_template not in ("auto", *MATH_TEMPLATES):
-        raise ValueError(f"base_math_template must be auto, r1 or chat, got {cfg.base_math_template!r}")
-    if cfg.chunk_size is not None and cfg.chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {cfg.chunk_size}")
-    if not 0.0 < cfg.gpu_memory_utilization <= 1.0:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {cfg.gpu_memory_utilization}")
-    if cfg.max_model_len is not None and cfg.max_model_len < 1:
-        raise ValueError(f"max_model_len must be >= 1, got {cfg.max_model_len}")
-    if cfg.kv_cache_gib is not None and cfg.kv_cache_gib <= 0:
-        raise ValueError(f"kv_cache_gib must be > 0, got {cfg.kv_cache_gib}")
+        parsed("sampled_benchmarks", parse_benchmarks, cfg.sampled_benchmarks)
+    check(0.0 < cfg.sample_temperature <= 100.0, "sample_temperature",
+          f"must be in (0, 100], got {cfg.sample_temperature}")
+    check(0.0 < cfg.sample_top_p <= 1.0, "sample_top_p", f"must be in (0, 1], got {cfg.sample_top_p}")
+    check(cfg.batch_size >= 1, "batch_size", f"must be >= 1, got {cfg.batch_size}")
+    check(cfg.workers >= 1, "workers", f"must be >= 1, got {cfg.workers}")
+    check(cfg.backend in BACKENDS, "backend", f"must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}")
+    for name in ("math_template", "base_math_template"):
+        check(getattr(cfg, name) in ("auto", *MATH_TEMPLATES), name, f"must be auto, r1 or chat, got "
+              f"{getattr(cfg, name)!r}")
+    check(0.0 < cfg.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
+          f"must be in (0, 1], got {cfg.gpu_memory_utilization}")
+    check(cfg.kv_cache_gib is None or cfg.kv_cache_gib > 0, "kv_cache_gib", f"must be > 0, got {cfg.kv_cache_gib}")
 
 
 def sample_seed(seed: int, bench: str, index: int) -> int:

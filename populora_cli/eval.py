@@ -61,7 +61,7 @@ def _samples(argv: list[str]) -> int:
     args = tyro.cli(SamplesArgs, args=argv, prog="populora eval --samples")
     benches = parse_benchmarks(args.benchmark)
     if args.limit is not None and args.limit < 1:
-        return _fail(f"--limit must be >= 1, got {args.limit}")
+        return _fail(f"--limit: must be >= 1, got {args.limit}")
     for bench in benches:
         results_path = args.results
         if results_path and len(benches) > 1:
@@ -79,6 +79,7 @@ def _samples(argv: list[str]) -> int:
 def eval_main(argv: list[str]) -> int:
     """Entry point of ``populora eval`` (see the module docstring); returns the exit status."""
     from evaluation.progress import SettingsMismatch
+    from populora_env.config import ConfigError
 
     try:
         if any(a == "--samples" or a.startswith("--samples=") for a in argv):
@@ -91,6 +92,8 @@ def eval_main(argv: list[str]) -> int:
                        "math benchmarks, with AZR's aggregate rows (docs/eval.md).")
         check_config(cfg)  # refuse livecodebench / unknown names / bad values before loading anything
         results = run_eval(cfg)
+    except ConfigError as exc:  # one line per bad value, as train's: --field: reason
+        return _fail(f"--{exc.field.replace('_', '-')}: {exc.reason}")
     except (BenchmarkUnavailable, EvalDataError, FileNotFoundError, SettingsMismatch, ValueError) as exc:
         return _fail(str(exc))
     out = cfg.out_dir or f"{cfg.run_dir}/eval"

@@ -54,24 +54,30 @@ def test_budget_overrides_most_specific_first() -> None:
     ({"budgets": "aime24=many"}, "is not an integer"),
     ({"budgets": "aime24=0"}, "aime24 must be >= 1"),
     ({"budgets": "aime26=10"}, "unknown benchmark 'aime26'"),
-    ({"samples_per_problem": -1}, "samples_per_problem must be >= 0"),
-    ({"sample_top_p": 0.0}, "sample_top_p must be in"),
-    ({"sample_temperature": 0.0}, "sample_temperature must be in"),
-    ({"budget_profile": "tpu"}, "budget_profile must be"),
-    ({"device": "gpu"}, "device must be"),
-    ({"backend": "tgi"}, "backend must be one of"),
-    ({"math_template": "boxed"}, "math_template must be"),
-    ({"chunk_size": 0}, "chunk_size must be >= 1"),
-    ({"max_new_tokens_math": 0}, "max_new_tokens_math must be >= 1"),
+    ({"samples_per_problem": -1}, "must be >= 0, got -1"),
+    ({"sample_top_p": 0.0}, "must be in (0, 1], got 0.0"),
+    ({"sample_temperature": 0.0}, "must be in (0, 100]"),
+    ({"budget_profile": "tpu"}, "must be auto, gpu or cpu, got 'tpu'"),
+    ({"device": "gpu"}, "must be auto, cpu or cuda[:N]"),
+    ({"backend": "tgi"}, "must be one of auto, hf, vllm"),
+    ({"math_template": "boxed"}, "must be auto, r1 or chat"),
+    ({"chunk_size": 0}, "must be >= 1, got 0"),
+    ({"limit": 0}, "must be >= 1, got 0"),
+    ({"max_new_tokens_math": 0}, "must be >= 1, got 0"),
     ({"sampled_benchmarks": "aime24,livecodebench"}, "LiveCodeBench has no offline source"),
 ])
 def test_bad_settings_are_refused_before_any_work(fields: dict, message: str, tmp_path: Path, capsys) -> None:
-    with pytest.raises(ValueError, match=message):
+    """One line per bad value, naming the flag: ``populora eval: error: --FIELD: reason`` (train's format)."""
+    from populora_env.config import ConfigError
+
+    (name, value), = fields.items()
+    with pytest.raises(ConfigError) as exc:
         check_config(EvalConfig(run_dir=str(tmp_path), **fields))
-    flags = [f"--{k.replace('_', '-')}" for k in fields] + [str(v) for v in fields.values()]
-    argv = [str(tmp_path)] + [x for pair in zip(flags[: len(fields)], flags[len(fields):], strict=True) for x in pair]
-    assert eval_main(argv) == 2  # the run directory does not even exist: the settings are checked first
-    assert message.split("'")[0].rstrip() in capsys.readouterr().err
+    assert exc.value.field == name and message in exc.value.reason
+    flag = f"--{name.replace('_', '-')}"
+    assert eval_main([str(tmp_path), flag, str(value)]) == 2  # the run directory does not exist: checked first
+    err = capsys.readouterr().err
+    assert err.startswith(f"populora eval: error: {flag}: ") and message in err and err.count("\n") == 1
 
 
 # ------------------------------------------------------------------------------------------- avg@k
