@@ -86,7 +86,7 @@ def eval_main(argv: list[str]) -> int:
             return _samples(argv)
         if not argv or all(a.startswith("-") for a in argv) and not any(a in ("-h", "--help") for a in argv):
             return _fail("give a run directory (populora eval runs/<name>) or --samples FILE --benchmark NAME")
-        cfg = tyro.cli(EvalConfig, args=argv, prog="populora eval", config=(tyro.conf.PositionalRequiredArgs,),
+        cfg = tyro.cli(EvalConfig, args=argv, prog="populora eval", config=(tyro.conf.PositionalRequiredArgs, tyro.conf.PositionalMetavarFromFieldName),
                        description="Greedy pass@1 (and avg@k over sampled answers) of every member of a run (the "
                        "students as the headline rows), the base model and a baseline run, on offline code and "
                        "math benchmarks, with AZR's aggregate rows (docs/eval.md).")
