@@ -139,6 +139,9 @@ class EvalConfig:
     'auto' (the members' template)."""
     batch_size: int = 16
     """Rows per forward of the HF generator."""
+    threads: int = 1
+    """torch CPU threads while the HF backend generates on the CPU (0: torch's default); 1 as the CPU training
+    presets' generation (docs/eval.md §3)."""
     chunk_size: int | None = None
     """Problems per generate call (every entry's requests for them go together); results are written and the
     bars move after each chunk. None: batch_size // entries (at least 1) on hf, 128 on vllm."""
@@ -257,6 +260,7 @@ def check_config(cfg: EvalConfig) -> None:
     check(0.0 < cfg.sample_top_p <= 1.0, "sample_top_p", f"must be in (0, 1], got {cfg.sample_top_p}")
     check(cfg.batch_size >= 1, "batch_size", f"must be >= 1, got {cfg.batch_size}")
     check(cfg.workers >= 1, "workers", f"must be >= 1, got {cfg.workers}")
+    check(cfg.threads >= 0, "threads", f"must be >= 0, got {cfg.threads}")
     check(cfg.backend in BACKENDS, "backend", f"must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}")
     for name in ("math_template", "base_math_template"):
         check(getattr(cfg, name) in ("auto", *MATH_TEMPLATES), name, f"must be auto, r1 or chat, got "
@@ -563,6 +567,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
         "seconds": {"load": round(t_loaded - t_start, 2)},
     }
     evaluator = CodeEvaluator(workers=cfg.workers, cache_dir=cfg.gt_cache_dir)
+    threads_before = _set_threads(cfg.threads if backend == "hf" and not device.startswith("cuda") else 0)
     try:
         with evaluator:
             for bench in benchmarks:
@@ -572,6 +577,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
                 # partial results after every benchmark, so a long evaluation that is stopped keeps what it has
                 write_results({**results, "complete": False}, run_dir, tensorboard=False, out_dir=out_dir)
     finally:
+        _set_threads(threads_before)
         for gen in generators:  # the vLLM engine's processes stop here, not when it is collected
             stop = getattr(gen, "shutdown", None)
             if callable(stop):
@@ -587,6 +593,17 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     if not cfg.save_generations:
         log_.discard()
     return results
+
+
+def _set_threads(n: int) -> int:
+    """``torch.set_num_threads(n)`` when ``n > 0``; returns the count before (0 when nothing was changed)."""
+    if n <= 0:
+        return 0
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    return before
 
 
 def _vllm_on_cpu() -> bool:

@@ -136,3 +136,21 @@ def test_cli_is_tyro_over_evalconfig(run, capsys) -> None:
     if importlib.util.find_spec("vllm") is None:  # where vLLM is installed this would start an engine
         assert eval_main([str(run), "--backend", "vllm", "--device", "cpu", "--benchmarks", "gsm8k"]) == 2
         assert "needs vLLM's CPU build" in capsys.readouterr().err
+
+
+def test_hf_generation_on_cpu_uses_the_threads_setting(run, data_dir, tmp_path, monkeypatch) -> None:
+    import torch
+
+    problems = load_math("gsm8k", data_dir, limit=4)
+    inner = _scripted(problems, [])
+    during: list[int] = []
+
+    def spy(self, requests):
+        during.append(torch.get_num_threads())
+        return inner(self, requests)
+
+    monkeypatch.setattr(HFGenerator, "generate", spy)
+    before = torch.get_num_threads()
+    run_eval(_cfg(run, data_dir, tmp_path / "t", progress=False, threads=1))
+    assert during and set(during) == {1}
+    assert torch.get_num_threads() == before  # restored afterwards

@@ -63,6 +63,7 @@ def test_budget_overrides_most_specific_first() -> None:
     ({"math_template": "boxed"}, "must be auto, r1 or chat"),
     ({"chunk_size": 0}, "must be >= 1, got 0"),
     ({"limit": 0}, "must be >= 1, got 0"),
+    ({"threads": -1}, "must be >= 0, got -1"),
     ({"max_new_tokens_math": 0}, "must be >= 1, got 0"),
     ({"sampled_benchmarks": "aime24,livecodebench"}, "LiveCodeBench has no offline source"),
 ])
