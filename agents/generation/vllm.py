@@ -348,6 +348,14 @@ class VLLMGenerator:
         if self._finalizer is not None:
             self._finalizer()
 
+    def shutdown(self) -> None:
+        """:meth:`close`, then stop the engine's core and worker processes now (instead of when the engine
+        object is collected): for callers that are done with the engine, such as ``populora eval``."""
+        self.close()
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+
 
 def _torch_dtype(dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):

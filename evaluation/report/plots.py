@@ -25,6 +25,53 @@ ROLE_LABELS = {"teacher": "teacher", "student": "student"}
 BOTH_ROLES_LABELS = {"teacher": "teacher (proposer)", "student": "student (solver)"}
 
 
+def _titles(fig: Any) -> list[Any]:
+    """The figure's title and every axes' centre title (the texts a layout engine does not wrap)."""
+    found = [fig.suptitle(fig.get_suptitle())] if fig.get_suptitle() else []
+    return found + [ax.title for ax in fig.axes if ax.get_visible() and ax.get_title()]
+
+
+def fit_titles(fig: Any, margin: float = 2.0) -> None:
+    """Wrap every title that would stick out of the figure onto more lines until it fits (the constrained
+    layout then makes room for the extra lines). A long title is otherwise cut at both edges of the PNG."""
+    import textwrap
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for text in _titles(fig):
+        original = text.get_text()
+        width = max(len(line) for line in original.splitlines())
+        while width > 8:
+            box = text.get_window_extent(renderer)
+            if box.x0 >= -margin and box.x1 <= fig.bbox.width + margin:
+                break
+            width = int(width * 0.85)
+            text.set_text("\n".join(textwrap.fill(line, width) for line in original.splitlines()))
+            fig.canvas.draw()
+
+
+def texts_outside(fig: Any, margin: float = 2.0) -> list[str]:
+    """What of ``fig`` is drawn beyond its edges (cut in the PNG): each visible axes whose drawn texts (title,
+    labels, tick labels, legend) reach out of the figure, named by its title, and each figure-level text or
+    legend that does."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    w, h = fig.bbox.width, fig.bbox.height
+
+    def outside(box: Any) -> bool:
+        return box.x0 < -margin or box.x1 > w + margin or box.y0 < -margin or box.y1 > h + margin
+
+    out = []
+    for i, ax in enumerate(fig.axes):
+        if ax.get_visible() and outside(ax.get_tightbbox(renderer)):
+            out.append(ax.get_title() or f"axes {i}")
+    suptitle = [fig.suptitle(fig.get_suptitle())] if fig.get_suptitle() else []
+    for t in [*suptitle, *fig.texts, *fig.legends]:
+        if t.get_visible() and outside(t.get_window_extent(renderer)):
+            out.append(getattr(t, "get_text", lambda: "figure legend")())
+    return out
+
+
 class Plotter:
     """Figure writer: Agg canvas, consistent run colours, raw + smoothed curves, a manifest of what was drawn.
 
@@ -73,9 +120,12 @@ class Plotter:
         return fig, axes
 
     def save(self, fig: Any, key: str, title: str, panels: list[dict[str, Any]]) -> str:
+        fit_titles(fig)
+        overflow = texts_outside(fig)
         for fmt in self.formats:
             fig.savefig(self.out / f"{key}.{fmt}", dpi=self.dpi)
-        self.manifest.append({"key": key, "title": title, "file": f"{key}.png", "panels": panels})
+        self.manifest.append({"key": key, "title": title, "file": f"{key}.png", "panels": panels,
+                              "text_outside": overflow})
         return f"{key}.png"
 
     def curve(

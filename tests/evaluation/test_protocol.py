@@ -33,7 +33,8 @@ def test_budgets_default_to_azr_on_gpu_and_stay_small_on_cpu() -> None:
     assert resolve_profile(cfg, "cuda") == "gpu" and resolve_profile(cfg, "cuda:1") == "gpu"
     assert resolve_profile(cfg, "cpu") == "cpu"
     assert resolve_profile(EvalConfig(run_dir="r", budget_profile="gpu"), "cpu") == "gpu"
-    assert resolve_budgets(cfg, benches, "gpu") == {"humaneval+": 8096, "mbpp+": 8096, "aime24": 16000, "gsm8k": 16000}
+    # code: evalplus' 768 new tokens (AZR's HumanEval+/MBPP+ numbers); math: AZR's 16,000
+    assert resolve_budgets(cfg, benches, "gpu") == {"humaneval+": 768, "mbpp+": 768, "aime24": 16000, "gsm8k": 16000}
     assert resolve_budgets(cfg, benches, "cpu") == dict.fromkeys(benches, 512)
     assert resolve_samples(cfg, "gpu") == 16 and resolve_samples(cfg, "cpu") == 0
     assert resolve_samples(EvalConfig(run_dir="r", samples_per_problem=4), "cpu") == 4
@@ -53,26 +54,31 @@ def test_budget_overrides_most_specific_first() -> None:
     ({"budgets": "aime24=many"}, "is not an integer"),
     ({"budgets": "aime24=0"}, "aime24 must be >= 1"),
     ({"budgets": "aime26=10"}, "unknown benchmark 'aime26'"),
-    ({"samples_per_problem": -1}, "samples_per_problem must be >= 0"),
-    ({"sample_top_p": 0.0}, "sample_top_p must be in"),
-    ({"sample_temperature": 0.0}, "sample_temperature must be in"),
-    ({"budget_profile": "tpu"}, "budget_profile must be"),
-    ({"device": "gpu"}, "device must be"),
-    ({"max_new_tokens_math": 0}, "max_new_tokens_math must be >= 1"),
+    ({"samples_per_problem": -1}, "must be >= 0, got -1"),
+    ({"sample_top_p": 0.0}, "must be in (0, 1], got 0.0"),
+    ({"sample_temperature": 0.0}, "must be in (0, 100]"),
+    ({"budget_profile": "tpu"}, "must be auto, gpu or cpu, got 'tpu'"),
+    ({"device": "gpu"}, "must be auto, cpu or cuda[:N]"),
+    ({"backend": "tgi"}, "must be one of auto, hf, vllm"),
+    ({"math_template": "boxed"}, "must be auto, r1 or chat"),
+    ({"chunk_size": 0}, "must be >= 1, got 0"),
+    ({"limit": 0}, "must be >= 1, got 0"),
+    ({"threads": -1}, "must be >= 0, got -1"),
+    ({"max_new_tokens_math": 0}, "must be >= 1, got 0"),
     ({"sampled_benchmarks": "aime24,livecodebench"}, "LiveCodeBench has no offline source"),
 ])
 def test_bad_settings_are_refused_before_any_work(fields: dict, message: str, tmp_path: Path, capsys) -> None:
-    with pytest.raises(ValueError, match=message):
+    """One line per bad value, naming the flag: ``populora eval: error: --FIELD: reason`` (train's format)."""
+    from populora_env.config import ConfigError
+
+    (name, value), = fields.items()
+    with pytest.raises(ConfigError) as exc:
         check_config(EvalConfig(run_dir=str(tmp_path), **fields))
-    flags = [f"--{k.replace('_', '-')}" for k in fields] + [str(v) for v in fields.values()]
-    argv = [str(tmp_path)] + [x for pair in zip(flags[: len(fields)], flags[len(fields):], strict=True) for x in pair]
-    if "budget_profile" in fields:  # an argparse choice: argparse exits 2 itself
-        with pytest.raises(SystemExit) as exc:
-            eval_main(argv)
-        assert exc.value.code == 2
-        return
-    assert eval_main(argv) == 2  # the run directory does not even exist: the settings are checked first
-    assert message.split("'")[0].rstrip() in capsys.readouterr().err
+    assert exc.value.field == name and message in exc.value.reason
+    flag = f"--{name.replace('_', '-')}"
+    assert eval_main([str(tmp_path), flag, str(value)]) == 2  # the run directory does not exist: checked first
+    err = capsys.readouterr().err
+    assert err.startswith(f"populora eval: error: {flag}: ") and message in err and err.count("\n") == 1
 
 
 # ------------------------------------------------------------------------------------------- avg@k
@@ -160,7 +166,9 @@ def test_gpu_profile_budgets_reach_the_generator(run: Path, data_dir, monkeypatc
     from agents.generation import Completion, HFGenerator
 
     budgets: dict[tuple[str, float], set[int]] = {}
-    code = {"Complete the following": "humaneval+"}
+    from evaluation.prompting import EVALPLUS_INSTRUCTION
+
+    code = {EVALPLUS_INSTRUCTION: "humaneval+"}
 
     def fake(self, requests):
         for r in requests:
@@ -172,8 +180,8 @@ def test_gpu_profile_budgets_reach_the_generator(run: Path, data_dir, monkeypatc
     results = run_eval(EvalConfig(run_dir=str(run), benchmarks="humaneval+,amc23", limit=1, data_dir=str(data_dir),
                                   budget_profile="gpu", out_dir=str(tmp_path / "e"), tensorboard=False,
                                   include_base=False))
-    assert budgets == {("code", 0.0): {8096}, ("math", 0.0): {16000}, ("math", 0.6): {16000}}
-    assert results["budgets"] == {"humaneval+": 8096, "amc23": 16000} and results["budget_profile"] == "gpu"
+    assert budgets == {("code", 0.0): {768}, ("math", 0.0): {16000}, ("math", 0.6): {16000}}
+    assert results["budgets"] == {"humaneval+": 768, "amc23": 16000} and results["budget_profile"] == "gpu"
     assert results["benchmarks"]["amc23"]["avg@k"]["k"] == 16  # the gpu profile samples 16 answers
 
 

@@ -495,3 +495,30 @@ def test_smooth_is_debiased_ema() -> None:
     assert got[0] == 0.0 and got[1] == pytest.approx(0.5 / 0.75) and np.isnan(got[2])
     assert got[3] == pytest.approx(0.75 / 0.875)
     assert smooth([3.0, 5.0], 0.0).tolist() == [3.0, 5.0]
+
+
+def test_no_figure_loses_text(report: tuple[Path, Path, Path, str]) -> None:
+    """Every text of every figure lies inside the PNG (the retention title used to be cut at both edges)."""
+    _, _, out, _ = report
+    figures = json.loads((out / "figures.json").read_text())["figures"]
+    assert len(figures) >= 10
+    for fig in figures:
+        assert fig["text_outside"] == [], (fig["key"], fig["text_outside"])
+
+
+def test_long_titles_are_wrapped_to_the_figure() -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from evaluation.report.plots import fit_titles, texts_outside
+
+    fig = Figure(figsize=(4, 3), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    title = "Evolution retention: rank of each child within its role after birth (k = 0: the member it replaced)"
+    fig.suptitle(title)
+    ax.set_title("a panel title that is also far too long for a figure four inches wide, by a lot")
+    assert texts_outside(fig)  # cut before fitting: the check can fail
+    fit_titles(fig)
+    assert texts_outside(fig) == []
+    assert fig.get_suptitle().replace("\n", " ") == title  # wrapped, not shortened

@@ -118,12 +118,12 @@ def test_answers_are_scored_per_entry(runs, data_dir, monkeypatch, tmp_path) -> 
     he = {p.task_id: p for p in load_humaneval(2)}
     gsm = load_math("gsm8k", data_dir, limit=2)
     by_prompt = {}
-    from evaluation.prompting import code_prompt, math_prompt
+    from evaluation.prompting import code_spec, math_spec
 
-    for p in he.values():
-        by_prompt[code_prompt(p)] = f"```python\n{p.prompt}{p.canonical_solution}```"
+    for p in he.values():  # the completion continues evalplus' pre-filled ```python fence and closes it
+        by_prompt[code_spec(p, chat_template=True).prompt] = f"{p.prompt}{p.canonical_solution}\n```\n"
     for p in gsm:
-        by_prompt[math_prompt(p)] = f"So the total is \\boxed{{{p.answers[0]}}}."
+        by_prompt[math_spec(p, "chat").prompt] = f"So the total is \\boxed{{{p.answers[0]}}}."
 
     def fake(self, requests):
         out = []
@@ -203,7 +203,8 @@ def test_results_tables_and_tags() -> None:
     )
     assert rec["population_mean"] == pytest.approx(0.3)
     assert rec["best"] == {"member": "b", "score": 0.4} and rec["weakest"] == {"member": "a", "score": 0.2}
-    assert rec["baseline"] == {"score": 0.3, "run": "runs/azr", "members": {"azr": 0.3}}
+    assert rec["baseline"] == {"score": 0.3, "run": "runs/azr", "members": {"azr": 0.3}, "students": None}
+    assert rec["headline"] == "members" and rec["all_members"]["population_mean"] == pytest.approx(0.3)
     results = {"run": "runs/x", "model": "m", "benchmarks": {"gsm8k": rec}}
     md = markdown_tables(results)
     assert "| gsm8k | 10 | 30.0 | 40.0 (b) | 20.0 (a) | 10.0 | 30.0 |" in md
@@ -217,3 +218,28 @@ def test_results_tables_and_tags() -> None:
         "eval/gsm8k/weakest": 0.2,
         "eval/gsm8k/baseline/azr": 0.3,
     }
+
+
+def test_students_are_the_headline_rows() -> None:
+    """Teachers never train as solvers: the population rows (mean, best, weakest) are over the students, every
+    member stays in the secondary table and in the per-entry table."""
+    members = {"teacher_0": 0.9, "teacher_1": 0.0, "student_0": 0.2, "student_1": 0.4}
+    rec = summarize_benchmark(10, members, base=0.1, baseline={"azr": 0.3}, baseline_run="runs/azr",
+                              students=["student_0", "student_1"], baseline_students=["azr"])
+    assert rec["headline"] == "students" and rec["students"] == ["student_0", "student_1"]
+    assert rec["population_mean"] == pytest.approx(0.3)
+    assert rec["best"] == {"member": "student_1", "score": 0.4}
+    assert rec["weakest"] == {"member": "student_0", "score": 0.2}
+    assert rec["all_members"]["population_mean"] == pytest.approx(0.375)
+    assert rec["all_members"]["best"] == {"member": "teacher_0", "score": 0.9}
+    assert rec["all_members"]["weakest"] == {"member": "teacher_1", "score": 0.0}
+    assert rec["members"] == members and rec["baseline"]["score"] == 0.3
+    md = markdown_tables({"run": "runs/x", "model": "m", "benchmarks": {"gsm8k": rec}})
+    assert "| benchmark | n | students: mean | best | weakest | base | baseline |" in md
+    assert "| gsm8k | 10 | 30.0 | 40.0 (student_1) | 20.0 (student_0) | 10.0 | 30.0 |" in md
+    assert "## All members (teachers included" in md and "| gsm8k | 10 | 37.5 | 90.0 (teacher_0) | 0.0 (teacher_1) |" in md
+    assert "| student_0 (student) | 20.0 |" in md and "| teacher_0 | 90.0 |" in md and "**students mean**" in md
+    tags = tensorboard_scalars({"benchmarks": {"gsm8k": rec}})
+    assert tags["eval/gsm8k/population_mean"] == pytest.approx(0.3)
+    assert tags["eval/gsm8k/all_members/population_mean"] == pytest.approx(0.375)
+    assert tags["eval/gsm8k/all_members/best"] == 0.9
