@@ -46,6 +46,7 @@ from torch.utils.checkpoint import checkpoint
 from agents.advantages import get_advantage, list_advantages
 from agents.losses import KL_ESTIMATORS, get_loss_agg, kl_penalty, list_loss_aggs, policy_loss
 from agents.rollout import Rollout
+from agents.weighting import ROLE_WEIGHTINGS, role_loss_weights
 
 __all__ = ["TrainerConfig", "PolicyGradientTrainer", "KL_MODES"]
 
@@ -101,6 +102,11 @@ class TrainerConfig:
     """Recompute decoder activations in the backward pass (less memory, ~30% more compute)."""
     logprob_chunk_size: int = 1024
     """Completion tokens per LM-head chunk (bounds the size of the full-vocabulary logits)."""
+    role_weighting: Literal["balanced", "tokens"] = "balanced"
+    """How the roles of a mixed batch (the single-agent baseline's proposer and solver rows) share an update:
+    "balanced" (the loss is the mean over the roles of each role's own token mean; ``agents.weighting``) or
+    "tokens" (one token mean over everything: a role's share is its share of the tokens). A batch of one role
+    (every population member) is the same under both."""
     skip_nonfinite_grad: bool = True
     """Skip the optimizer step (and report it) when the gradient norm is NaN/inf."""
 
@@ -133,6 +139,8 @@ class TrainerConfig:
             problems.append(f"kl_coef = {self.kl_coef} has no effect with kl_mode='off'; set kl_mode")
         if self.logprob_chunk_size < 1:
             problems.append(f"logprob_chunk_size must be >= 1 (got {self.logprob_chunk_size})")
+        if self.role_weighting not in ROLE_WEIGHTINGS:
+            problems.append(f"role_weighting must be one of {', '.join(ROLE_WEIGHTINGS)} (got {self.role_weighting!r})")
         if self.norm_len is not None and self.norm_len < 1:
             problems.append(f"norm_len must be >= 1 or None (got {self.norm_len})")
         if problems:
@@ -404,6 +412,7 @@ class PolicyGradientTrainer:
         role_tok: dict[str, float] = defaultdict(float)
         losses, pg_losses, grad_norms = [], [], []
         skipped = 0
+        role_w = role_loss_weights(_roles(rollouts), batch.mask, cfg.role_weighting, cfg.loss_agg_mode, mini)
         for _epoch in range(cfg.epochs):
             for start in range(0, B, mini):
                 mb_rows = list(range(start, min(B, start + mini)))
@@ -431,6 +440,7 @@ class PolicyGradientTrainer:
                         else ref_lp[rows].to(device),
                         kl_coef=cfg.kl_coef if cfg.kl_mode == "loss" else 0.0,
                         kl_estimator=estimator,
+                        token_weights=None if role_w is None else role_w[rows].to(device),
                         **norms,
                     )
                     out.loss.backward()

@@ -217,7 +217,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
         self._round = -1
         self._phase = "idle"
         self._ratings = Ratings(self.possible_agents, ts_config)
-        self._buffers = TaskBuffers(self.buffer_cap, seed_tasks(self.induction_inputs))
+        self._buffers = TaskBuffers(self.buffer_cap, seed_tasks(self.induction_inputs, cfg.hand_seeds))
         self._coverage = CoverageTracker()
         self._seed_count = 0  # seeding-stage proposals issued (task ids base-<n>)
         self._seed_requests: dict[str, ProposalRequest] = {}

@@ -864,10 +864,14 @@ SEED_PROGRAMS: tuple[SeedProgram, ...] = (
 )
 
 
-def seed_tasks(induction_inputs: int) -> list[Task]:
-    """The initial buffer contents (see the module docstring)."""
+def seed_tasks(induction_inputs: int, hand_seeds: str = "all") -> list[Task]:
+    """The initial buffer contents (see the module docstring): every seed program (``hand_seeds='all'``) or
+    only the identity (``'identity'``: AZR's single zero triplet; ``EnvConfig.hand_seeds``)."""
+    if hand_seeds not in ("all", "identity"):
+        raise ValueError(f"hand_seeds must be 'all' or 'identity', got {hand_seeds!r}")
     tasks: list[Task] = []
-    for i, seed in enumerate(SEED_PROGRAMS):
+    programs = SEED_PROGRAMS if hand_seeds == "all" else SEED_PROGRAMS[:1]
+    for i, seed in enumerate(programs):
         tasks.append(
             Task(f"seed-deduction-{i}", TaskType.DEDUCTION, seed.program, seed.inputs[:1], seed.outputs[:1])
         )
