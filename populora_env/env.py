@@ -198,6 +198,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
                 response_prefixes=self.prompts.prefixes("propose"),
                 lenient_answer_close=cfg.lenient_answer_close,
                 timeout_s=self._timeout_s,
+                profile=cfg.validation,
             )
         )
         self._checker = AnswerChecker(
