@@ -165,7 +165,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
         self._scheme: RewardScheme = custom_scheme or get_reward_scheme(cfg.reward_scheme)
         self.reward_scheme_name = cfg.reward_scheme
         self.reward_kwargs = dict(cfg.reward_kwargs)
-        self.prompts: PromptTemplates = custom_prompts or get_prompt_set(cfg.prompts)
+        self.prompts: PromptTemplates = (custom_prompts or get_prompt_set(cfg.prompts)).for_env(cfg.validation, cfg.timeout_s)
 
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, got {render_mode!r}")
