@@ -78,7 +78,8 @@ def populora_watched(*args: str, timeout: float = 600) -> tuple[subprocess.Compl
 # 4 steps, a checkpoint after each (pruned to the newest 2), PBT events at steps 2 and 4. Without newborn
 # protection each event replaces exactly one teacher and one student (two members per role), so the lineage is
 # known in advance: 4 lines.
-REF_ARGS = [*TINY, "--steps", "4", "--checkpoint-every", "1", "--keep-checkpoints", "2", "--pbt.no-newborn-protection"]
+REF_ARGS = [*TINY, "--steps", "4", "--checkpoint-every", "1", "--keep-checkpoints", "2", "--pbt.no-newborn-protection",
+            "--pbt.min-final-age", "0"]  # evolve at the last step too: the PBT contract tests need the step-4 event
 
 
 @pytest.fixture(scope="session")
