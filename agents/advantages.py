@@ -315,10 +315,17 @@ def reinforce_pp_baseline(
 ) -> Tensor:
     """REINFORCE++-baseline (verl ``reinforce_plus_plus_baseline``): group centring, then whitening.
 
-    A~_{i,t} = (s_i - mu_g) * m_{i,t} (a group of size 1 gets mu = 0 as in verl, i.e. s_i), then
+    A~_{i,t} = (s_i - mu_g) * m_{i,t}, then
     A = masked_whiten(A~) over all valid tokens of the batch, or within each scope of ``scope_ids``, exactly
     as in ``reinforce_pp`` (Bessel-corrected var, 1e-8 inside the sqrt; a scope with <= 1 valid token is
     only centred).
+
+    Groups of one (veRL's semantics): a completion alone in its group is not centred — it keeps its raw score,
+    A~ = s_i (mu = 0, not mu = s_i, which would zero it) — and only the whitening of its scope gives it a
+    baseline. So a batch of singletons (the proposer's proposals, one sample per prompt) gets exactly
+    ``reinforce_pp``'s advantages, and a solver's ``samples_per_task`` attempts at one task are centred on
+    their own mean before whitening (a task solved 8/8 gets 0, not a positive advantage). Hand-computed in
+    ``tests/agents/test_advantages.py``.
     """
     _check(rewards, response_mask, group_ids, "group_ids")
     _check(rewards, response_mask, scope_ids, "scope_ids")

@@ -236,6 +236,7 @@ def policy_loss(
     num_tokens: float | None = None,
     num_seqs: float | None = None,
     norm_len: float | None = None,
+    token_weights: Tensor | None = None,
 ) -> PolicyLossOutput:
     """Clipped token-level policy-gradient loss (module docstring for the math).
 
@@ -251,6 +252,9 @@ def policy_loss(
         ref_logprobs: ``[B, T]`` reference log-probs: adds ``kl_coef * agg(KL_est(lp - lp_ref))`` (KL as a loss).
         kl_estimator: ``k1``/``k2``/``k3`` (:data:`KL_ESTIMATORS`).
         num_tokens, num_seqs, norm_len: global normalisers for gradient accumulation (:func:`agg_loss`).
+        token_weights: ``[B, T]`` loss weights w (e.g. ``agents.weighting.role_loss_weights``): every per-token
+            loss matrix (surrogate, entropy, KL) is aggregated as ``agg(w * l)``; the metrics stay unweighted
+            means. None: w = 1.
     """
     if not (logprobs.shape == old_logprobs.shape == advantages.shape == response_mask.shape):
         raise ValueError(
@@ -263,6 +267,13 @@ def policy_loss(
             f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {clip_eps_low}, {clip_eps_high}"
         )
     m = response_mask.to(logprobs.dtype)
+    if token_weights is not None and token_weights.shape != m.shape:
+        raise ValueError(f"token_weights must be {tuple(m.shape)}, got {tuple(token_weights.shape)}")
+    w = None if token_weights is None else token_weights.detach().to(logprobs.dtype)
+
+    def weighted(mat: Tensor) -> Tensor:
+        return mat if w is None else mat * w
+
     adv = advantages.detach().to(logprobs.dtype)
     log_ratio = (logprobs - old_logprobs.detach()).clamp(min=-20.0, max=20.0)
     ratio = torch.exp(log_ratio)
@@ -270,7 +281,7 @@ def policy_loss(
     pg2 = -adv * torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
     pg_mat = torch.maximum(pg1, pg2)
     norms = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_len": norm_len}
-    pg_loss = agg_loss(pg_mat, m, loss_agg_mode, **norms)
+    pg_loss = agg_loss(weighted(pg_mat), m, loss_agg_mode, **norms)
     loss = pg_loss
 
     with torch.no_grad():
@@ -289,14 +300,14 @@ def policy_loss(
             raise ValueError(f"entropy must be {tuple(m.shape)}, got {tuple(entropy.shape)}")
         metrics["entropy"] = _masked_mean(entropy.detach(), m)
         if entropy_coef != 0.0:
-            loss = loss - entropy_coef * agg_loss(entropy, m, loss_agg_mode, **norms)
+            loss = loss - entropy_coef * agg_loss(weighted(entropy), m, loss_agg_mode, **norms)
     elif entropy_coef != 0.0:
         raise ValueError("entropy_coef != 0 needs the per-token entropy")
     if ref_logprobs is not None:
         kl_mat = kl_penalty(logprobs, ref_logprobs.detach(), kl_estimator)
         metrics["kl"] = _masked_mean(kl_mat.detach(), m)
         if kl_coef != 0.0:
-            loss = loss + kl_coef * agg_loss(kl_mat, m, loss_agg_mode, **norms)
+            loss = loss + kl_coef * agg_loss(weighted(kl_mat), m, loss_agg_mode, **norms)
     elif kl_coef != 0.0:
         raise ValueError("kl_coef != 0 needs ref_logprobs")
     return PolicyLossOutput(loss=loss, pg_loss=pg_loss.detach(), metrics=metrics)

@@ -47,6 +47,7 @@ from agents.advantages import get_advantage, list_advantages
 from agents.losses import KL_ESTIMATORS, get_loss_agg, kl_penalty, list_loss_aggs, policy_loss
 from agents.nonfinite import finite_update
 from agents.rollout import Rollout
+from agents.weighting import ROLE_WEIGHTINGS, role_loss_weights
 
 __all__ = ["TrainerConfig", "PolicyGradientTrainer", "KL_MODES"]
 
@@ -102,6 +103,11 @@ class TrainerConfig:
     """Recompute decoder activations in the backward pass (less memory, ~30% more compute)."""
     logprob_chunk_size: int = 1024
     """Completion tokens per LM-head chunk (bounds the size of the full-vocabulary logits)."""
+    role_weighting: Literal["balanced", "tokens"] = "balanced"
+    """How the roles of a mixed batch (the single-agent baseline's proposer and solver rows) share an update:
+    "balanced" (the loss is the mean over the roles of each role's own token mean; ``agents.weighting``) or
+    "tokens" (one token mean over everything: a role's share is its share of the tokens). A batch of one role
+    (every population member) is the same under both."""
     skip_nonfinite_grad: bool = True
     """Skip the optimizer step (and report it) when the loss or the gradient norm is NaN/inf."""
     max_nonfinite_updates: int = 3
@@ -137,6 +143,8 @@ class TrainerConfig:
             problems.append(f"kl_coef = {self.kl_coef} has no effect with kl_mode='off'; set kl_mode")
         if self.logprob_chunk_size < 1:
             problems.append(f"logprob_chunk_size must be >= 1 (got {self.logprob_chunk_size})")
+        if self.role_weighting not in ROLE_WEIGHTINGS:
+            problems.append(f"role_weighting must be one of {', '.join(ROLE_WEIGHTINGS)} (got {self.role_weighting!r})")
         if self.norm_len is not None and self.norm_len < 1:
             problems.append(f"norm_len must be >= 1 or None (got {self.norm_len})")
         if problems:
@@ -408,6 +416,7 @@ class PolicyGradientTrainer:
         role_tok: dict[str, float] = defaultdict(float)
         losses, pg_losses, grad_norms = [], [], []
         skipped = 0
+        role_w = role_loss_weights(_roles(rollouts), batch.mask, cfg.role_weighting, cfg.loss_agg_mode, mini)
         for _epoch in range(cfg.epochs):
             for start in range(0, B, mini):
                 mb_rows = list(range(start, min(B, start + mini)))
@@ -435,6 +444,7 @@ class PolicyGradientTrainer:
                         else ref_lp[rows].to(device),
                         kl_coef=cfg.kl_coef if cfg.kl_mode == "loss" else 0.0,
                         kl_estimator=estimator,
+                        token_weights=None if role_w is None else role_w[rows].to(device),
                         **norms,
                     )
                     out.loss.backward()

@@ -9,11 +9,19 @@ them as ``student_0``. What changes against a PopuLoRA run of the same preset:
 - **no evolution**, one adapter, one optimizer.
 
 What does **not** change: the trainer section. Both arms use the run's advantage estimator; every shipped
-preset sets AZR's task-relative REINFORCE++ (TRR++: ``reinforce_pp`` whitened per member × role × task type,
-token-weighted, with the role-wide fallback of ``selfplay.rollouts.whitening_scopes`` for scopes of one
-completion), and ``--trainer.advantage X`` changes it for either arm alike. (Switching the baseline alone to
-another estimator would confound the comparison: e.g. per-task centring gives a task solved 8/8 advantage 0,
-plain whitening gives it a positive one, i.e. it reinforces easy tasks.)
+preset sets the paper's REINFORCE++-baseline (``reinforce_pp_baseline``: each task's attempts centred on their
+mean, a proposal — a group of one — keeps its raw reward, then whitening per member × role × task type with
+the role-wide fallback of ``selfplay.rollouts.whitening_scopes``), and ``--trainer.advantage X`` changes it
+for either arm alike (``reinforce_pp``, AZR's code's TRR++ without per-task centring, is the ablation).
+(Switching the baseline alone to another estimator would confound the comparison: e.g. per-task centring
+gives a task solved 8/8 advantage 0, plain whitening gives it a positive one, i.e. it reinforces easy tasks.)
+
+**Equal role weighting.** The single adapter's batch holds ``tasks_per_teacher`` proposals and
+``samples_per_task`` times as many attempts; one token mean over it would give the proposer only its share of
+the tokens (10-20 %), where AZR trains equal role batches and a population teacher gets all of its own
+update. With ``trainer.role_weighting = "balanced"`` (every shipped preset) the loss is the mean of a
+proposer term and a solver term, each a token mean over its own role (``agents.weighting``); ``"tokens"``
+is the unbalanced ablation. A population member's batch holds one role, so the setting leaves it unchanged.
 
 **Compute matching (per adapter, per role).** Each step the baseline adapter makes exactly one proposer's
 budget — ``tasks_per_teacher`` proposals of ``teacher_max_new_tokens`` at most — and exactly one matched

@@ -65,6 +65,11 @@ class PBTConfig:
     pool) or operator names (e.g. {'dare': 1.0} for a single-operator ablation), with probabilities."""
     operator_params: dict[str, dict[str, float | int | str]] = field(default_factory=dict)
     """Per-operator parameter overrides, e.g. {'dare': {'p': 0.5}}."""
+    min_final_age: int | None = None
+    """Fewest training steps a child must have had by the run's last step: an event at step s is skipped when
+    ``final_step - s < min_final_age`` (so no event at the last step, and no member enters the final checkpoint
+    and its evaluation younger than this); None: ``interval``; 0: evolve at every due step. Needs the run's
+    ``final_step`` (``PBTController(..., final_step=)``); without it nothing is skipped."""
     newborn_protection: bool = True
     """Exempt the children of an event from culling at the next event."""
     seed: int = 0
@@ -97,11 +102,14 @@ class PBTController:
         config: :class:`PBTConfig`.
         lineage_path: ``lineage.jsonl`` to append one line per replacement to (created with its directory);
             None keeps no file (the records are still returned).
+        final_step: the run's last training step; events closer to it than ``config.min_final_age`` are
+            skipped (:meth:`due`). None: no event is skipped for age.
     """
 
-    def __init__(self, config: PBTConfig, lineage_path: str | Path | None = None):
+    def __init__(self, config: PBTConfig, lineage_path: str | Path | None = None, final_step: int | None = None):
         self.config = config
         self.lineage_path = None if lineage_path is None else Path(lineage_path)
+        self.final_step = final_step
         self._validate()
         self._candidates = self._operator_candidates()
         self.protected: dict[str, list[str]] = {}
@@ -115,6 +123,9 @@ class PBTController:
         c = self.config
         if not isinstance(c.interval, int) or c.interval < 1:
             raise ValueError(f"pbt.interval must be an integer >= 1, got {c.interval!r}")
+        if c.min_final_age is not None and (not isinstance(c.min_final_age, int) or isinstance(c.min_final_age, bool)
+                                            or c.min_final_age < 0):
+            raise ValueError(f"pbt.min_final_age must be an integer >= 0 or null, got {c.min_final_age!r}")
         if not 0.0 < c.cull_fraction <= 0.5:
             raise ValueError(f"pbt.cull_fraction must be in (0, 0.5], got {c.cull_fraction!r}")
         if not c.operators:
@@ -150,8 +161,18 @@ class PBTController:
 
     # ------------------------------------------------------------------------------------------- event
 
+    @property
+    def min_final_age(self) -> int:
+        """Fewest steps a child trains before the final step (``config.min_final_age``, default ``interval``)."""
+        age = self.config.min_final_age
+        return self.config.interval if age is None else age
+
     def due(self, step: int) -> bool:
-        """Whether ``step`` is an evolution step (a positive multiple of ``interval``, not already done)."""
+        """Whether ``step`` is an evolution step: a positive multiple of ``interval``, not already done, and (with
+        a ``final_step``) at least ``min_final_age`` steps before the end, so that a child trains for
+        ``final_step - step >= min_final_age`` steps before the final checkpoint."""
+        if self.final_step is not None and self.final_step - step < self.min_final_age:
+            return False
         return step > 0 and step % self.config.interval == 0 and step != self.last_step
 
     def maybe_evolve(

@@ -36,6 +36,10 @@ MAX_CHARS = 1 << 20
 
 #: Classifications of a student answer whose payload cannot be parsed (EnvConfig.unparseable_answer).
 UNPARSEABLE_ANSWER = ("format", "wrong")
+#: Validation profiles of proposals (EnvConfig.validation; populora_env.validation).
+VALIDATION_PROFILES = ("strict", "azr")
+#: Which hand-written seed tasks start the buffers (EnvConfig.hand_seeds; populora_env.seeds).
+HAND_SEEDS = ("all", "identity")
 
 
 class ConfigError(ValueError):
@@ -113,6 +117,10 @@ class EnvConfig:
     seed_max_proposals: int = 0
     """Most proposals the base model may make per task type while seeding (0: 8 × seed_tasks). If a buffer is
     still short then, the run warns, names the type and its rejection reasons, and trains with what it has."""
+    hand_seeds: str = "all"
+    """Hand-written seed tasks the buffers start with: 'all' (the 23 shipped programs) or 'identity' (AZR's
+    identity triplet only, ``f(a) = a`` with 'Hello world': with ``seed_tasks`` > 0 the base model proposes the
+    rest of the seed set from it, as AZR's seeding does)."""
     buffer_cap: int = 4096
     """Maximum tasks per task-type buffer (FIFO, the newest kept)."""
     student_fill: bool = True
@@ -133,6 +141,13 @@ class EnvConfig:
     formatted but wrong, reason 'parse_error', −0.5: AZR's classification, whose parser falls back to the whole
     answer text and counts a failed evaluation as a wrong answer; docs/azr.md §13.3). Missing tags, and an
     induction answer without any fenced block, are format errors either way (as in AZR)."""
+    validation: str = "strict"
+    """Proposal validation profile (populora_env.validation): 'strict' (literal inputs and outputs, helper
+    functions and classes allowed next to ``def f``, this project's ban list, induction message optional) or
+    'azr' (AZR's rules: exactly one top-level ``def`` — a single differently named one is renamed to ``f`` —
+    inputs are Python expressions evaluated in the sandbox and kept as the ``repr`` of their values, AZR's ban
+    list, induction message required). Both keep the sandbox, the two-run determinism check and the size
+    limits."""
     prompts: str = "chat"
     """Registered prompt set (populora_env.prompts.list_prompt_sets()): the prompt texts, whether the chat
     template applies, the response prefix per prompt kind and the stop strings ('chat', 'r1', 'azr', 'small')."""
@@ -184,6 +199,10 @@ class EnvConfig:
               f"must be <= buffer_cap ({self.buffer_cap}), got {self.seed_tasks}")
         for name in ("student_fill", "reject_duplicates", "require_think", "lenient_answer_close"):
             check_bool(name, getattr(self, name))
+        check(self.hand_seeds in HAND_SEEDS, "hand_seeds",
+              f"must be one of {', '.join(HAND_SEEDS)}, got {self.hand_seeds!r}")
+        check(self.validation in VALIDATION_PROFILES, "validation",
+              f"must be one of {', '.join(VALIDATION_PROFILES)}, got {self.validation!r}")
         check(self.unparseable_answer in UNPARSEABLE_ANSWER, "unparseable_answer",
               f"must be one of {', '.join(UNPARSEABLE_ANSWER)}, got {self.unparseable_answer!r}")
         check_int("max_program_chars", self.max_program_chars, 16, MAX_CHARS)

@@ -165,7 +165,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
         self._scheme: RewardScheme = custom_scheme or get_reward_scheme(cfg.reward_scheme)
         self.reward_scheme_name = cfg.reward_scheme
         self.reward_kwargs = dict(cfg.reward_kwargs)
-        self.prompts: PromptTemplates = custom_prompts or get_prompt_set(cfg.prompts)
+        self.prompts: PromptTemplates = (custom_prompts or get_prompt_set(cfg.prompts)).for_env(cfg.validation, cfg.timeout_s)
 
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, got {render_mode!r}")
@@ -198,6 +198,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
                 response_prefixes=self.prompts.prefixes("propose"),
                 lenient_answer_close=cfg.lenient_answer_close,
                 timeout_s=self._timeout_s,
+                profile=cfg.validation,
             )
         )
         self._checker = AnswerChecker(
@@ -217,7 +218,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
         self._round = -1
         self._phase = "idle"
         self._ratings = Ratings(self.possible_agents, ts_config)
-        self._buffers = TaskBuffers(self.buffer_cap, seed_tasks(self.induction_inputs))
+        self._buffers = TaskBuffers(self.buffer_cap, seed_tasks(self.induction_inputs, cfg.hand_seeds))
         self._coverage = CoverageTracker()
         self._seed_count = 0  # seeding-stage proposals issued (task ids base-<n>)
         self._seed_requests: dict[str, ProposalRequest] = {}

@@ -43,7 +43,7 @@ field to change the wording::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import ClassVar
 
 from populora_env.registry import Registry
@@ -85,10 +85,30 @@ LITERAL_RULE = (
 )
 
 _RULES = (
-    "Rules: define a function `f` with at least one parameter that returns a value; helper functions or "
-    "classes may come before it; it must be deterministic (no randomness, time, printing or I/O); "
-    "do not use: {banned}. Make it different from the examples. " + LITERAL_RULE
+    "Rules: {code_rule}; it must be deterministic (no randomness, time, printing or I/O); "
+    "do not use: {banned}. Make it different from the examples. {value_rule}"
 )
+
+#: The code rule of each validation profile (``{code_rule}``; ``populora_env.validation``).
+CODE_RULES: dict[str, str] = {
+    "strict": "define a function `f` with at least one parameter that returns a value; helper functions or "
+    "classes may come before it",
+    "azr": "define exactly one function, `f`, with at least one parameter, that returns a value; no other "
+    "function (not even nested inside `f`) and no class",
+}
+
+#: The value rule of the 'azr' profile (inputs are expressions evaluated once; outputs stay plain literals).
+EXPRESSION_RULE = (
+    "Inputs are Python expressions, evaluated once before the run (like `[3, 1, 2], 'abc'` or "
+    "`list(range(5))`); `f` must return a plain Python literal value: numbers, strings, True/False/None, and "
+    "lists, tuples, dicts and sets of them (no `Counter(...)`, `frozenset(...)`, `inf`, `nan` or objects)."
+)
+
+
+def seconds_text(timeout_s: float) -> str:
+    """A time limit in words for prompts: ``2.0`` -> ``'2 seconds'``, ``0.5`` -> ``'0.5 seconds'``."""
+    value = f"{timeout_s:g}"
+    return f"{value} second" + ("" if value == "1" else "s")
 
 
 @dataclass(frozen=True)
@@ -114,7 +134,13 @@ class PromptTemplates:
         reference: one reference task; ``{k}``, ``{program}``, ``{input}``, ``{output}``.
         no_references: replaces ``{references}`` when there are none.
         pair: one shown induction pair; ``{k}``, ``{input}``, ``{output}``.
-        banned: the banned-word hint shown to proposers.
+        banned: the banned-word hint shown to proposers (:meth:`for_env` derives it from the env's validation
+            profile).
+        code_rule, value_rule, induction_value_rule, time_limit: the rules of the env's validation profile and
+            its sandbox time limit, as the set phrases them (``{code_rule}``, ``{value_rule}`` in deduction and
+            abduction proposer prompts, ``{induction_value_rule}`` in induction ones, ``{time_limit}`` in any
+            proposer prompt); the defaults are the 'strict' profile's; :meth:`for_env` sets them from the env.
+        derive_rules: :meth:`for_env` replaces the five fields above (``False``: the set keeps its own texts).
     """
 
     wrapper: str = "{prompt}"
@@ -145,7 +171,7 @@ class PromptTemplates:
         "Here is a program:\n```python\n{program}```\n"
         "Write {n_inputs} different inputs for `f` and a short message describing what it does. Another model "
         "will see half of the input/output pairs and your message and must rewrite `f` so that it reproduces "
-        "the other half: choose inputs that reveal the behaviour. " + LITERAL_RULE + "\n"
+        "the other half: choose inputs that reveal the behaviour. {induction_value_rule}\n"
         "Answer with <think>your plan</think><answer>\n```input\narguments for f\n```\n"
         "(one input block per input)\n```message\nyour description\n```\n</answer>"
     )
@@ -170,12 +196,17 @@ class PromptTemplates:
     no_references: str = ""
     pair: str = "```input_{k}\n{input}\n```\n```output_{k}\n{output}\n```"
     banned: str = "os, sys, random, time, datetime, subprocess, socket, threading, open, input, eval, exec, id, hash"
+    code_rule: str = CODE_RULES["strict"]
+    value_rule: str = LITERAL_RULE.replace("{{", "{").replace("}}", "}")
+    induction_value_rule: str = LITERAL_RULE.replace("{{", "{").replace("}}", "}")
+    time_limit: str = "2 seconds"
+    derive_rules: bool = True
 
     PLACEHOLDERS: ClassVar[dict[str, tuple[str, ...]]] = {
         "wrapper": ("prompt",),
-        "propose_deduction": ("references", "banned"),
-        "propose_abduction": ("references", "banned"),
-        "propose_induction": ("program", "n_inputs"),
+        "propose_deduction": ("references", "banned", "code_rule", "value_rule", "time_limit"),
+        "propose_abduction": ("references", "banned", "code_rule", "value_rule", "time_limit"),
+        "propose_induction": ("program", "n_inputs", "induction_value_rule", "time_limit"),
         "solve_deduction": ("program", "input"),
         "solve_abduction": ("program", "output"),
         "solve_induction": ("pairs", "message"),
@@ -189,14 +220,30 @@ class PromptTemplates:
         with ``Assistant: <think>`` and completions are checked with the ``"<think>"`` prefix."""
         return cls(wrapper=_R1_WRAPPER, chat_template=False, response_prefix="<think>")
 
+    def for_env(self, validation: str, timeout_s: float) -> PromptTemplates:
+        """This set with its rules derived from the env's actual settings (unless ``derive_rules`` is off): the
+        forbidden list of the validation profile (``populora_env.validation.forbidden_hint``), its code and
+        value rules, and the sandbox's time limit; so no prompt says two seconds where the sandbox allows ten,
+        or forbids a word that the required answer format contains. Under 'strict' the set's own code and
+        value texts stay (they are the strict rules in the set's words)."""
+        from populora_env.validation import forbidden_hint
+
+        if not self.derive_rules:
+            return self
+        changes: dict[str, str] = {"banned": forbidden_hint(validation), "time_limit": seconds_text(timeout_s)}
+        if validation == "azr":
+            changes |= {"code_rule": CODE_RULES["azr"], "value_rule": EXPRESSION_RULE,
+                        "induction_value_rule": EXPRESSION_RULE}
+        return replace(self, **changes)
+
     def validate(self) -> None:
         """Raise ``ValueError`` naming the field if a template uses an unknown placeholder or a field has the
         wrong type."""
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "chat_template":
+            if f.name in ("chat_template", "derive_rules"):
                 if not isinstance(value, bool):
-                    raise ValueError(f"prompts.chat_template must be a bool, got {value!r}")
+                    raise ValueError(f"prompts.{f.name} must be a bool, got {value!r}")
                 continue
             if f.name == "stop":
                 if not isinstance(value, tuple) or not all(isinstance(s, str) and s for s in value):
@@ -255,10 +302,14 @@ class PromptTemplates:
     ) -> str:
         """The proposer observation for ``task_type``."""
         if task_type is TaskType.INDUCTION:
-            body = self.propose_induction.format(program=_code(program), n_inputs=n_inputs)
+            body = self.propose_induction.format(program=_code(program), n_inputs=n_inputs,
+                                                 induction_value_rule=self.induction_value_rule,
+                                                 time_limit=self.time_limit)
         else:
             template = self.propose_deduction if task_type is TaskType.DEDUCTION else self.propose_abduction
-            body = template.format(references=self.render_references(references or []), banned=self.banned)
+            body = template.format(references=self.render_references(references or []), banned=self.banned,
+                                   code_rule=self.code_rule, value_rule=self.value_rule,
+                                   time_limit=self.time_limit)
         return self.observation(body, prompt_kind("propose", task_type))
 
     def solver(self, task: Task) -> str:
@@ -283,22 +334,21 @@ def _code(program: str) -> str:
 
 _AZR_CODE_RULES = (
     "### Requirements for the code\n"
-    "- Call the entry function `f` (`def f(...): ...`); nested definitions inside `f` are fine, and custom "
-    "classes may be defined at the top of the snippet\n"
+    "- Rule for the code: {code_rule}\n"
     "- `f` takes at least one parameter and returns a value\n"
     "- `f` is deterministic\n"
     "- Working out the result should require tracking state across several data transformations: a long chain "
     "of reasoning steps\n"
     "- Stay away from: random functions or values, dates and times, input/output (files, network), printing or "
     "logging, any outside state\n"
-    "- It must run in well under two seconds on an ordinary CPU\n"
-    "- Put every import and class definition at the very top; the snippet ends with the `return` of `f`\n"
+    "- It must run in well under {time_limit} on an ordinary CPU\n"
+    "- Put every import at the very top; the snippet ends with the `return` of `f`\n"
     "- Do not write the test input into the snippet: it belongs in the input block\n"
     "### Requirements for the input\n"
     "- Exactly one test input\n"
     "- Separate several arguments with commas\n"
     "- Put quotes around string arguments\n"
-    "- " + LITERAL_RULE + "\n"
+    "- {value_rule}\n"
     "### Format\n"
     "The snippet goes in a ```python block, the input in an ```input block:\n"
     "```python\ndef f(name: str, scores: dict):\n    # the logic\n    return result\n```\n"
@@ -312,7 +362,7 @@ _AZR_JUDGING = (
     "classes (trees, heaps, stacks, queues, graphs) or involved control flow (dynamic programming, recursion, "
     "divide and conquer, greedy search, backtracking)\n"
     "- Creativity: the code must be clearly different from the reference snippets\n"
-    "- Forbidden words: you may not use any of these in any form, not even in comments: {{banned}}\n\n"
+    "- Forbidden: {{banned}}\n\n"
     "First make a careful plan: how will your snippet be hard, new and different from the references? Then "
     "write the final snippet and its input.\n\n"
     "### Reference code snippets\n{{references}}\n"
@@ -321,7 +371,7 @@ _AZR_JUDGING = (
 
 def _azr_proposer(goal: str, difficulty: str) -> str:
     return (
-        "## Task: write a new Python code snippet (custom classes allowed, defined at the top) and one input "
+        "## Task: write a new Python code snippet and one input "
         "that goes with it\n\n" + goal + "\n\n" + _AZR_CODE_RULES + _AZR_JUDGING.format(difficulty=difficulty)
     )
 
@@ -331,7 +381,8 @@ def _azr() -> PromptTemplates:
 
     Differences from AZR's text, on purpose: the difficulty sentences are the right way round (AZR's code has
     them swapped between the deduction and abduction proposers), the time limit is this project's sandbox
-    limit rather than 10 s, and proposers are told the literal-value rule that validation enforces."""
+    limit (``{time_limit}``, filled from ``env.timeout_s``) rather than AZR's fixed 10 s, and proposers are told
+    the code and value rules of the env's validation profile (``{code_rule}``, ``{value_rule}``)."""
     propose_deduction = _azr_proposer(
         "Using the reference snippets below as examples, design a new and original Python code snippet whose "
         "output takes deep algorithmic reasoning to work out from its input. Submit the snippet together with "
@@ -359,7 +410,8 @@ def _azr() -> PromptTemplates:
         "- In each input, separate several arguments with commas\n"
         "- Put quotes around string arguments\n"
         "- Wrap every input in its own ```input block\n"
-        "- " + LITERAL_RULE + "\n"
+        "- {induction_value_rule}\n"
+        "- The snippet must run on each input in well under {time_limit}\n"
         "### Requirements for the message\n"
         "- Wrap the message in a ```message block\n"
         "- It can take any form: a coding question, or a plain-language instruction saying what the snippet "
@@ -456,7 +508,7 @@ def _small() -> PromptTemplates:
 
     def proposer(task: str) -> str:
         return (
-            "Write a new Python function `f` and one input for it. " + task + " " + rules + SHORT_LITERAL_RULE
+            "Write a new Python function `f` and one input for it. " + task + " " + rules + "{value_rule}"
             + "\nGive the input first, then the function, like this:\n<answer>\n```input\n[3, -1, 4], 2\n```\n"
             + example + "\n</answer>\n{references}\nNow write a different input and function."
         )
@@ -469,6 +521,8 @@ def _small() -> PromptTemplates:
         prefix_solve_deduction=_OPEN + "```output\n",
         prefix_solve_abduction=_OPEN + "```input\n",
         prefix_solve_induction=_OPEN + "```python\ndef f(",
+        value_rule=SHORT_LITERAL_RULE,
+        induction_value_rule=SHORT_LITERAL_RULE.replace("what `f` returns", "the outputs"),
         propose_deduction=proposer("Another model will see `f` and the input and must predict what `f` returns."),
         propose_abduction=proposer(
             "Another model will see `f` and what it returns, and must find an input that gives it."
@@ -476,7 +530,7 @@ def _small() -> PromptTemplates:
         propose_induction=(
             "Here is a Python function:\n```python\n{program}```\n"
             "Write {n_inputs} different inputs for `f`, each in its own ```input block, then a ```message block "
-            "saying in a few words what `f` does. " + SHORT_LITERAL_RULE.replace("what `f` returns", "the outputs")
+            "saying in a few words what `f` does. {induction_value_rule}"
             + "\nFor example, for `def f(a, b): return a + b` and 4 inputs:\n<answer>\n"
             "```input\n1, 2\n```\n```input\n-5, 7\n```\n```input\n10, 0\n```\n```input\n3, 3\n```\n"
             "```message\nadds the two numbers\n```\n</answer>"

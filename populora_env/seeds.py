@@ -27,6 +27,9 @@ them to propose fresh inputs for the seed programs.
 
 from __future__ import annotations
 
+import ast
+import io
+import tokenize
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -864,10 +867,14 @@ SEED_PROGRAMS: tuple[SeedProgram, ...] = (
 )
 
 
-def seed_tasks(induction_inputs: int) -> list[Task]:
-    """The initial buffer contents (see the module docstring)."""
+def seed_tasks(induction_inputs: int, hand_seeds: str = "all") -> list[Task]:
+    """The initial buffer contents (see the module docstring): every seed program (``hand_seeds='all'``) or
+    only the identity (``'identity'``: AZR's single zero triplet; ``EnvConfig.hand_seeds``)."""
+    if hand_seeds not in ("all", "identity"):
+        raise ValueError(f"hand_seeds must be 'all' or 'identity', got {hand_seeds!r}")
     tasks: list[Task] = []
-    for i, seed in enumerate(SEED_PROGRAMS):
+    programs = SEED_PROGRAMS if hand_seeds == "all" else SEED_PROGRAMS[:1]
+    for i, seed in enumerate(programs):
         tasks.append(
             Task(f"seed-deduction-{i}", TaskType.DEDUCTION, seed.program, seed.inputs[:1], seed.outputs[:1])
         )
@@ -886,3 +893,58 @@ def seed_tasks(induction_inputs: int) -> list[Task]:
             )
         )
     return tasks
+
+
+def _docstring_nodes(tree: ast.AST) -> list[ast.Expr]:
+    """The docstrings of the module, classes and functions that have other statements too."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and len(node.body) > 1:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                out.append(first)
+    return out
+
+
+def _without_docstrings(tree: ast.Module) -> str:
+    for doc in _docstring_nodes(tree):
+        doc.value = ast.Constant(None)  # a marker removed below, so that dumps compare bodies without it
+    return ast.dump(tree).replace("Expr(value=Constant(value=None)), ", "")
+
+
+def strip_comments_and_docstrings(program: str) -> str:
+    """``program`` without its comments and docstrings, as AZR's seeding stores programs (docs/azr.md §7).
+
+    Comments are removed token by token (a ``#`` inside a string is not a comment) and lines left empty by them
+    are dropped; a docstring is removed when its body has other statements (a body holding only a docstring
+    keeps it, so the program stays valid). Nothing is executed. The result is checked to parse into the same
+    program as the input minus its docstrings; when it does not (or the program does not parse, or reads
+    ``__doc__``), ``program`` is returned unchanged."""
+    try:
+        tree = ast.parse(program)
+        lines = program.splitlines(keepends=True)
+        comments = [tok.start for tok in tokenize.generate_tokens(io.StringIO(program).readline)
+                    if tok.type == tokenize.COMMENT]
+        if "__doc__" in program:
+            return program
+        drop: set[int] = set()
+        for doc in _docstring_nodes(tree):
+            start, end = doc.lineno - 1, (doc.end_lineno or doc.lineno) - 1
+            before = lines[start][: doc.col_offset]
+            after = lines[end][doc.end_col_offset or 0:]
+            if before.strip() or after.split("#")[0].strip():  # shares a line with code: leave it
+                continue
+            drop.update(range(start, end + 1))
+        for row, col in comments:
+            line = lines[row - 1]
+            kept = line[:col].rstrip()
+            if not kept:
+                drop.add(row - 1)
+            else:
+                lines[row - 1] = kept + ("\n" if line.endswith("\n") else "")
+        out = "".join(line for i, line in enumerate(lines) if i not in drop)
+        if _without_docstrings(ast.parse(out)) != _without_docstrings(tree):
+            return program
+        return out
+    except (SyntaxError, ValueError, tokenize.TokenError, IndentationError, RecursionError, MemoryError):
+        return program

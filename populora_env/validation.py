@@ -37,6 +37,7 @@ from populora_env.literals import (
     PLAIN_GUARD,
     PLAIN_HELPER,
     ArgsError,
+    CallArgs,
     literal_value,
     parse_call_args,
     quiet_parse,
@@ -85,6 +86,8 @@ class ValidationConfig:
     response_prefixes: Mapping[str, str] = field(default_factory=dict)
     lenient_answer_close: bool = False
     timeout_s: float | None = None
+    profile: str = "strict"
+    """'strict' or 'azr' (:data:`VALIDATION_PROFILES`; the 'azr' rules are at the end of this module)."""
 
     def prefix_for(self, task_type: TaskType) -> str:
         """The response prefix of proposals of ``task_type`` (``response_prefixes`` by task-type value, else
@@ -132,6 +135,9 @@ class ProgramCheck:
     reason: Reason | None
     detail: str
     tree: ast.Module | None = None
+    program: str | None = None
+    """The program as it enters the task when the check rewrote it ('azr': the single function renamed to
+    ``f``); ``None``: unchanged."""
 
 
 #: Deepest AST a program may have: deeper trees (e.g. ``x+x+…+x`` a thousand times) would overflow the
@@ -244,6 +250,7 @@ class _Pending:
     arg_values: list[tuple[Any, ...]]
     message: str
     key: str
+    expressions: list[str] | None = None  # 'azr': the raw input expressions, evaluated in the sandbox first
     job_start: int = 0
     second_start: int = 0
     out_value: Any = None
@@ -278,16 +285,30 @@ class ProposalValidator:
         outcomes: list[ProposalOutcome | None] = [None] * len(requests)
         pending: list[_Pending] = []
         seen: set[str] = set()
+        deferred: list[_Pending] = []
         for slot, (request, completion) in enumerate(zip(requests, completions, strict=True)):
             result = self._host_checks(slot, request, completion)
             if isinstance(result, ProposalOutcome):
                 outcomes[slot] = result
+                continue
+            if result.expressions is not None:  # 'azr': the key is known once the inputs are evaluated
+                deferred.append(result)
                 continue
             if cfg.reject_duplicates and (result.key in known_keys or result.key in seen):
                 outcomes[slot] = ProposalOutcome(request, True, False, Reason.DUPLICATE, "task already exists")
                 continue
             seen.add(result.key)
             pending.append(result)
+        for slot, item in _evaluate_inputs(deferred, requests, sandbox, cfg):  # 'azr': one batched sandbox call
+            if isinstance(item, ProposalOutcome):
+                outcomes[slot] = item
+                continue
+            if cfg.reject_duplicates and (item.key in known_keys or item.key in seen):
+                outcomes[item.slot] = ProposalOutcome(requests[item.slot], True, False, Reason.DUPLICATE,
+                                                      "task already exists")
+                continue
+            seen.add(item.key)
+            pending.append(item)
 
         # phase 1: the first run of every input; phase 2: the heap-shifted second run, only for proposals
         # whose first runs all succeeded (a failing proposal is invalid either way; this halves the cost of
@@ -356,7 +377,11 @@ class ProposalValidator:
             return reject(Reason.FORMAT, "no <think>…</think><answer>…</answer> structure", False)
 
         if request.task_type is TaskType.INDUCTION:
+            if cfg.profile == "azr":
+                return _azr_induction_checks(slot, request, formatted.answer, reject, cfg)
             return self._host_checks_induction(slot, request, formatted.answer, reject)
+        if cfg.profile == "azr":
+            return _azr_program_checks(slot, request, formatted.answer, reject, cfg)
 
         payload = parse_program_proposal(formatted.answer)
         if payload.program is None or not payload.inputs:
@@ -406,3 +431,272 @@ class ProposalValidator:
         values = [distinct[i] for i in inputs]
         key = task_key(TaskType.INDUCTION, source.program, inputs)
         return _Pending(slot, source.program, inputs, values, message, key)
+
+
+# ------------------------------------------------------------------------------------ the 'azr' profile
+#
+# EnvConfig.validation = "azr": AZR's rules for proposals (docs/azr.md §4, §13.2), with this project's sandbox,
+# two-process determinism check and size limits kept:
+#
+# - the program holds exactly one function definition and no class (AZR rejects any second ``def``); a single
+#   function with another name is renamed to ``f`` (its definition and every reference to it);
+# - inputs are Python expressions, evaluated in the sandbox (``list(range(5))``, ``'ab' * 3``); each argument's
+#   value must be plain literal data and is kept as its ``repr`` (the input the task records and shows);
+# - AZR's ban list (:data:`AZR_BANNED_MODULES`: imports, with the dotted entries matched as module-path prefixes
+#   where AZR's code compared them with single components and never matched) plus the builtins and names that
+#   would reach the sandbox's own guards (:data:`AZR_BANNED_NAMES`, needed so that nothing a program does
+#   decides its reward); the rest of the strict policy (``os``, ``sys``, ``id``, ``hash``...) is not applied:
+#   the sandbox and the determinism check stand in for it, as they are the boundary in both profiles;
+# - induction proposals must carry a message.
+# Outputs stay plain literals in both profiles: the host reads values back with ``ast.literal_eval`` only.
+
+VALIDATION_PROFILES = ("strict", "azr")
+
+#: AZR's banned modules (its code's list; dotted entries are module paths).
+AZR_BANNED_MODULES: tuple[str, ...] = (
+    "logging", "random", "multiprocessing", "pebble", "subprocess", "threading", "datetime", "time", "hashlib",
+    "hmac", "bcrypt", "os.sys", "os.path", "sys.exit", "os.environ", "calendar",
+)
+
+#: Builtins that evaluate text or reach the interpreter's namespaces (they would let a program or an input
+#: tamper with the sandbox-side guards), and ``input`` (AZR's executor refuses it too).
+AZR_BANNED_NAMES: tuple[str, ...] = (
+    "eval", "exec", "compile", "__import__", "globals", "locals", "vars", "breakpoint", "input",
+)
+
+
+def _azr_banned_module(path: str) -> str | None:
+    parts = path.split(".")
+    for entry in AZR_BANNED_MODULES:
+        banned = entry.split(".")
+        if parts[: len(banned)] == banned:
+            return entry
+    return None
+
+
+def check_azr_bans(tree: ast.AST) -> str | None:
+    """AZR's ban list on a parsed program or input expression (see the section comment): ``None`` when it
+    passes, else a short reason."""
+    from populora_env.safety import BANNED_ATTRIBUTES, BANNED_DUNDER_NAMES
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if _azr_banned_module(alias.name):
+                    return f"import of banned module {alias.name!r}"
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                return "relative import"
+            module = node.module or ""
+            if _azr_banned_module(module) or any(_azr_banned_module(f"{module}.{a.name}") for a in node.names):
+                return f"import from banned module {module!r}"
+        elif isinstance(node, ast.Name):
+            if node.id in BANNED_DUNDER_NAMES or node.id.startswith("__populora"):
+                return f"use of {node.id!r}"
+            if node.id in AZR_BANNED_NAMES and isinstance(node.ctx, ast.Load):
+                return f"use of banned builtin {node.id!r}"
+        elif isinstance(node, ast.Attribute):
+            if node.attr in BANNED_ATTRIBUTES or node.attr.startswith("__populora"):
+                return f"use of attribute {node.attr!r}"
+        elif isinstance(node, ast.arg) and node.arg.startswith("__populora"):
+            return f"parameter {node.arg!r}"
+    return None
+
+
+class _Rename(ast.NodeTransformer):
+    def __init__(self, old: str) -> None:
+        self.old = old
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
+        if node.name == self.old:
+            node.name = "f"
+        return self.generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id == self.old:
+            node.id = "f"
+        return node
+
+
+def check_program_azr(program: str, max_chars: int) -> ProgramCheck:
+    """AZR's static rules for a proposed program: length, syntax, depth, exactly one function definition
+    (nested ones count) and no class, at least one parameter, :func:`check_azr_bans`. A single function not
+    named ``f`` is renamed to ``f`` (``ProgramCheck.program`` holds the rewritten program; a program that
+    already binds the name ``f`` otherwise is rejected instead, as the rename would change its meaning)."""
+    if len(program) > max_chars:
+        return ProgramCheck(Reason.TOO_LONG, f"program longer than {max_chars} characters")
+    try:
+        tree = quiet_parse(program)
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
+        return ProgramCheck(Reason.PARSE_ERROR, f"program does not parse: {type(exc).__name__}")
+    if tree_depth(tree) > MAX_AST_DEPTH:
+        return ProgramCheck(Reason.TOO_LONG, f"program nested deeper than {MAX_AST_DEPTH} AST levels")
+    defs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)]
+    if any(isinstance(n, ast.ClassDef) for n in ast.walk(tree)):
+        return ProgramCheck(Reason.NO_F, "a class definition (the azr profile allows exactly one function)")
+    if len(defs) != 1 or not isinstance(defs[0], ast.FunctionDef) or defs[0] not in tree.body:
+        return ProgramCheck(Reason.NO_F, f"{len(defs)} function definitions; exactly one top-level def required")
+    entry = defs[0]
+    if not (entry.args.posonlyargs or entry.args.args or entry.args.vararg):
+        return ProgramCheck(Reason.NO_F, "f takes no positional parameter")
+    unsafe = check_azr_bans(tree)
+    if unsafe:
+        return ProgramCheck(Reason.BANNED, unsafe)
+    if entry.name == "f":
+        return ProgramCheck(None, "", tree)
+    if any(isinstance(n, ast.Name) and n.id == "f" for n in ast.walk(tree)):
+        return ProgramCheck(Reason.NO_F, f"def {entry.name} cannot be renamed to f: the program uses the name f")
+    renamed = ast.fix_missing_locations(_Rename(entry.name).visit(tree))
+    try:
+        text = ast.unparse(renamed) + "\n"
+    except RecursionError:  # unreachable after the depth limit
+        return ProgramCheck(Reason.TOO_LONG, "program too deeply nested")
+    if len(text) > max_chars:
+        return ProgramCheck(Reason.TOO_LONG, f"program longer than {max_chars} characters")
+    return ProgramCheck(None, "", quiet_parse(text), text)
+
+
+def _split_expressions(raw: str) -> list[str] | str:
+    """The argument expressions of ``f(<raw>)`` (positional only), or the reason they are not."""
+    try:
+        call = quiet_parse(f"f({raw.strip()}\n)", mode="eval").body
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
+        return f"not an argument list: {type(exc).__name__}"
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "f"):
+        return "not an argument list"
+    if call.keywords or any(isinstance(a, ast.Starred) for a in call.args):
+        return "keyword and starred arguments are not accepted"
+    unsafe = check_azr_bans(call)
+    if unsafe:
+        return unsafe
+    try:
+        return [ast.unparse(a) for a in call.args]
+    except RecursionError:
+        return "arguments nested too deeply"
+
+
+def _azr_program_checks(slot: int, request: ProposalRequest, answer: str, reject: Any,
+                        cfg: ValidationConfig) -> ProposalOutcome | _Pending:
+    payload = parse_program_proposal(answer)
+    if payload.program is None or not payload.inputs:
+        missing = "```python" if payload.program is None else "```input"
+        return reject(Reason.FORMAT, f"answer has no {missing} block", False)
+    if len(payload.inputs[0]) > cfg.max_input_chars:
+        return reject(Reason.TOO_LONG, f"input longer than {cfg.max_input_chars} characters")
+    checked = check_program_azr(payload.program, cfg.max_program_chars)
+    if checked.reason is not None:
+        return reject(checked.reason, checked.detail)
+    exprs = _split_expressions(payload.inputs[0])
+    if isinstance(exprs, str):
+        return reject(Reason.BANNED if exprs.startswith(("use of", "import")) else Reason.PARSE_ERROR,
+                      f"input: {exprs}")
+    assert checked.tree is not None
+    program = checked.program or payload.program
+    return _Pending(slot, program, [], [], "", canonical_program(checked.tree), expressions=[", ".join(exprs)])
+
+
+def _azr_induction_checks(slot: int, request: ProposalRequest, answer: str, reject: Any,
+                          cfg: ValidationConfig) -> ProposalOutcome | _Pending:
+    source = request.source
+    assert source is not None, "induction requests carry their program"
+    payload = parse_induction_proposal(answer)
+    if not payload.inputs:
+        return reject(Reason.FORMAT, "answer has no ```input block", False)
+    message = (payload.message or "").strip()
+    if not message:
+        return reject(Reason.FORMAT, "no message (the azr profile requires one)", False)
+    if len(message) > cfg.max_message_chars:
+        return reject(Reason.TOO_LONG, f"message longer than {cfg.max_message_chars} characters")
+    raw_inputs: list[str] = []
+    for raw in list(reversed(payload.inputs))[: 8 * cfg.induction_inputs]:
+        if len(raw) > cfg.max_input_chars:
+            return reject(Reason.TOO_LONG, f"input longer than {cfg.max_input_chars} characters")
+        exprs = _split_expressions(raw)
+        if isinstance(exprs, str):
+            return reject(Reason.BANNED if exprs.startswith(("use of", "import")) else Reason.PARSE_ERROR,
+                          f"input: {exprs}")
+        raw_inputs.append(", ".join(exprs))
+    return _Pending(slot, source.program, [], [], payload.message or "", source.program,
+                    expressions=list(reversed(raw_inputs)))
+
+
+def _evaluate_inputs(items: Sequence[_Pending], requests: Sequence[ProposalRequest], sandbox: Any,
+                     cfg: ValidationConfig) -> list[tuple[int, ProposalOutcome | _Pending]]:
+    """'azr': evaluate every pending proposal's input expressions in the sandbox (one batched call, literal
+    inputs need none), keep each input as the ``repr`` of its argument values, then build the dedup key; an
+    input whose evaluation fails or whose value is not plain literal data rejects the proposal. Induction keeps
+    the last ``induction_inputs`` distinct evaluated inputs (``too_few_inputs`` below that)."""
+    jobs: list[ExecJob] = []
+    index: list[list[int | CallArgs]] = []
+    for item in items:
+        row: list[int | CallArgs] = []
+        for expr in item.expressions or []:
+            try:
+                row.append(parse_call_args(expr))  # already literal: nothing to run
+            except ArgsError:
+                row.append(len(jobs))
+                jobs.append(ExecJob(code=PLAIN_HELPER, call=f"{PLAIN_GUARD}(({expr},))", timeout_s=cfg.timeout_s))
+        index.append(row)
+    results = sandbox.run(jobs) if jobs else []
+    out: list[tuple[int, ProposalOutcome | _Pending]] = []
+    for item, row in zip(items, index, strict=True):
+        request = requests[item.slot]
+
+        def reject(reason: Reason, detail: str, request: ProposalRequest = request) -> ProposalOutcome:
+            return ProposalOutcome(request, True, False, reason, detail)
+
+        evaluated: list[CallArgs] = []
+        failed: ProposalOutcome | None = None
+        for k, entry in enumerate(row):
+            if isinstance(entry, CallArgs):
+                evaluated.append(entry)
+                continue
+            reason, detail, value = interpret_first(results[entry], cfg.max_input_chars)
+            if reason is not None or not isinstance(value, tuple):
+                failed = reject(reason or Reason.NOT_LITERAL, f"input {k + 1}: {detail or 'not an argument tuple'}")
+                break
+            try:
+                evaluated.append(parse_call_args(", ".join(repr(v) for v in value)))
+            except ArgsError as exc:
+                failed = reject(Reason(exc.kind), f"input {k + 1}: {exc.detail}")
+                break
+        if failed is not None:
+            out.append((item.slot, failed))
+            continue
+        if request.task_type is TaskType.INDUCTION:
+            distinct: dict[str, tuple[Any, ...]] = {}
+            for args in reversed(evaluated):  # the last n distinct, as AZR keeps the last 10
+                distinct.setdefault(args.canonical, args.values)
+                if len(distinct) == cfg.induction_inputs:
+                    break
+            if len(distinct) < cfg.induction_inputs:
+                out.append((item.slot, reject(Reason.TOO_FEW_INPUTS,
+                                              f"{len(distinct)} distinct inputs, {cfg.induction_inputs} required")))
+                continue
+            inputs = list(reversed(distinct))
+            values = [distinct[i] for i in inputs]
+            key = task_key(TaskType.INDUCTION, item.program, inputs)
+        else:
+            (args,) = evaluated
+            inputs, values = [args.canonical], [args.values]
+            key = "\x1f".join([request.task_type.value, item.key, args.canonical])
+        out.append((item.slot, _Pending(item.slot, item.program, inputs, values, item.message, key)))
+    return out
+
+
+def forbidden_hint(profile: str) -> str:
+    """What a proposer prompt lists as forbidden under validation ``profile``: modules (refused in imports) and
+    builtins (refused when called, written with ``()`` so that no listed word is part of the required answer
+    format, e.g. the ``input`` block)."""
+    from populora_env.safety import BANNED_BUILTINS
+
+    if profile == "azr":
+        modules, names = AZR_BANNED_MODULES, AZR_BANNED_NAMES
+    elif profile == "strict":
+        modules = ("os", "sys", "random", "time", "datetime", "subprocess", "socket", "threading", "secrets",
+                   "uuid", "pathlib", "io")
+        names = tuple(sorted(BANNED_BUILTINS))
+    else:
+        raise ValueError(f"unknown validation profile {profile!r} (known: {', '.join(VALIDATION_PROFILES)})")
+    builtins = ", ".join(f"{n}()" for n in names if not n.startswith("__"))
+    return f"the modules {', '.join(modules)}; the builtins {builtins}"

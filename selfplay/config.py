@@ -126,6 +126,10 @@ class TrainConfig:
     """Prompt/completion pairs per role logged as TensorBoard text each step."""
     progress: bool = True
     """Show a progress bar."""
+    seeding_cache: Path | None = None
+    """Directory of the shared seeding results (env.seed_tasks > 0): one file per fingerprint (model, seed, the
+    env settings that shape tasks, generation), reused by every run with that fingerprint, so both arms of one
+    seed start from the same buffers; default: '.seeding' next to the run directory (selfplay.seeding)."""
     backend: Literal["local", "ray"] = "local"
     """'local': every part in this process; 'ray': trainer shards, generation engines and sandboxes as Ray actors
     (the `ray` section; pip install '.[ray]'). The loop, env, ratings, PBT and logging stay in this process."""

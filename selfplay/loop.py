@@ -146,7 +146,7 @@ class SelfPlayLoop:
             self.trainer = PolicyGradientTrainer(self.population, cfg.trainer)
         evolve = cfg.evolution and any(len(ms) >= 2 for ms in self.mapping.roles.values())
         pbt_cfg = dataclasses.replace(cfg.pbt, seed=cfg.seed + cfg.pbt.seed)  # one seed drives the run
-        self.pbt = PBTController(pbt_cfg, self.run_dir / "lineage.jsonl") if evolve else None
+        self.pbt = PBTController(pbt_cfg, self.run_dir / "lineage.jsonl", final_step=cfg.steps) if evolve else None
         self.step = 0
         self._seeded = False
         self.seeding: SeedingReport | None = None  # the base model's seeding stage (env.seed_tasks), if any

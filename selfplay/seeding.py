@@ -15,14 +15,25 @@ is reported with a **warning** naming it, its counts and its most frequent rejec
 starts with what the buffers hold: the seed set is a head start, not a precondition (the hand-written seeds
 are still there), and aborting would throw away the proposals already validated.
 
-Nothing is trained, no rating changes. The stage runs once: its result (report and buffers) is written to
-``<run>/seeding.json`` and reused when a run is restarted before its first checkpoint; later the buffers are
-part of every checkpoint's env state. Per call the counts (proposals, valid, added, seconds) are logged, a
+Nothing is trained, no rating changes. The seeded programs are stored without their comments and docstrings
+(:func:`populora_env.seeds.strip_comments_and_docstrings`, as AZR's seeding does).
+
+**One seeding per fingerprint, shared by both arms.** The result (report and buffers) depends only on the
+*fingerprint* (:func:`seeding_fingerprint`): the base model, the seed, the env settings that shape tasks (every
+``env`` field but the agent counts and the reward scheme and its arguments) and the generation settings. It is
+written to a shared cache, ``<cache>/<sha256 of the fingerprint>.json`` (``seeding_cache``, default
+``<run_dir's parent>/.seeding``, so ``runs/<preset>-population-s0`` and ``runs/<preset>-baseline-s0`` share
+``runs/.seeding``), under a file lock, and every run with the same fingerprint — the population and the
+baseline arm of one seed, in either order or at the same time — starts from those same buffers, byte for byte.
+The run's own copy is ``<run>/seeding.json`` (reused when the run is restarted before its first checkpoint);
+later the buffers are part of every checkpoint's env state. After seeding (generated or reused) the loop
+re-seeds the env's RNG, so a run's history does not depend on which arm seeded first. Per call the counts (proposals, valid, added, seconds) are logged, a
 progress bar shows the tasks still missing, and :class:`SeedingReport` sums them up per task type.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -34,15 +45,24 @@ from typing import Any
 
 import numpy as np
 import torch
+from filelock import FileLock
 from tqdm import tqdm
 
 from agents.generation import GenerationRequest
 from populora_env.config import seed_proposal_budget
+from populora_env.seeds import strip_comments_and_docstrings
 from populora_env.tasks import TaskType
 from selfplay.checkpoint import write_json
 from selfplay.config import to_dict
 
 log = logging.getLogger(__name__)
+
+SEEDING_CACHE = ".seeding"
+"""Default shared cache of seeding results, next to the run directories (``<run_dir's parent>/.seeding``)."""
+
+ARM_FIELDS = ("num_teachers", "num_students", "reward_scheme", "reward_kwargs")
+"""The env fields left out of the seeding fingerprint: what differs between the arms of one comparison and does
+not shape the seeded tasks."""
 
 SEEDING_FILE = "seeding.json"
 """The seeding stage's record in the run directory (report, buffers and the settings they came from)."""
@@ -226,9 +246,36 @@ def base_model_proposer(generator: Any, *, max_new_tokens: int, temperature: flo
     return propose
 
 
-def _fingerprint(cfg: Any) -> dict[str, Any]:
-    """What a saved seeding result depends on."""
-    return {"model": cfg.model, "seed": cfg.seed, "env": to_dict(cfg.env), "generation": to_dict(cfg.generation)}
+def seeding_fingerprint(cfg: Any) -> dict[str, Any]:
+    """What a seeding result depends on: model, seed, the env settings that shape tasks (all but
+    :data:`ARM_FIELDS`) and the generation settings (JSON-normalised)."""
+    env = {k: v for k, v in to_dict(cfg.env).items() if k not in ARM_FIELDS}
+    fingerprint = {"model": cfg.model, "seed": cfg.seed, "env": env, "generation": to_dict(cfg.generation)}
+    return json.loads(json.dumps(fingerprint, sort_keys=True))
+
+
+def seeding_cache_path(cfg: Any, run_dir: Path) -> Path:
+    """The shared cache file of ``cfg``'s fingerprint (``seeding_cache`` or ``<run_dir's parent>/.seeding``)."""
+    root = getattr(cfg, "seeding_cache", None)
+    root = Path(run_dir).resolve().parent / SEEDING_CACHE if root is None else Path(root)
+    digest = hashlib.sha256(json.dumps(seeding_fingerprint(cfg), sort_keys=True).encode()).hexdigest()[:24]
+    return root / f"{digest}.json"
+
+
+def strip_seeded_programs(buffers: Any) -> int:
+    """Strip comments and docstrings from the programs of the seeded tasks (ids ``base-…``) in ``buffers``;
+    returns how many programs changed. The buffers are rebuilt from their state (keys recomputed)."""
+    state = buffers.state_dict()
+    changed = 0
+    for items in state.values():
+        for item in items:
+            if str(item.get("task_id", "")).startswith("base-"):
+                stripped = strip_comments_and_docstrings(item["program"])
+                changed += stripped != item["program"]
+                item["program"] = stripped
+    if changed:
+        buffers.load_state_dict(state)
+    return changed
 
 
 def seed_before_training(loop: Any) -> SeedingReport | None:
@@ -239,29 +286,53 @@ def seed_before_training(loop: Any) -> SeedingReport | None:
     if target <= 0:
         return None
     path = Path(loop.run_dir) / SEEDING_FILE
-    fingerprint = _fingerprint(cfg)
+    fingerprint = seeding_fingerprint(cfg)
     saved = _read(path)
-    if saved is not None and saved.get("fingerprint") == json.loads(json.dumps(fingerprint)):
-        loop.env.buffers.load_state_dict(saved["buffers"])
-        report = SeedingReport.from_dict(saved["report"])
-        report.reused = True
-        log.info("seeding: reused %s (buffers %s)", path, loop.env.buffers.sizes())
+    if saved is not None and saved.get("fingerprint") == fingerprint:
+        report = _reuse(loop, saved, path)
     else:
-        g = cfg.generation
-        propose = base_model_proposer(loop.generator, max_new_tokens=g.teacher_max_new_tokens,
-                                      temperature=g.temperature, top_p=g.top_p, seed=cfg.seed)
-        threads = torch.get_num_threads()
-        if g.threads > 0 and loop._device() == "cpu":
-            torch.set_num_threads(g.threads)
-        try:
-            report = seed_buffers(loop.env, propose, target, seed_proposal_budget(cfg.env), progress=cfg.progress)
-        finally:
-            torch.set_num_threads(threads)
+        shared = seeding_cache_path(cfg, loop.run_dir)
+        shared.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(shared) + ".lock"):  # the other arm seeds once, the second one waits and reuses
+            cached = _read(shared)
+            if cached is not None and cached.get("fingerprint") == fingerprint:
+                report = _reuse(loop, cached, shared)
+            else:
+                report = _seed(loop, cfg)
+                write_json(shared, {"fingerprint": fingerprint, "report": report.to_dict(),
+                                    "buffers": loop.env.buffers.state_dict()})
+        path.parent.mkdir(parents=True, exist_ok=True)
         write_json(path, {"fingerprint": fingerprint, "report": report.to_dict(),
                           "buffers": loop.env.buffers.state_dict()})
     message = report.warning()
     if message:
         log.warning(message)
+    return report
+
+
+def _reuse(loop: Any, saved: Mapping[str, Any], path: Path) -> SeedingReport:
+    loop.env.buffers.load_state_dict(saved["buffers"])
+    report = SeedingReport.from_dict(saved["report"])
+    report.reused = True
+    log.info("seeding: reused %s (buffers %s)", path, loop.env.buffers.sizes())
+    return report
+
+
+def _seed(loop: Any, cfg: Any) -> SeedingReport:
+    """Run the seeding stage with the base model, then strip the seeded programs."""
+    g = cfg.generation
+    propose = base_model_proposer(loop.generator, max_new_tokens=g.teacher_max_new_tokens,
+                                  temperature=g.temperature, top_p=g.top_p, seed=cfg.seed)
+    threads = torch.get_num_threads()
+    if g.threads > 0 and loop._device() == "cpu":
+        torch.set_num_threads(g.threads)
+    try:
+        report = seed_buffers(loop.env, propose, cfg.env.seed_tasks, seed_proposal_budget(cfg.env),
+                              progress=cfg.progress)
+    finally:
+        torch.set_num_threads(threads)
+    stripped = strip_seeded_programs(loop.env.buffers)
+    log.info("seeding: comments and docstrings stripped from %d program(s)", stripped)
     return report
 
 
@@ -273,5 +344,6 @@ def _read(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and {"fingerprint", "report", "buffers"} <= set(data) else None
 
 
-__all__ = ["SEEDING_FILE", "SeedingReport", "TypeStats", "base_model_proposer", "seed_before_training",
-           "seed_buffers"]
+__all__ = ["ARM_FIELDS", "SEEDING_CACHE", "SEEDING_FILE", "SeedingReport", "TypeStats", "base_model_proposer",
+           "seed_before_training", "seed_buffers", "seeding_cache_path", "seeding_fingerprint",
+           "strip_seeded_programs"]

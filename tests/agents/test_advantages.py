@@ -275,3 +275,27 @@ def test_grouping_helpers():
         group_by_role_task([Rollout([1], [2], 0.0, meta={"role": "solver"})])
     with pytest.raises(KeyError, match="member"):
         group_by_member([Rollout([1], [2], 0.0)])
+
+
+def test_reinforce_pp_baseline_groups_of_one_keep_their_raw_reward_before_whitening():
+    """veRL semantics on a baseline-shaped batch: proposals are groups of one (their raw reward is the centred
+    score), attempts are groups of two (centred on their task's mean); each role is its own whitening scope."""
+    rewards = torch.tensor([0.5, -1.0, 0.25, 1.0, -0.5, 1.0, 1.0])
+    groups = ["p0", "p1", "p2", "t0", "t0", "t1", "t1"]
+    scopes = ["teacher"] * 3 + ["student"] * 4
+    lengths = [1, 2, 1, 1, 1, 2, 1]
+    mask = mask_from_lengths(lengths, 2)
+    adv = get_advantage("reinforce_pp_baseline")(rewards, mask, groups, scope_ids=scopes)
+    # teacher scope: raw rewards 0.5 | -1 -1 | 0.25 over 4 tokens
+    t_toks = [0.5, -1.0, -1.0, 0.25]
+    t_mean = sum(t_toks) / 4
+    t_std = math.sqrt(sum((x - t_mean) ** 2 for x in t_toks) / 3 + 1e-8)
+    # student scope: t0 = (1, -0.5) centred on 0.25 -> (0.75, -0.75); t1 = (1, 1) -> (0, 0); tokens 0.75 | -0.75
+    # | 0 0 | 0 (mean 0)
+    s_toks = [0.75, -0.75, 0.0, 0.0, 0.0]
+    s_std = math.sqrt(sum(x * x for x in s_toks) / 4 + 1e-8)
+    expected = [(r - t_mean) / t_std for r in (0.5, -1.0, 0.25)] + [c / s_std for c in (0.75, -0.75, 0.0, 0.0)]
+    torch.testing.assert_close(adv, tiled(expected, lengths, 2))
+    # the same teacher rows through reinforce_pp (no centring): identical, groups of one are not centred
+    alone = get_advantage("reinforce_pp")(rewards[:3], mask[:3], scope_ids=scopes[:3])
+    torch.testing.assert_close(adv[:3], alone)

@@ -5,9 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from hypothesis import given as hgiven
+from hypothesis import settings
+from hypothesis import strategies as st
 
 from populora_env.literals import parse_call_args
-from populora_env.seeds import ARG_GENERATORS, SEED_PROGRAMS, generate_args
+from populora_env.seeds import (
+    ARG_GENERATORS,
+    SEED_PROGRAMS,
+    generate_args,
+    seed_tasks,
+    strip_comments_and_docstrings,
+)
 from populora_env.tasks import TaskType
 from populora_env.validation import ProposalRequest, ProposalValidator, ValidationConfig, execution_jobs
 
@@ -54,3 +63,32 @@ def test_every_generator_is_used_and_yields_literals() -> None:
     rng = np.random.default_rng(1)
     for kind in ARG_GENERATORS:
         parse_call_args(generate_args((kind,), rng))
+
+
+
+@settings(max_examples=60, deadline=None)
+@hgiven(program=st.sampled_from([p.program for p in SEED_PROGRAMS]),
+       comment=st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), max_size=20),
+       docstring=st.booleans())
+def test_stripping_keeps_the_program_and_drops_comments_and_docstrings(program: str, comment: str,
+                                                                        docstring: bool) -> None:
+    import ast
+
+    lines = program.splitlines()
+    commented = "\n".join(f"{line}  # {comment}" for line in lines) + "\n"
+    if docstring:
+        commented = commented.replace("):\n", '):\n    """Docstring with # inside."""\n', 1)
+    out = strip_comments_and_docstrings(commented)
+    assert ast.dump(ast.parse(out)) == ast.dump(ast.parse(program))
+    assert "Docstring" not in out and (not comment.strip() or f"# {comment}" not in out)
+
+
+@hgiven(st.text(max_size=200))
+def test_stripping_never_raises_on_model_text(text: str) -> None:
+    assert isinstance(strip_comments_and_docstrings(text), str)
+
+
+def test_identity_hand_seeds_keep_only_the_zero_triplet() -> None:
+    tasks = seed_tasks(6, "identity")
+    assert [t.task_id for t in tasks] == ["seed-deduction-0", "seed-abduction-0", "seed-induction-0"]
+    assert all(t.program == SEED_PROGRAMS[0].program for t in tasks)

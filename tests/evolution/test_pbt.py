@@ -268,3 +268,18 @@ def test_single_member_roles_do_not_evolve():
     ctrl = PBTController(PBTConfig(interval=1))
     pop = FakePopulation(["a"])
     assert run(ctrl, 1, pop, {"a": (1.0, 1.0)}, {"r": ["a"]}) == ([], [])
+
+
+def test_no_event_closer_to_the_end_than_min_final_age(tmp_path):
+    pop = FakePopulation([m for ms in ROLES.values() for m in ms])
+    ctrl = PBTController(PBTConfig(interval=5), tmp_path / "lineage.jsonl", final_step=10)
+    assert ctrl.min_final_age == 5
+    assert [s for s in range(1, 11) if ctrl.due(s)] == [5]  # not at the last step: its children would be untrained
+    assert len(run(ctrl, 5, pop)[0]) == 2 and run(ctrl, 10, pop) == ([], [])
+    late = PBTController(PBTConfig(interval=3, min_final_age=5), None, final_step=10)
+    assert [s for s in range(1, 11) if late.due(s)] == [3]  # step 6 would leave a child 4 steps of training
+    every = PBTController(PBTConfig(interval=5, min_final_age=0), None, final_step=10)
+    assert [s for s in range(1, 11) if every.due(s)] == [5, 10]
+    assert [s for s in range(1, 11) if PBTController(PBTConfig(interval=5)).due(s)] == [5, 10]  # no final step
+    with pytest.raises(ValueError, match="pbt.min_final_age must be an integer >= 0"):
+        PBTController(PBTConfig(min_final_age=-1))

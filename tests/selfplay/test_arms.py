@@ -72,7 +72,8 @@ def _differing(a: dict[str, Any], b: dict[str, Any]) -> set[str]:
 def test_train_and_baseline_resolve_the_same_trainer(preset: str) -> None:
     population, baseline = _resolved("train", preset), _resolved("baseline", preset)
     assert population["trainer"] == baseline["trainer"]
-    assert population["trainer"]["advantage"] == "reinforce_pp"  # AZR's task-relative REINFORCE++
+    assert population["trainer"]["advantage"] == "reinforce_pp_baseline"  # the paper's estimator, both arms
+    assert baseline["trainer"]["role_weighting"] == "balanced"  # the single adapter's roles share its update
     assert _differing(population, baseline) <= ARM_FIELDS
     assert baseline["env"]["reward_scheme"] == "azr" and baseline["evolution"] is False
     assert (baseline["env"]["num_teachers"], baseline["env"]["num_students"]) == (1, 1)
@@ -81,6 +82,12 @@ def test_train_and_baseline_resolve_the_same_trainer(preset: str) -> None:
 def test_gpu_recipe_and_its_baseline_differ_only_by_arm() -> None:
     population, baseline = _resolved("train", GPU_PAIR[0]), _resolved("baseline", GPU_PAIR[1])
     assert population["trainer"] == baseline["trainer"]
+    for arm in (population, baseline):  # issue 22's settings of the first GPU run
+        assert arm["trainer"]["advantage"] == "reinforce_pp_baseline"
+        assert arm["trainer"]["role_weighting"] == "balanced"
+        assert arm["env"]["validation"] == "azr" and arm["env"]["buffer_cap"] == 16384
+        assert arm["env"]["hand_seeds"] == "identity"
+        assert arm["pbt"]["min_final_age"] is None  # = pbt.interval: no event in the last interval
     assert _differing(population, baseline) <= ARM_FIELDS | {"preset"}
 
 
@@ -170,6 +177,39 @@ def test_same_token_limits_and_sampling_in_both_arms(arms: tuple[str, dict]) -> 
     g = load_preset(preset).generation
     assert {(p, n) for p, n, _, _ in settings["baseline"]} == {("propose", g.teacher_max_new_tokens),
                                                               ("solve", g.student_max_new_tokens)}
+
+
+def test_the_baselines_roles_each_get_half_of_its_gradient(arms: tuple[str, dict]) -> None:
+    """On the baseline's real batch of a scripted step: with every advantage 1 and every completion token's
+    log-prob the same parameter theta, dL/dtheta splits into one sum per role; with the preset's trainer
+    section (balanced) each role's sum is half of the whole, whatever its token count."""
+    from agents.losses import policy_loss
+    from agents.weighting import role_loss_weights
+
+    preset, steps = arms
+    trainer = load_preset(preset).trainer
+    (batch,) = steps["baseline"][0].batches.values()
+    roles = [r.meta["role"] for r in batch]
+    lengths = [len(r.completion_ids) for r in batch]
+    mask = torch.tensor([[1.0 if t < n else 0.0 for t in range(max(lengths))] for n in lengths])
+    tokens = {role: sum(n for n, r in zip(lengths, roles, strict=True) if r == role) for role in ("teacher", "student")}
+
+    def shares(weights: torch.Tensor | None) -> dict[str, float]:
+        theta = torch.zeros((), requires_grad=True)
+        grads = {}
+        for role in tokens:
+            lp = theta.expand_as(mask).clone()
+            adv = torch.tensor([[float(r == role)] for r in roles]).expand_as(mask)
+            out = policy_loss(lp, lp.detach(), adv, mask, loss_agg_mode=trainer.loss_agg_mode,
+                              token_weights=weights)
+            grads[role] = float(torch.autograd.grad(out.loss, theta)[0])
+        return {role: g / sum(grads.values()) for role, g in grads.items()}
+
+    balanced = shares(role_loss_weights(roles, mask, trainer.role_weighting, trainer.loss_agg_mode, None))
+    assert balanced == pytest.approx({"teacher": 0.5, "student": 0.5}, abs=1e-6)
+    # the same measurement of a plain token mean gives each role its share of the tokens
+    n = sum(tokens.values())
+    assert shares(None) == pytest.approx({role: k / n for role, k in tokens.items()}, abs=1e-6)
 
 
 def test_the_baseline_is_scoped_like_two_members(arms: tuple[str, dict]) -> None:

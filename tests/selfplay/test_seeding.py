@@ -199,3 +199,79 @@ def test_seed_tasks_is_validated() -> None:
         cfg = TrainConfig(model="tiny-random", env=EnvConfig(**fields))
         with pytest.raises(ConfigError, match=re.escape(message)):
             validate(cfg)
+
+
+def _buffers_bytes(env: Any) -> bytes:
+    return json.dumps(env.buffers.state_dict(), sort_keys=True).encode()
+
+
+def test_both_arms_of_a_seed_share_one_seeding(sandbox: Sandbox, tmp_path: Path) -> None:
+    """The population arm seeds; the baseline arm of the same seed (other agent counts and reward scheme) reuses
+    the shared result byte for byte without generating; another seed or another task-shaping setting seeds
+    afresh. The seeded programs are stored without comments and docstrings."""
+    from baselines.azr import azr_config
+
+    cfg = TrainConfig(model="tiny-random", progress=False, run_dir=tmp_path / "pop")
+    cfg.env.seed_tasks, cfg.env.seed_max_proposals, cfg.env.task_types = N + 3, 8, ("deduction", "abduction")
+    teacher = SeedTeacher(seed=2)
+
+    class CommentingBase:
+        """Answers like SeedTeacher, each program with a comment and a docstring added."""
+
+        calls = 0
+
+        def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+            CommentingBase.calls += 1
+            infos = [{"task_type": "deduction", "prefix": r.prefix} for r in requests]
+            texts = teacher.act(tuple(r.prompt for r in requests), {"requests": infos})
+            texts = [t.replace("):\n", '):\n    """Says what f does."""\n    # a comment\n', 1) for t in texts]
+            return [Completion(i, 0, None, t, [], [], []) for i, t in enumerate(texts)]
+
+    def loop(c: TrainConfig, name: str) -> Any:
+        env = _env(sandbox, task_types=c.env.task_types, num_teachers=c.env.num_teachers,
+                   num_students=c.env.num_students)
+        return SimpleNamespace(cfg=c, env=env, run_dir=tmp_path / name, generator=CommentingBase(),
+                               _device=lambda: "cpu")
+
+    population = loop(cfg, "pop")
+    assert not seed_before_training(population).reused and CommentingBase.calls == 1
+    seeded = [t for t in population.env.buffers[TaskType.DEDUCTION].tasks if t.task_id.startswith("base-")]
+    assert len(seeded) == 8 and all("#" not in t.program and '"""' not in t.program for t in seeded)
+    baseline_cfg = azr_config(cfg)
+    assert (baseline_cfg.env.num_teachers, baseline_cfg.env.reward_scheme) == (1, "azr")
+    baseline = loop(baseline_cfg, "base")
+    report = seed_before_training(baseline)
+    assert report is not None and report.reused and CommentingBase.calls == 1
+    assert _buffers_bytes(baseline.env) == _buffers_bytes(population.env)
+    assert (tmp_path / "base" / SEEDING_FILE).is_file()  # the run keeps its own copy
+    other_seed = dataclasses.replace(cfg, seed=1)
+    assert not seed_before_training(loop(other_seed, "pop-s1")).reused and CommentingBase.calls == 2
+
+
+def test_tiny_random_arms_start_from_byte_identical_buffers(tmp_path: Path) -> None:
+    """With the real tiny-random base model and the seeding stage on (AZR's identity-only hand seeds): the
+    population arm and the baseline arm of one seed start training from byte-identical buffers."""
+    from baselines.azr import azr_config, azr_mapping
+    from selfplay.config import GenerationConfig
+    from selfplay.loop import SelfPlayLoop
+
+    env = EnvConfig(num_teachers=2, num_students=2, tasks_per_teacher=2, samples_per_task=2, sandbox_workers=1,
+                    task_types=("deduction", "abduction"), seed_tasks=3, seed_max_proposals=2,
+                    hand_seeds="identity")
+    cfg = TrainConfig(model="tiny-random", rank=4, alpha=8, steps=1, progress=False, env=env,
+                      generation=GenerationConfig(teacher_max_new_tokens=12, student_max_new_tokens=8,
+                                                  temperature=1.0))
+    starts = {}
+    for arm, arm_cfg, assignment in (("population", cfg, None), ("baseline", azr_config(cfg), azr_mapping())):
+        loop = SelfPlayLoop(dataclasses.replace(arm_cfg, run_dir=tmp_path / arm), tmp_path / arm, assignment)
+        loop.setup()
+        try:
+            report = seed_before_training(loop)
+            assert report is not None and report.reused == (arm == "baseline")
+            starts[arm] = _buffers_bytes(loop.env)
+        finally:
+            loop.env.close()
+    assert starts["population"] == starts["baseline"]
+    first = json.loads(starts["population"])
+    hand = [t["task_id"] for items in first.values() for t in items if t["task_id"].startswith("seed-")]
+    assert sorted(hand) == ["seed-abduction-0", "seed-deduction-0", "seed-induction-0"]  # the identity only
