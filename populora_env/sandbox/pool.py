@@ -29,9 +29,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from populora_env.literals import literal_equal
 from populora_env.sandbox import isolation as iso
 from populora_env.sandbox._worker import wipe_tree
-from populora_env.literals import literal_equal
 from populora_env.sandbox.api import (
     MAX_TIMEOUT_S,
     STATUSES,
