@@ -638,19 +638,24 @@ def _soft_asserts(test_code):
     return compile(ast.fix_missing_locations(tree), "<test>", "exec")
 
 
-def _run_test(code, entry_point, stub):
+def _run_test(prompt, code, entry_point, stub):
     import random
 
     random.seed(0)  # a test drawing random inputs draws the same ones in every round
     namespace = {"__name__": "__candidate__"}
     with _Quiet():
+        try:  # the prompt's helpers (e.g. HumanEval/38's encode_cyclic), which the test may call
+            exec(compile(prompt, "<prompt>", "exec"), namespace)  # noqa: S102 - the benchmark's text
+        except Exception:  # noqa: BLE001 - a prompt that does not run alone: the test may not need it
+            pass
         exec(code, namespace)  # noqa: S102 - the benchmark's own test code, no model text
         namespace[entry_point] = stub
         namespace["check"](stub)
 
 
-def replay_check(test_code, entry_point, table_json):
-    """Judge job (HumanEval): run the benchmark's ``check(candidate)`` with a stand-in candidate that answers
+def replay_check(prompt, test_code, entry_point, table_json):
+    """Judge job (HumanEval): run the problem's ``prompt`` (its helpers) and the benchmark's ``check(candidate)``
+    with a stand-in candidate that answers
     from ``table_json`` (``{repr(args): entry}``, the candidate's recorded outputs). No model-written code runs
     here. Returns JSON ``{"verdict": "ok" | "Type: message" | null, "need": [repr(args), ...]}``: a verdict
     once every call the test makes is recorded, else the calls still needed (collected with soft asserts)."""
@@ -669,7 +674,7 @@ def replay_check(test_code, entry_point, table_json):
         return decode_output(entry)
 
     try:
-        _run_test(test_code, entry_point, strict)
+        _run_test(prompt, test_code, entry_point, strict)
         return json.dumps({"verdict": "ok", "need": []})
     except _Unknown:
         pass
@@ -686,7 +691,7 @@ def replay_check(test_code, entry_point, table_json):
         return _Pending()
 
     try:
-        _run_test(_soft_asserts(test_code), entry_point, collect)
+        _run_test(prompt, _soft_asserts(test_code), entry_point, collect)
     except BaseException:  # noqa: BLE001 - a statement needed an unknown answer: go on with what we have
         pass
     return json.dumps({"verdict": None, "need": need})

@@ -438,7 +438,7 @@ class CodeEvaluator:
         for _ in range(self.MAX_REPLAY_ROUNDS):
             if not todo:
                 break
-            jobs = [self._job("replay_check(" + self._args(problems[k].test, problems[k].entry_point,
+            jobs = [self._job("replay_check(" + self._args(problems[k].prompt, problems[k].test, problems[k].entry_point,
                                                           json.dumps(tables[k])) + ")", 30.0) for k in todo]
             calls: list[tuple[int, list[str]]] = []
             for k, j in zip(todo, box.run(jobs), strict=True):
