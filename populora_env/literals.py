@@ -199,13 +199,16 @@ def _huge(value: int) -> bool:
 
 def parse_expression(text: str) -> str | None:
     """The canonical text (``ast.unparse``) of ``text`` as one Python expression, or ``None`` if it is not one
-    (or is nested too deeply to handle)."""
+    (or is nested too deeply to handle). Total. An integer too large to print is written as a name
+    (:func:`safe_unparse`), so the expression is no literal."""
     if not isinstance(text, str):
         return None
     try:
-        return ast.unparse(quiet_parse(text.strip(), mode="eval").body)
-    except Exception:  # noqa: BLE001 - SyntaxError, ValueError (NUL, huge int), RecursionError, ...: not one
+        tree = quiet_parse(text.strip(), mode="eval")
+    except Exception:  # noqa: BLE001 - SyntaxError, ValueError (NUL), RecursionError, ...: not one
         return None
+    text = safe_unparse(tree.body)  # a huge integer becomes a name: a valid expression, never a literal
+    return None if text.startswith("<") and text.endswith(">") else text
 
 
 def literal_value(text: str) -> tuple[bool, Any]:
