@@ -467,11 +467,75 @@ def plain(value, depth=0):
     raise _Unplain(kind.__name__)
 
 
-def encode_output(value):
-    """A candidate output as a JSON-able entry: ``{"r": repr}`` of its plain form, else ``{"x": type}``."""
+LONG_REPR_CHARS = 100_000
+"""A candidate output whose ``repr`` is longer (or that has none: a huge int) is sent as a digest."""
+TOTAL_REPR_CHARS = 8_000_000
+"""Most ``repr`` characters a candidate job sends in all; later outputs are sent as digests."""
+
+
+def _canon(value, depth=0):
+    """A text that determines a plain value exactly (ints in hex: no int-to-text limit; sets and dicts
+    sorted): what :func:`digest` hashes."""
+    if depth > 200:
+        raise _Unplain("too deep")
+    kind = type(value)
+    if kind is int:
+        return hex(value)
+    if kind in (list, tuple, deque):
+        return kind.__name__ + "(" + ",".join(_canon(v, depth + 1) for v in value) + ")"
+    if kind in (set, frozenset):
+        return kind.__name__ + "(" + ",".join(sorted(_canon(v, depth + 1) for v in value)) + ")"
+    if kind in (dict, Counter, OrderedDict):
+        items = [_canon(k, depth + 1) + ":" + _canon(v, depth + 1) for k, v in value.items()]
+        return kind.__name__ + "(" + ",".join(items if kind is OrderedDict else sorted(items)) + ")"
+    return repr(value)
+
+
+def digest(value):
+    """SHA-256 of the exact plain form of ``value`` (type-strict: ``1`` and ``1.0`` differ)."""
+    import hashlib
+
+    return hashlib.sha256(_canon(plain(value)).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class Digest:
+    """A candidate output sent as its :func:`digest` (too long, or a huge int): equal to a value with the same
+    digest. Never None."""
+
+    def __init__(self, hexdigest):
+        self.hexdigest = hexdigest
+
+    def __eq__(self, other):
+        try:
+            return digest(other) == self.hexdigest
+        except Exception:  # noqa: BLE001
+            return False
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    __hash__ = object.__hash__
+
+
+def encode_output(value, room=LONG_REPR_CHARS):
+    """A candidate output as a JSON-able entry: ``{"r": repr}`` of its plain form when that is at most
+    ``min(room, LONG_REPR_CHARS)`` characters, else ``{"h": digest}``; ``{"x": type}`` when not plain data."""
     try:
-        return {"r": repr(plain(value))}
-    except Exception:  # noqa: BLE001 - not plain data, or no repr (a huge int)
+        value = plain(value)
+    except Exception:  # noqa: BLE001
+        return {"x": type(value).__name__}
+    limit = min(room, LONG_REPR_CHARS)
+    sized = isinstance(value, (list, tuple, set, frozenset, dict, deque, str, bytes))
+    if not (sized and len(value) > limit):  # (a repr is at least as long as the container)
+        try:
+            text = repr(value)
+            if len(text) <= limit:
+                return {"r": text}
+        except Exception:  # noqa: BLE001 - a huge int has no repr under the int-to-text limit
+            pass
+    try:
+        return {"h": digest(value)}
+    except Exception:  # noqa: BLE001
         return {"x": type(value).__name__}
 
 
@@ -481,7 +545,11 @@ def restricted_eval(text):
     ``deque``, ``set``, ``frozenset`` on such values. Raises ``ValueError`` for anything else."""
     import ast
 
-    return _build(ast.parse(text.strip(), mode="eval").body, 0)
+    tree = ast.parse(text.strip(), mode="eval")
+    try:
+        return ast.literal_eval(tree)  # the common case, same values
+    except ValueError:
+        return _build(tree.body, 0)
 
 
 def _build(node, depth):
@@ -527,6 +595,8 @@ def decode_output(entry):
             return restricted_eval(entry["r"])
         except Exception:  # noqa: BLE001
             return NotPlain()
+    if isinstance(entry, dict) and isinstance(entry.get("h"), str):
+        return Digest(entry["h"])
     return NotPlain()
 
 
@@ -537,6 +607,7 @@ def run_candidate(program, entry_point, inputs_json, task_id, dataset, time_limi
         sys.set_int_max_str_digits(INT_DIGITS)
     inputs = _inputs(inputs_json, task_id, dataset)
     outputs = []
+    room = TOTAL_REPR_CHARS
     try:
         fn = _load(program, entry_point)
     except _TestTimeout:
@@ -553,7 +624,9 @@ def run_candidate(program, entry_point, inputs_json, task_id, dataset, time_limi
         except BaseException as exc:  # noqa: BLE001
             return json.dumps({"outputs": outputs, "stopped": [i, f"test {i}: {type(exc).__name__}: "
                                                                   f"{str(exc)[:200]}"]})
-        outputs.append(encode_output(out))
+        entry = encode_output(out, room)
+        room -= len(entry.get("r", ""))
+        outputs.append(entry)
     return json.dumps({"outputs": outputs, "stopped": None})
 
 

@@ -348,7 +348,7 @@ class CodeEvaluator:
         limits = self.time_limits(gt)
         body = "run_candidate(" + self._args(program, problem.entry_point, _inputs_json(problem), problem.task_id,
                                              _dataset(problem), limits) + ")"
-        return self._job(body, min(self.max_task_s, sum(limits)) + 3.0)
+        return self._job(body, min(self.max_task_s, sum(limits)) + 10.0)  # + sending the outputs
 
     def _judge_job(self, problem: CodeProblem, claimed: str, gt: GroundTruth) -> Any:
         """evalplus: compare the candidate's claimed outputs with the expected ones; no model code in the job."""
@@ -357,7 +357,9 @@ class CodeEvaluator:
             claimed, problem.entry_point, _inputs_json(problem), problem.task_id, _dataset(problem), gt.outputs,
             problem.reference_program if gt.outputs is None else None, _not_none(problem), limits, problem.atol,
             gt.n_base) + ")"
-        budget = 10.0 + (min(self.max_task_s, sum(gt.times) * 2) if gt.outputs is None else 0.0)
+        # no model code runs in a judge: a generous budget (reading every output back, the reference in live mode)
+        budget = 10.0 + min(self.max_task_s, sum(limits)) + (min(self.max_task_s, sum(gt.times) * 2)
+                                                             if gt.outputs is None else 0.0)
         return self._job(body, budget)
 
     def evaluate(self, problems: Sequence[CodeProblem], programs: Sequence[str]) -> list[CodeResult]:

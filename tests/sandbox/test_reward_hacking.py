@@ -323,3 +323,39 @@ def test_populora_eval_scores_forged_success_frames_zero(bench: str, tmp_path: A
             claims.append(p.prompt + "    pass\n" + _FORGE + f"\n_forge({json.dumps(repr(claim))!r})\n")
         assert not any(r.passed for r in ev.evaluate(problems, claims))
         assert all(r.passed for r in ev.evaluate(problems, [p.reference_program for p in problems]))
+
+
+# --- end to end: populora train -------------------------------------------------------------------------------
+
+
+def test_hacks_earn_nothing_in_a_populora_train_run(tmp_path: Any) -> None:
+    """``populora train`` on ``tiny-random`` with scripted completions (``tests/sandbox/hacking_plugin.py``):
+    frame-walking students and checked-mode teachers. No hacking attempt is correct, the checked-mode tasks'
+    solve rate is the true one (0: every answer is wrong), so no hack earns a reward."""
+    import os
+
+    from tests.selfplay.conftest import TINY, cli_env
+
+    out = tmp_path / "verdicts.jsonl"
+    plugin = str(__import__("pathlib").Path(__file__).with_name("hacking_plugin.py"))
+    env = {**cli_env(), "POPULORA_TEST_HACK_OUT": str(out)}
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "populora_cli.main", "train", "--plugins", plugin, *TINY,
+                        "--env.tasks-per-teacher", "3", "--env.task-types", "deduction", "abduction", "induction", "--steps", "2", "--run-dir", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=900, env=env, cwd=os.getcwd())
+    assert p.returncode == 0, p.stderr[-4000:]
+    rounds = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rounds) == 2
+    hacked_tasks = 0
+    for r in rounds:
+        inductions = [a for a in r["attempts"] if a["task_type"] == "induction"]
+        assert inductions, "the frame-walking students must have answered induction tasks"
+        for a in r["attempts"]:
+            assert not a["correct"] and a["reward"] <= 0.0, a
+        for prop in r["proposals"]:
+            if prop["valid"] and prop["task_type"] == "abduction" and prop["p_hat"] is not None:
+                hacked_tasks += 1
+                assert prop["p_hat"] == 0.0 and prop["reward"] <= 0.0, prop
+    assert hacked_tasks, "a checked-mode abduction task must have been attempted"
