@@ -517,3 +517,43 @@ def _world_executable(path: str) -> bool:
     if not os.stat(real).st_mode & stat.S_IXOTH:
         return False
     return all(os.stat(parent).st_mode & stat.S_IXOTH for parent in real.parents)
+
+
+def test_an_exception_inside_a_batch_never_leaves_the_pool_broken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 20: ExecJob(timeout_s=9e9) used to overflow the worker's select and leave every later run() of that
+    Sandbox raising. Bad limits are now refused when built (test_job_validation); and whatever raises inside a
+    batch (here: the host's result parsing, once), the busy workers are restarted before it leaves."""
+    with Sandbox(workers=2, limits=Limits(timeout_s=2.0)) as box:
+        real = Sandbox._to_result
+        calls = {"n": 0}
+
+        def flaky(frame, job, cap):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("injected failure")
+            return real(frame, job, cap)
+
+        monkeypatch.setattr(Sandbox, "_to_result", staticmethod(flaky))
+        with pytest.raises(RuntimeError, match="injected"):
+            box.run([ExecJob("import time\ntime.sleep(0.2)", "1") for _ in range(4)])
+        assert [r.value for r in box.run([ExecJob("", f"{i} + 1") for i in range(6)])] == [str(i + 1) for i in range(6)]
+        with pytest.raises(ValueError):
+            box.run([ExecJob("", "1")], deadline_s=float("inf"))
+        assert box.run_one("", "2").value == "2"
+
+
+def test_output_cap_counts_characters() -> None:
+    """max_output_chars is a number of characters (the documented unit), whatever their encoding: a value or
+    stdout of exactly the cap in non-BMP or control characters passes, one more character does not (a value of
+    non-BMP characters used to be refused well under the cap: its JSON escaping is 12 bytes a character)."""
+    cap = 1000
+    with Sandbox(workers=1, limits=Limits(timeout_s=5.0, max_output_chars=cap)) as box:
+        for ch in ("\U0001F600", "\x01", "\u00e9", "a"):
+            if ch.isprintable():  # (a control character's repr is 4 characters: the cap counts the repr's)
+                n = cap - 2  # the repr's quotes
+                r = box.run_one(f"s = {ch!r} * {n}", "s")
+                assert r.status == "ok" and len(r.value) == cap, (ch, r.status, r.error)
+                assert box.run_one(f"s = {ch!r} * {n + 1}", "s").status == "output_limit"
+            r = box.run_one(f"print({ch!r} * {cap - 1})")  # + the newline
+            assert r.status == "ok" and len(r.stdout) == cap, (ch, r.status)
+            assert box.run_one(f"print({ch!r} * {cap})").status == "output_limit"
