@@ -450,8 +450,8 @@ def plain(value, depth=0):
     kind = type(value)
     if value is None or kind in (bool, int, float, complex, str, bytes):
         return value
-    if kind in (Counter, OrderedDict):
-        return kind((plain(k, depth + 1), plain(v, depth + 1)) for k, v in value.items())
+    if kind in (Counter, OrderedDict):  # (Counter of an iterable would count it: build from a mapping)
+        return kind({plain(k, depth + 1): plain(v, depth + 1) for k, v in value.items()})
     if kind is deque:
         return deque(plain(v, depth + 1) for v in value)
     for base in (bool, int, float, complex, str, bytes):
@@ -492,10 +492,22 @@ def _canon(value, depth=0):
 
 
 def digest(value):
-    """SHA-256 of the exact plain form of ``value`` (type-strict: ``1`` and ``1.0`` differ)."""
+    """SHA-256 of the exact form of ``value``: ``marshal`` (format 2: no shared-object references, so equal
+    values of builtin types give equal bytes; C speed, for outputs of millions of items), else ``repr``, else
+    (a huge int in a type marshal refuses) :func:`_canon`. Type-strict (``1`` and ``1.0`` differ), and the
+    iteration order of sets and dicts counts: used only for outputs too long to send."""
     import hashlib
+    import marshal
 
-    return hashlib.sha256(_canon(plain(value)).encode("utf-8", "surrogatepass")).hexdigest()
+    try:
+        data = b"m" + marshal.dumps(value, 2)
+    except (ValueError, TypeError):
+        try:
+            text = "r" + repr(value)
+        except ValueError:
+            text = "c" + _canon(plain(value))
+        data = text.encode("utf-8", "surrogatepass")
+    return hashlib.sha256(data).hexdigest()
 
 
 class Digest:
@@ -519,16 +531,19 @@ class Digest:
 
 def encode_output(value, room=LONG_REPR_CHARS):
     """A candidate output as a JSON-able entry: ``{"r": repr}`` of its plain form when that is at most
-    ``min(room, LONG_REPR_CHARS)`` characters, else ``{"h": digest}``; ``{"x": type}`` when not plain data."""
-    try:
-        value = plain(value)
-    except Exception:  # noqa: BLE001
-        return {"x": type(value).__name__}
+    ``min(room, LONG_REPR_CHARS)`` characters, else ``{"h": digest}``; ``{"x": type}`` when not plain data.
+
+    (The entry is the candidate's claim either way: the judge checks it against the expected value, which the
+    candidate never saw, so no conversion here needs to be trusted.)"""
     limit = min(room, LONG_REPR_CHARS)
     sized = isinstance(value, (list, tuple, set, frozenset, dict, deque, str, bytes))
     if not (sized and len(value) > limit):  # (a repr is at least as long as the container)
         try:
-            text = repr(value)
+            small = plain(value)
+        except Exception:  # noqa: BLE001
+            return {"x": type(value).__name__}
+        try:
+            text = repr(small)
             if len(text) <= limit:
                 return {"r": text}
         except Exception:  # noqa: BLE001 - a huge int has no repr under the int-to-text limit
@@ -600,9 +615,11 @@ def decode_output(entry):
     return NotPlain()
 
 
-def run_candidate(program, entry_point, inputs_json, task_id, dataset, time_limits):
+def run_candidate(program, entry_point, inputs_json, task_id, dataset, time_limits, task_limit_s=None):
     """Candidate job (evalplus): the candidate's outputs on every input, stopping at its first exception or
-    timeout. Returns JSON ``{"outputs": [entry], "stopped": [i, reason] | null}``; no expected value here."""
+    timeout, or once its calls have taken ``task_limit_s`` in all (the per-task limit: the job's own wall clock
+    also covers sending the outputs). Returns JSON ``{"outputs": [entry], "stopped": [i, reason] | null}``; no
+    expected value here."""
     if hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(INT_DIGITS)
     inputs = _inputs(inputs_json, task_id, dataset)
@@ -615,7 +632,11 @@ def run_candidate(program, entry_point, inputs_json, task_id, dataset, time_limi
                                                          f"(limit {LOAD_LIMIT_S} s)"]})
     except BaseException as exc:  # noqa: BLE001 - any failure to define the function fails the sample
         return json.dumps({"outputs": [], "stopped": [0, f"load: {type(exc).__name__}: {str(exc)[:200]}"]})
+    spent = 0.0
     for i, inp in enumerate(inputs):
+        if task_limit_s is not None and spent > task_limit_s:
+            return json.dumps({"outputs": outputs, "stopped": [i, f"timeout: the task's limit of {task_limit_s:g} s"]})
+        start = time.perf_counter()
         try:
             out = _call(fn, inp, time_limits[i])
         except _TestTimeout:
@@ -624,6 +645,7 @@ def run_candidate(program, entry_point, inputs_json, task_id, dataset, time_limi
         except BaseException as exc:  # noqa: BLE001
             return json.dumps({"outputs": outputs, "stopped": [i, f"test {i}: {type(exc).__name__}: "
                                                                   f"{str(exc)[:200]}"]})
+        spent += time.perf_counter() - start
         entry = encode_output(out, room)
         room -= len(entry.get("r", ""))
         outputs.append(entry)

@@ -10,7 +10,8 @@
   come from running the canonical solution on ``base_input + plus_input`` IN THE SANDBOX
   (:meth:`CodeEvaluator.ground_truth`; cached in memory and as JSON on disk, never pickle). A candidate job
   then runs the candidate on every input (no expected output in it), with a per-test limit of
-  ``max(1 s, 4 x canonical runtime)`` and a per-task limit of ``min(60 s, sum of test limits) + slack``, and
+  ``max(1 s, 4 x canonical runtime)`` and a per-task limit of ``min(60 s, sum of test limits) + 3 s`` on the
+  candidate's calls (the job's wall clock, twice that plus 10 s, also covers sending the outputs), and
   returns the ``repr`` of each output; a judge job (no model code) rebuilds those values without ``eval`` and
   compares them with the expected ones. The headline ("plus") pass needs every base and plus test; "base"
   only the original inputs.
@@ -346,9 +347,12 @@ class CodeEvaluator:
     def _candidate_job(self, problem: CodeProblem, program: str, gt: GroundTruth) -> Any:
         """evalplus: the candidate alone on every input; no expected output in the job."""
         limits = self.time_limits(gt)
+        task_s = min(self.max_task_s, sum(limits))
         body = "run_candidate(" + self._args(program, problem.entry_point, _inputs_json(problem), problem.task_id,
-                                             _dataset(problem), limits) + ")"
-        return self._job(body, min(self.max_task_s, sum(limits)) + 10.0)  # + sending the outputs
+                                             _dataset(problem), limits, task_s + 3.0) + ")"
+        # the evalplus per-task limit (on the calls, counted in the job), plus as much again for sending the
+        # outputs (digests of long ones): that work is the harness's, not the candidate's
+        return self._job(body, 2 * task_s + 10.0)
 
     def _judge_job(self, problem: CodeProblem, claimed: str, gt: GroundTruth) -> Any:
         """evalplus: compare the candidate's claimed outputs with the expected ones; no model code in the job."""
@@ -358,8 +362,8 @@ class CodeEvaluator:
             problem.reference_program if gt.outputs is None else None, _not_none(problem), limits, problem.atol,
             gt.n_base) + ")"
         # no model code runs in a judge: a generous budget (reading every output back, the reference in live mode)
-        budget = 10.0 + min(self.max_task_s, sum(limits)) + (min(self.max_task_s, sum(gt.times) * 2)
-                                                             if gt.outputs is None else 0.0)
+        budget = 10.0 + 2 * min(self.max_task_s, sum(limits)) + (min(self.max_task_s, sum(gt.times) * 2)
+                                                                 if gt.outputs is None else 0.0)
         return self._job(body, budget)
 
     def evaluate(self, problems: Sequence[CodeProblem], programs: Sequence[str]) -> list[CodeResult]:
