@@ -1,7 +1,10 @@
 """Test harness that runs INSIDE the sandbox (evalplus 0.3.1 scoring semantics).
 
 This module is self-contained (standard library only, no project imports): :mod:`evaluation.code`
-embeds its source text at the top of every checker program it sends to the sandbox. The host imports it only
+embeds its source text at the top of every program it sends to the sandbox: *candidate* jobs
+(:func:`run_candidate`, :func:`run_calls`: the model's program, no test code, no expected value) and *judge* jobs
+(:func:`judge`, :func:`replay_check`: no model-written code; they compare the candidate's claimed values with
+the expected ones, rebuilt by :func:`restricted_eval`, which executes nothing). The host imports it only
 for the pure helpers that never execute model code (:func:`mbpp_deserialize_inputs`, and
 :func:`outputs_match` / :func:`allclose` in unit tests on trusted values).
 
@@ -344,73 +347,6 @@ def ground_truth(program, entry_point, inputs_json, task_id, dataset, not_none, 
     )
 
 
-def check(
-    program,
-    entry_point,
-    inputs_json,
-    task_id,
-    dataset,
-    expected_reprs,
-    reference,
-    not_none,
-    time_limits,
-    atol,
-    n_base,
-):
-    """Run a candidate on every input, stopping at the first failure.
-
-    Returns JSON ``{"base": bool, "plus": bool, "passed": n, "total": n, "failed_at": i | null,
-    "reason": str}``. ``expected_reprs`` (or, when it is ``None``, the ``reference`` program run here) gives
-    the expected outputs.
-    """
-    if hasattr(sys, "set_int_max_str_digits"):
-        sys.set_int_max_str_digits(INT_DIGITS)
-    inputs = _inputs(inputs_json, task_id, dataset)
-    total = len(inputs)
-
-    def result(passed, reason, failed_at=None):
-        return json.dumps(
-            {
-                "base": passed >= n_base,
-                "plus": passed == total,
-                "passed": passed,
-                "total": total,
-                "failed_at": failed_at,
-                "reason": reason,
-            }
-        )
-
-    ref_fn = None
-    if expected_reprs is None:
-        ref_fn = _load(reference, entry_point, 60.0)
-    try:
-        fn = _load(program, entry_point)
-    except _TestTimeout:
-        return result(0, f"load: timeout while executing the program's top level (limit {LOAD_LIMIT_S} s)", 0)
-    except BaseException as exc:  # noqa: BLE001 - any failure to define the function fails the sample
-        return result(0, f"load: {type(exc).__name__}: {str(exc)[:200]}", 0)
-    for i, inp in enumerate(inputs):
-        if expected_reprs is not None:
-            exp = eval(expected_reprs[i], dict(EVAL_NAMESPACE))  # noqa: S307 - sandbox only
-        else:
-            exp = _call(ref_fn, inp, max(time_limits[i], 10.0))
-            if not_none:
-                exp = exp is not None
-        try:
-            out = _call(fn, inp, time_limits[i])
-        except _TestTimeout:
-            return result(i, f"timeout on test {i} (limit {time_limits[i]:.2f} s)", i)
-        except BaseException as exc:  # noqa: BLE001
-            return result(i, f"test {i}: {type(exc).__name__}: {str(exc)[:200]}", i)
-        try:
-            ok = outputs_match(dataset, entry_point, inp, out, exp, atol)
-        except BaseException as exc:  # noqa: BLE001
-            return result(i, f"test {i}: comparison raised {type(exc).__name__}", i)
-        if not ok:
-            return result(i, f"test {i}: wrong output", i)
-    return result(total, "ok")
-
-
 # --- the candidate and the judge are separate jobs ----------------------------------------------------------
 # A candidate program runs alone in its job and returns only what it computed (the ``repr`` of plain data, as
 # JSON). It never sees an expected output nor the test code that holds them. A second job, the judge, runs no
@@ -656,7 +592,7 @@ def judge(claimed_json, entry_point, inputs_json, task_id, dataset, expected_rep
           time_limits, atol, n_base):
     """Judge job (evalplus): no model-written code runs here. Compares the candidate's claimed outputs with
     the expected ones (stored reprs, or the reference run here in live mode), stopping at the first failure.
-    Returns the JSON of the former single-job ``check``: ``{"base", "plus", "passed", "total", "failed_at",
+    Returns JSON ``{"base", "plus", "passed", "total", "failed_at",
     "reason"}``."""
     if hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(INT_DIGITS)
