@@ -7,7 +7,8 @@ task-quality filter, not the wall, and each test first asserts that the policy l
 
 Before issue 20 the job frame held the expected value (``compare_to``) in a local of the function that ran the
 job, the fork server's heap held earlier jobs' frames and replies, and ``populora eval`` took a job's own reply
-as the verdict: every attack below was paid (``scripts`` in the issue's closing note list which). Now:
+as the verdict: run against the sandbox of that time (commit 08d16f4), nine of the cases below (and the
+end-to-end run) were paid. Now:
 
 * no job receives an expected value (the host compares, or a judge job that runs no model code);
 * the worker never reads a job's text nor decodes its reply, and zeroes the buffers that carried them;
@@ -332,9 +333,7 @@ def test_hacks_earn_nothing_in_a_populora_train_run(tmp_path: Any) -> None:
     """``populora train`` on ``tiny-random`` with scripted completions (``tests/sandbox/hacking_plugin.py``):
     frame-walking students and checked-mode teachers. No hacking attempt is correct, the checked-mode tasks'
     solve rate is the true one (0: every answer is wrong), so no hack earns a reward."""
-    import os
-
-    from tests.selfplay.conftest import TINY, cli_env
+    from tests.selfplay.conftest import REPO, TINY, cli_env
 
     out = tmp_path / "verdicts.jsonl"
     plugin = str(__import__("pathlib").Path(__file__).with_name("hacking_plugin.py"))
@@ -342,9 +341,11 @@ def test_hacks_earn_nothing_in_a_populora_train_run(tmp_path: Any) -> None:
     import subprocess
     import sys
 
-    p = subprocess.run([sys.executable, "-m", "populora_cli.main", "train", "--plugins", plugin, *TINY,
+    # the repository's own preset file (the package's presets may resolve to another checkout's configs/)
+    preset = str(REPO / "configs" / "cpu-smoke.json")
+    p = subprocess.run([sys.executable, "-m", "populora_cli.main", "train", "--plugins", plugin, "--preset", preset, *TINY,
                         "--env.tasks-per-teacher", "3", "--env.task-types", "deduction", "abduction", "induction", "--steps", "2", "--run-dir", str(tmp_path / "run")],
-                       capture_output=True, text=True, timeout=900, env=env, cwd=os.getcwd())
+                       capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
     assert p.returncode == 0, p.stderr[-4000:]
     rounds = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rounds) == 2
