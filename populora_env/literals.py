@@ -9,6 +9,7 @@ inside the sandbox.
 from __future__ import annotations
 
 import ast
+import copy
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -109,13 +110,23 @@ class CallArgs:
 def parse_call_args(text: str) -> CallArgs:
     """Parse ``text`` as the argument list of a call ``f(<text>)`` whose arguments are all Python literals.
 
+    Total: whatever ``text`` is, the only exception is :class:`ArgsError`. An integer argument too large for
+    Python's integer-to-text limit (more than ``sys.get_int_max_str_digits()`` decimal digits, e.g. a
+    ``0x`` literal of thousands of hex digits) is ``not_literal``: it has no canonical text.
+
     Raises:
         ArgsError: with ``kind="parse_error"`` or ``kind="not_literal"``.
     """
     try:
         return _parse_call_args(text)
+    except ArgsError:
+        raise
     except (RecursionError, MemoryError):
         raise ArgsError("parse_error", "arguments nested too deeply") from None
+    except ValueError:  # int -> text conversion limit (ast.unparse of a huge integer)
+        raise ArgsError("not_literal", "an argument is an integer too large to print") from None
+    except Exception as exc:  # noqa: BLE001 - model text must never raise out of here
+        raise ArgsError("parse_error", f"not an argument list: {type(exc).__name__}") from None
 
 
 def _parse_call_args(text: str) -> CallArgs:
@@ -148,26 +159,84 @@ def _literal(node: ast.expr) -> Any:
     try:
         return ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        raise ArgsError("not_literal", f"argument is not a literal: {_short(ast.unparse(node))}") from None
+        raise ArgsError("not_literal", f"argument is not a literal: {_short(safe_unparse(node))}") from None
+
+
+def safe_unparse(tree: ast.AST) -> str:
+    """``ast.unparse(tree)``, total: an integer constant too large for Python's int-to-text limit is written
+    as a name ``__int_0x<hex digits>`` (no literal can collide with it), a tree too deep to print gives
+    ``ast.dump``-like text of its top or a fixed marker. Used for keys and messages, never for execution."""
+    try:
+        return ast.unparse(tree)
+    except ValueError:
+        pass
+    except (RecursionError, MemoryError):
+        return "<tree too deep to print>"
+    try:
+        clone = copy.deepcopy(tree)
+        for node in ast.walk(clone):
+            for name, value in ast.iter_fields(node):
+                if isinstance(value, ast.Constant) and type(value.value) is int and _huge(value.value):
+                    setattr(node, name, ast.Name(id=f"__int_{hex(value.value).replace('-', 'm')}"))
+                elif isinstance(value, list):
+                    for i, item in enumerate(value):
+                        if isinstance(item, ast.Constant) and type(item.value) is int and _huge(item.value):
+                            value[i] = ast.Name(id=f"__int_{hex(item.value).replace('-', 'm')}")
+        if isinstance(clone, ast.Constant) and type(clone.value) is int:
+            return f"__int_{hex(clone.value).replace('-', 'm')}"
+        return ast.unparse(clone)
+    except Exception:  # noqa: BLE001 - total by contract
+        return "<unprintable tree>"
+
+
+def _huge(value: int) -> bool:
+    try:
+        str(value)
+    except ValueError:
+        return True
+    return False
 
 
 def parse_expression(text: str) -> str | None:
     """The canonical text (``ast.unparse``) of ``text`` as one Python expression, or ``None`` if it is not one
-    (or is nested too deeply to handle)."""
+    (or is nested too deeply to handle). Total. An integer too large to print is written as a name
+    (:func:`safe_unparse`), so the expression is no literal."""
     if not isinstance(text, str):
         return None
     try:
-        return ast.unparse(quiet_parse(text.strip(), mode="eval").body)
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        tree = quiet_parse(text.strip(), mode="eval")
+    except Exception:  # noqa: BLE001 - SyntaxError, ValueError (NUL), RecursionError, ...: not one
         return None
+    text = safe_unparse(tree.body)  # a huge integer becomes a name: a valid expression, never a literal
+    return None if text.startswith("<") and text.endswith(">") else text
 
 
 def literal_value(text: str) -> tuple[bool, Any]:
-    """``(True, value)`` if ``text`` is a Python literal (``ast.literal_eval``), else ``(False, None)``."""
+    """``(True, value)`` if ``text`` is a Python literal (``ast.literal_eval``), else ``(False, None)``.
+    Total: never raises, whatever ``text`` is (non-strings are not literals)."""
+    if not isinstance(text, str):
+        return False, None
     try:
         return True, ast.literal_eval(quiet_parse(text.strip(), mode="eval"))
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, AttributeError):
+    except Exception:  # noqa: BLE001 - ValueError, SyntaxError, RecursionError, MemoryError, ...
         return False, None
+
+
+def literal_equal(text_a: str, text_b: str) -> bool:
+    """Whether two texts are Python literals whose values are equal by ``==`` (Python's value equality:
+    ``1 == 1.0``, dict and set order irrelevant). Total (never raises). Both values are built only from
+    builtin types by ``ast.literal_eval``, so the comparison runs no model-written code: this is the host's
+    answer check."""
+    ok_a, val_a = literal_value(text_a)
+    if not ok_a:
+        return False
+    ok_b, val_b = literal_value(text_b)
+    if not ok_b:
+        return False
+    try:
+        return bool(val_a == val_b)
+    except Exception:  # noqa: BLE001 - RecursionError on deep values
+        return False
 
 
 def canonical_form(value: Any) -> Any:
@@ -191,7 +260,8 @@ def canonical_form(value: Any) -> Any:
 
 
 def same_value(repr_a: str, repr_b: str) -> bool:
-    """Whether two output reprs denote the same value (identical strings, or equal canonical literal forms)."""
+    """Whether two output reprs denote the same value (identical strings, or equal canonical literal forms).
+    Total: never raises (values too deep or with unprintable members compare as different)."""
     if repr_a == repr_b:
         return True
     ok_a, val_a = literal_value(repr_a)
@@ -200,7 +270,7 @@ def same_value(repr_a: str, repr_b: str) -> bool:
         return False
     try:
         return canonical_form(val_a) == canonical_form(val_b)
-    except RecursionError:
+    except Exception:  # noqa: BLE001 - RecursionError, ValueError (repr of a huge int while sorting)
         return False
 
 

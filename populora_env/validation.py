@@ -41,6 +41,7 @@ from populora_env.literals import (
     literal_value,
     parse_call_args,
     quiet_parse,
+    safe_unparse,
     same_value,
     type_signature,
     with_heap_padding,
@@ -172,17 +173,15 @@ def check_program(program: str, max_chars: int, *, require_params: bool = True) 
 
 
 def canonical_program(tree: ast.Module) -> str:
-    """Formatting- and comment-insensitive form of a program (``ast.unparse``), used in dedup keys."""
-    try:
-        return ast.unparse(tree)
-    except RecursionError:  # unreachable after check_program's depth limit; kept as a guard
-        return ast.dump(tree)
+    """Formatting- and comment-insensitive form of a program (``ast.unparse``), used in dedup keys. Total: a
+    huge integer literal (beyond Python's int-to-text limit) is written by :func:`safe_unparse`."""
+    return safe_unparse(tree)
 
 
 def task_key(task_type: TaskType, program: str, inputs: Sequence[str]) -> str:
     """Dedup key of a task: type, canonical program, canonical inputs."""
     try:
-        prog = ast.unparse(quiet_parse(program))
+        prog = safe_unparse(quiet_parse(program))
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         prog = program
     return "\x1f".join([task_type.value, prog, *inputs])

@@ -14,12 +14,13 @@ and ``docs/sandbox.md`` for every layer, the attack each one stops, and the memo
 
 Known limits (read before using results as rewards):
 
-* A job reports its own result. The sandbox contains what a job can do to the host, the worker and later
-  jobs; it cannot stop code under test from forging its own reply (e.g. writing a well-formed frame to its
-  reply pipe and calling ``os._exit``), so ``match``/``value`` are the job's claim. Where a reward depends on
-  it, prefer comparing ``value`` on the host against an expected ``repr`` that came from a different job
-  (``ast.literal_eval``, never ``eval``), and keep the untrusted program out of the job that computes the
-  expectation.
+* A job reports its own result: code under test can write a well-formed reply frame to its reply pipe and
+  ``os._exit``, so ``value`` (and ``status``) are the job's claim. What the sandbox guarantees is that the
+  claim is made **without the answer**: ``compare_to`` is a literal that never leaves the host (``match`` is
+  computed on the host), the worker never reads a job's text nor keeps its reply (so no job sees another's),
+  and a forged claim must therefore guess the expected value. Never take a verdict (a pass, a score) from a
+  job that ran untrusted code; compare its values on the host, or in a separate job that runs none
+  (``docs/sandbox.md`` §7).
 * Every worker runs with ``PYTHONHASHSEED=0`` (str hashing and so set order are the same on every worker);
   ``random`` (and ``numpy.random`` when preloaded) is reseeded per job. ``id()``-dependent output can repeat
   between two jobs on the same worker, so run determinism checks as two jobs and do not rely on that alone.

@@ -3,8 +3,10 @@
 The host imports this file only for :func:`wipe_tree`. Its source is handed to a fresh interpreter
 (``python -S -s -c <source> <config-json>``), usually inside bubblewrap namespaces, so it must only use the
 standard library (plus ``pyseccomp``, which is pure ctypes). Protocol on the worker's stdin/stdout:
-frames of a 4-byte big-endian length followed by UTF-8 JSON. Per job the host sends one job frame; the
-worker answers a ``result`` frame as soon as the job is over, then restores its job area and its own state
+frames of a 4-byte big-endian length followed by UTF-8 JSON. Per job the host sends a control frame
+(limits and deadline, read by the worker) and the job frame (code and call, read only by the job's child);
+the worker answers a ``result`` frame (metadata, then the child's raw reply and output) as soon as the job is
+over, then restores its job area and its own state
 and answers ``clean`` (or ``retire`` followed by its exit, when it cannot).
 
 Per job the worker prepares a fresh job area (namespaced modes: a new tmpfs mounted on the job area, with a
@@ -66,6 +68,10 @@ _BPF_JEQ_K = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
 _PID_PLACEHOLDER = 0x7A5EC0DE
 _MAX_ERROR_CHARS = 4000
 _REPLY_SLACK = 64 * 1024
+_FIONREAD = 0x541B  # the same on x86_64 and aarch64
+_CHUNK = 64 * 1024
+_KEEP_CHUNKS = 2  # chunks a sink keeps (zeroed) between jobs; more are freed after being zeroed
+_ZEROS = bytes(_CHUNK)
 
 # Syscalls refused with EPERM (where the running kernel/libseccomp knows them).
 _DENY_EPERM = (
@@ -80,6 +86,8 @@ _DENY_EPERM = (
     "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "fsopen", "fsmount", "fsconfig",
     "fspick", "move_mount", "open_tree", "mount_setattr", "name_to_handle_at", "open_by_handle_at",
     "quotactl", "swapon", "swapoff", "acct",
+    # host-wide I/O: sync() flushes every file system of the host, syncfs() the host's root (read-only binds)
+    "sync", "syncfs",
     # kernel interfaces
     "bpf", "perf_event_open", "keyctl", "add_key", "request_key", "kexec_load", "kexec_file_load",
     "init_module", "finit_module", "delete_module", "reboot", "syslog", "userfaultfd", "lookup_dcookie",
@@ -132,6 +140,44 @@ def _write_frame(fd: int, obj: object) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
+
+
+class _Sink:
+    """Bytes of a job (its reply or its output), read into reusable ``bytearray`` chunks with ``readv`` (never
+    into new ``bytes`` objects, whose freed memory would keep the text for the next fork), relayed as they are,
+    and zeroed after every job."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytearray] = []
+        self.n = 0
+
+    def read_from(self, fd: int) -> int:
+        """One ``readv`` into the free space; the bytes read (0 at EOF). Raises ``BlockingIOError``."""
+        idx, off = divmod(self.n, _CHUNK)
+        if idx == len(self.chunks):
+            self.chunks.append(bytearray(_CHUNK))
+        got = os.readv(fd, [memoryview(self.chunks[idx])[off:]])
+        self.n += got
+        return got
+
+    def send(self, fd: int, count: int) -> None:
+        """Write the first ``count`` bytes to ``fd``."""
+        for chunk in self.chunks:
+            if count <= 0:
+                return
+            view = memoryview(chunk)[: min(count, _CHUNK)]
+            count -= len(view)
+            while view:
+                view = view[os.write(fd, view):]
+
+    def wipe(self) -> None:
+        """Zero every byte a job wrote; free the chunks beyond the first few."""
+        for i, chunk in enumerate(self.chunks):
+            if i * _CHUNK >= self.n:
+                break
+            memoryview(chunk)[:] = _ZEROS
+        del self.chunks[_KEEP_CHUNKS:]
+        self.n = 0
 
 
 def _read_exact(fd: int, n: int) -> bytes | None:
@@ -189,6 +235,10 @@ class Worker:
         self.attrs: dict | None = None  # the worker's own scheduling/rlimit attributes at start-up
         self._arch = os.uname().machine
         self.pid = os.getpid()
+        self.req_fd = 0
+        self.frame_pending = False
+        self.rep_sink = _Sink()  # the child's reply, relayed raw to the host
+        self.out_sink = _Sink()  # the child's stdout, relayed raw to the host
 
     # ------------------------------------------------------------------ start-up
     def boot(self) -> dict:
@@ -421,24 +471,39 @@ class Worker:
 
     # ------------------------------------------------------------------ per job
     def serve(self, req_fd: int, rep_fd: int) -> None:
-        """Answer job frames until the host closes our stdin.
+        """Answer jobs until the host closes our stdin.
+
+        Per job the host sends two frames: a **control** frame (the limits and the deadline: numbers only),
+        which the worker reads, and the **job** frame (code and call), which the worker never reads: the job
+        child reads it from the same pipe after the fork. The child's reply and output come back into
+        :class:`_Sink` buffers and are relayed to the host as raw bytes, never decoded here, and the buffers
+        are zeroed before the next fork. So the worker's memory, which every later job inherits, never holds
+        a job's text, value or output (no frame-to-frame channel; ``tests/sandbox/test_reward_hacking.py``
+        scans a job's memory for the previous job's markers).
 
         The result goes out as soon as the job is over; restoring the job area and checking our own state
         come after it, under the host's separate cleanup budget, so a job that fills its area until its
         deadline never makes the worker look unresponsive. A worker that cannot restore itself says why and
         exits (the host starts a fresh one) instead of answering later jobs from a dirty state.
         """
+        self.req_fd = req_fd
         while True:
-            job = _read_frame(req_fd)
-            if job is None:
+            ctl = _read_frame(req_fd)
+            if ctl is None:
                 return
             try:
-                result = self.run(job)
+                meta = self.run(ctl)
             except Exception as exc:  # a bug here must not kill the worker silently
-                result = {"status": "crashed", "value": None, "match": None, "stdout": "",
-                          "error": f"sandbox worker error: {type(exc).__name__}: {exc}", "seconds": 0.0}
-            result["type"] = "result"
-            _write_frame(rep_fd, result)
+                meta = {"status": "crashed", "error": f"sandbox worker error: {type(exc).__name__}: {exc}",
+                        "seconds": 0.0, "reply": 0, "stdout": 0}
+            meta["type"] = "result"
+            try:
+                _write_frame(rep_fd, meta)
+                self.rep_sink.send(rep_fd, meta["reply"])
+                self.out_sink.send(rep_fd, meta["stdout"])
+            finally:
+                self.rep_sink.wipe()
+                self.out_sink.wipe()
             try:
                 why = self._restore()
             except Exception as exc:
@@ -448,10 +513,11 @@ class Worker:
                 return
             _write_frame(rep_fd, {"type": "clean"})
 
-    def run(self, job: dict) -> dict:
-        lim = job["limits"]
+    def run(self, ctl: dict) -> dict:
+        lim = ctl["limits"]
         cap = int(lim["max_output_chars"])
-        timeout = float(job["timeout_s"])
+        timeout = float(ctl["timeout_s"])
+        self.frame_pending = True  # the job frame waits in the pipe until the child reads it
         if self.area == "mount":
             self._mount_job_area(lim["tmp_mb"], lim["max_files"])
             jobdir = self.base
@@ -468,7 +534,7 @@ class Worker:
             try:
                 os.close(r_rep)
                 os.close(r_out)
-                self._child(job, w_rep, w_out, jobdir)
+                self._child(lim, w_rep, w_out, jobdir)
             finally:
                 os._exit(71)
         os.close(w_rep)
@@ -478,61 +544,70 @@ class Worker:
         finally:
             os.close(r_rep)
             os.close(r_out)
+            # every job process is dead: the frame was read by the child, or is still in the pipe (the
+            # child died first), which desynchronises the protocol: then the worker retires
+            self.frame_pending = self._unread(self.req_fd) != 0
+
+    def _unread(self, fd: int) -> int:
+        """Bytes waiting in the pipe ``fd`` (FIONREAD); -1 when it cannot be asked."""
+        n = ctypes.c_int(0)
+        if self.libc.ioctl(fd, _FIONREAD, ctypes.byref(n)) != 0:
+            return -1
+        return n.value
 
     def _supervise(self, pid: int, r_rep: int, r_out: int, t0: float, timeout: float, cap: int,
                    lim: dict) -> dict:
+        """Wait for the child's reply (its first frame), its output and its end; kill and reap it.
+
+        Returns the result's metadata; the raw reply and output stay in the sinks (never decoded here).
+        """
         deadline = t0 + timeout
-        out = bytearray()
-        rep = bytearray()
-        rep_cap = cap * 6 + _REPLY_SLACK
+        rep, out = self.rep_sink, self.out_sink
+        rep_cap = cap * 6 + _REPLY_SLACK  # UTF-8 JSON without ASCII escaping: at most 6 bytes per char (\u001f)
         out_cap = cap * 4 + 4  # UTF-8: cap chars are at most 4 * cap bytes
         open_fds = [r_rep, r_out]
         for fd in open_fds:
             os.set_blocking(fd, False)
         timed_out = out_over = rep_over = False
-        reply = None
-        while open_fds and reply is None:
+        reply = 0  # length of the first complete reply frame (header included), 0 while there is none
+        while open_fds and not reply:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 timed_out = True
                 break
             ready, _, _ = select.select(open_fds, [], [], remaining)
             for fd in ready:
+                sink = out if fd == r_out else rep
                 try:
-                    data = os.read(fd, 65536)
+                    got = sink.read_from(fd)
                 except BlockingIOError:
                     continue
-                if not data:
+                if not got:
                     open_fds.remove(fd)
                     continue
                 if fd == r_out:
-                    out += data
-                    if len(out) > out_cap:
-                        out_over = True
+                    out_over = out.n > out_cap
                 else:
-                    rep += data
-                    if len(rep) > rep_cap:
+                    if rep.n > rep_cap:
                         rep_over = True
-                    elif len(rep) >= _HEADER.size:
-                        (size,) = _HEADER.unpack_from(rep)
+                    elif rep.n >= _HEADER.size:
+                        (size,) = _HEADER.unpack_from(rep.chunks[0])
                         if size > rep_cap:
                             rep_over = True
-                        elif len(rep) >= _HEADER.size + size:
-                            reply = bytes(rep[_HEADER.size:_HEADER.size + size])  # first frame only
+                        elif rep.n >= _HEADER.size + size:
+                            reply = _HEADER.size + size  # first frame only
             if out_over or rep_over:
                 break
         seconds = time.monotonic() - t0
-        if reply is not None and not out_over:
+        if reply and not out_over:
             # The child flushed stdout before replying: whatever it printed is already in the pipe.
-            while len(out) <= out_cap:
+            while out.n <= out_cap:
                 try:
-                    data = os.read(r_out, 65536)
+                    if not out.read_from(r_out):
+                        break
                 except BlockingIOError:
                     break
-                if not data:
-                    break
-                out += data
-            out_over = len(out) > out_cap
+            out_over = out.n > out_cap
         # Kill the whole job process group, even after a normal reply (threads, stragglers).
         for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
             try:
@@ -540,63 +615,33 @@ class Worker:
             except OSError:
                 pass
         _, wstatus, rusage = os.wait4(pid, 0)
-        stdout = out.decode("utf-8", "replace")
-        if len(stdout) > cap:
-            out_over = True
-        base = {"value": None, "match": None, "stdout": "", "seconds": seconds}
+        base = {"status": None, "error": None, "seconds": seconds, "reply": 0, "stdout": 0}
         if out_over:
             return {**base, "status": "output_limit",
                     "error": f"stdout exceeded max_output_chars={cap} (output is never truncated)"}
+        base["stdout"] = out.n
         if timed_out:
-            return {**base, "status": "timeout", "stdout": stdout,
+            return {**base, "status": "timeout",
                     "error": f"wall-clock limit of {timeout:g} s exceeded; the job was killed"}
         if rep_over:
-            return {**base, "status": "output_limit",
+            return {**base, "stdout": 0, "status": "output_limit",
                     "error": f"the job's reply exceeded the size allowed by max_output_chars={cap}"}
-        if reply is not None:
-            parsed = self._parse_reply(reply, cap)
-            parsed["stdout"] = stdout
-            parsed["seconds"] = seconds
-            return parsed
+        if reply:
+            return {**base, "reply": reply}  # the host parses it
         # No reply: the child died.
         cpu = rusage.ru_utime + rusage.ru_stime
         if os.WIFSIGNALED(wstatus):
             sig = os.WTERMSIG(wstatus)
             if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= float(lim["cpu_s"]) - 0.05):
-                return {**base, "status": "timeout", "stdout": stdout,
-                        "error": f"CPU time limit of {lim['cpu_s']:g} s exceeded"}
+                return {**base, "status": "timeout", "error": f"CPU time limit of {lim['cpu_s']:g} s exceeded"}
             try:
                 name = signal.Signals(sig).name
             except ValueError:
                 name = str(sig)
-            return {**base, "status": "crashed", "stdout": stdout,
-                    "error": f"the job process was killed by {name}"}
+            return {**base, "status": "crashed", "error": f"the job process was killed by {name}"}
         code = os.WEXITSTATUS(wstatus) if os.WIFEXITED(wstatus) else -1
-        return {**base, "status": "crashed", "stdout": stdout,
+        return {**base, "status": "crashed",
                 "error": f"the job process exited with code {code} without a result (os._exit?)"}
-
-    @staticmethod
-    def _parse_reply(raw: bytes, cap: int) -> dict:
-        bad = {"status": "crashed", "value": None, "match": None, "error": "malformed reply from the job"}
-        try:
-            msg = json.loads(raw.decode("utf-8", "surrogatepass"))
-        except (ValueError, UnicodeDecodeError):
-            return bad
-        if not isinstance(msg, dict):
-            return bad
-        status, value, match, error = msg.get("status"), msg.get("value"), msg.get("match"), msg.get("error")
-        if status not in ("ok", "error", "memory_limit", "output_limit"):
-            return bad
-        if value is not None and not isinstance(value, str):
-            return bad
-        if match is not None and not isinstance(match, bool):
-            return bad
-        if error is not None and not isinstance(error, str):
-            return bad
-        if value is not None and len(value) > cap:
-            return {**bad, "status": "output_limit", "error": f"value repr exceeds max_output_chars={cap}"}
-        return {"status": status, "value": value, "match": match,
-                "error": None if error is None else _short(error)}
 
     def _restore(self) -> str | None:
         """After a job: kill and reap stragglers, empty the job area, check our own attributes.
@@ -618,6 +663,8 @@ class Worker:
             if pid == 0:
                 break
         problems = []
+        if self.frame_pending:
+            problems.append("the job's frame was not read by its child (protocol out of step)")
         if self.area == "mount":
             if self.mounted:
                 try:
@@ -694,10 +741,14 @@ class Worker:
             if libc.capset(header, data) != 0:
                 raise OSError(ctypes.get_errno(), "capset to no capabilities failed")
 
-    def _child(self, job: dict, w_rep: int, w_out: int, jobdir: str) -> None:  # pragma: no cover
-        lim = job["limits"]
+    def _child(self, lim: dict, w_rep: int, w_out: int, jobdir: str) -> None:  # pragma: no cover
         rep_fd = w_rep
         try:
+            # The job's text: read here, in the child, from the pipe the worker left it in (the worker never
+            # reads it, so no later fork inherits it).
+            job = _read_frame(self.req_fd)
+            if not isinstance(job, dict) or not isinstance(job.get("code"), str):
+                raise RuntimeError("no job frame")
             # Own session: own process group (killed as a whole afterwards) and own scheduler autogroup.
             os.setsid()
             devnull = os.open("/dev/null", os.O_RDWR)
@@ -735,7 +786,7 @@ class Worker:
                 raise RuntimeError("seccomp was requested but could not be set up")
         except BaseException as exc:  # never run the job half-confined
             try:
-                _write_frame(rep_fd, {"status": "error", "value": None, "match": None,
+                _write_frame(rep_fd, {"status": "error", "value": None,
                                      "error": f"sandbox setup failed: {type(exc).__name__}: {exc}"})
             finally:
                 os._exit(70)
@@ -759,8 +810,8 @@ class Worker:
                 stream.flush()
             except BaseException:
                 pass
-        try:
-            data = dumps(result).encode("utf-8", "surrogatepass")
+        try:  # no ASCII escaping: at most 6 bytes per character (a control character as \\u001f)
+            data = dumps(result, ensure_ascii=False).encode("utf-8", "surrogatepass")
         except BaseException:
             data = b'{"status": "error", "error": "the result could not be encoded"}'
         data = _HEADER.pack(len_(data)) + data
@@ -859,7 +910,7 @@ def _describe(exc: BaseException, tb_limit: int = 5, type=type, str=str) -> str:
 
     try:
         frames = [fr for fr in traceback.extract_tb(exc.__traceback__)
-                  if fr.filename in ("<job>", "<call>", "<compare_to>")][-tb_limit:]
+                  if fr.filename in ("<job>", "<call>")][-tb_limit:]
         only = "".join(traceback.format_exception_only(type(exc), exc)).rstrip().splitlines()
         # "Type: message" first; a SyntaxError's location and caret lines follow it
         text = "\n".join([only[-1], *only[:-1]]) if only else type(exc).__name__
@@ -877,14 +928,15 @@ def _describe(exc: BaseException, tb_limit: int = 5, type=type, str=str) -> str:
 def _execute(job: dict, cap: int, len=len, repr=repr, type=type, str=str, compile=compile,  # noqa: A002
              exec=exec, eval=eval, BaseException=BaseException, MemoryError=MemoryError,  # noqa: A002
              SystemExit=SystemExit) -> dict:  # pragma: no cover - runs in the child
-    """Run code / call / compare_to in a fresh namespace; return a JSON-safe result dict.
+    """Run code / call in a fresh namespace; return a JSON-safe result dict (no expected value is ever here:
+    the host compares).
 
     The builtins it needs are bound as defaults when the worker loads, so a job that monkey-patches
     ``builtins`` (``len``, ``repr``, ...) cannot garble its own report.
     """
     import builtins
 
-    status, value, match, error = "ok", None, None, None
+    status, value, error = "ok", None, None
     ns: dict = {"__name__": "__main__", "__builtins__": builtins, "__doc__": None, "__package__": None,
                 "__spec__": None, "__loader__": None}
     sys.modules["__main__"] = type(sys)("__main__")
@@ -901,42 +953,19 @@ def _execute(job: dict, cap: int, len=len, repr=repr, type=type, str=str, compil
             if type(text) is not str:
                 raise TypeError("__repr__ returned a non-string")
             if len(text) > cap:
-                return {"status": "output_limit", "value": None, "match": None,
+                return {"status": "output_limit", "value": None,
                         "error": f"repr of the value has {len(text)} chars > max_output_chars={cap}"}
             value = text
-            if job.get("compare_to") is not None:
-                stage = "compare_to"
-                match, error = _compare(result, job["compare_to"], ns)
     except MemoryError as exc:
-        status, value, match, error = "memory_limit", None, None, f"MemoryError during {stage}: {exc}"[:500]
+        status, value, error = "memory_limit", None, f"MemoryError during {stage}: {exc}"[:500]
     except SystemExit as exc:
-        status, value, match, error = "error", None, None, f"SystemExit: {exc.code!r} (during {stage})"[:500]
+        status, value, error = "error", None, f"SystemExit: {exc.code!r} (during {stage})"[:500]
     except BaseException as exc:
-        status, value, match = "error", None, None
+        status, value = "error", None
         error = _describe(exc)
         if stage != "code":
             error = f"[during {stage}] {error}"
-    return {"status": status, "value": value, "match": match, "error": error}
-
-
-def _compare(result: object, compare_to: str, ns: dict, type=type, eval=eval, compile=compile,  # noqa: A002
-             bool=bool, BaseException=BaseException,  # noqa: A002
-             MemoryError=MemoryError) -> tuple[bool, str | None]:  # pragma: no cover
-    try:
-        expected = eval(compile(compare_to, "<compare_to>", "eval"), ns)
-    except MemoryError:
-        raise
-    except BaseException as exc:
-        return False, f"compare_to could not be evaluated: {_describe(exc, 2)}"
-    try:
-        equal = result == expected
-    except MemoryError:
-        raise
-    except BaseException as exc:
-        return False, f"== raised: {_describe(exc, 2)}"
-    if type(equal) is not bool:
-        return False, f"== returned {type(equal).__name__}, not bool: counted as no match"
-    return equal, None
+    return {"status": status, "value": value, "error": error}
 
 
 def main() -> None:

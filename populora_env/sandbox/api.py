@@ -6,12 +6,41 @@ results without touching the process machinery in :mod:`populora_env.sandbox.poo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
+
+from populora_env.literals import literal_value
 
 #: Every status an :class:`ExecResult` can carry.
 Status = Literal["ok", "error", "timeout", "memory_limit", "output_limit", "crashed"]
 STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "memory_limit", "output_limit", "crashed")
+
+
+#: Upper bounds of every limit (a limit is finite and at most this): a job's wall clock, its CPU seconds, its
+#: address space, its reply and the rest. A larger value is refused when the :class:`Limits` or
+#: :class:`ExecJob` is built, before anything is sent to a worker (``timeout_s=9e9`` used to overflow the
+#: worker's ``select`` and leave the pool unusable).
+MAX_TIMEOUT_S = 3600.0
+MAX_LIMITS: dict[str, int] = {
+    "memory_mb": 1 << 20,  # 1 TiB
+    "max_output_chars": 1 << 28,
+    "max_threads": 4096,
+    "max_file_mb": 1 << 16,
+    "max_open_files": 1 << 16,
+    "tmp_mb": 1 << 16,
+    "max_files": 1 << 24,
+}
+
+
+def _check_seconds(owner: str, value: object, *, optional: bool) -> None:
+    """A finite number of seconds in ``(0, MAX_TIMEOUT_S]`` (or ``None`` when ``optional``)."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{owner} must be a number of seconds, got {type(value).__name__}")
+    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
+        raise ValueError(f"{owner} must be a finite number of seconds in (0, {MAX_TIMEOUT_S:g}], got {value!r}")
 
 
 class SandboxError(RuntimeError):
@@ -53,16 +82,16 @@ class Limits:
     max_files: int = 10_000
 
     def __post_init__(self) -> None:
-        if not self.timeout_s > 0:
-            raise ValueError(f"Limits.timeout_s must be > 0, got {self.timeout_s!r}")
+        _check_seconds("Limits.timeout_s", self.timeout_s, optional=False)
+        _check_seconds("Limits.cpu_s", self.cpu_s, optional=True)
+        for name, top in MAX_LIMITS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"Limits.{name} must be an int, got {type(value).__name__}")
+            if not 1 <= value <= top:
+                raise ValueError(f"Limits.{name} must be >= 1 and <= {top}, got {value!r}")
         if self.memory_mb < 16:
             raise ValueError(f"Limits.memory_mb must be >= 16, got {self.memory_mb!r}")
-        if self.cpu_s is not None and not self.cpu_s > 0:
-            raise ValueError(f"Limits.cpu_s must be > 0 or None, got {self.cpu_s!r}")
-        for name in ("max_output_chars", "max_threads", "max_file_mb", "max_open_files", "tmp_mb",
-                     "max_files"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"Limits.{name} must be >= 1, got {getattr(self, name)!r}")
         if self.max_open_files < 8:
             raise ValueError("Limits.max_open_files must be >= 8 (the job needs its standard streams)")
 
@@ -75,10 +104,13 @@ class ExecJob:
         code: Python source executed in a fresh ``__main__``-like namespace.
         call: an expression evaluated in that namespace after ``code``; its ``repr`` becomes
             :attr:`ExecResult.value`. ``None`` means: only execute ``code``.
-        compare_to: an expression evaluated in the same namespace (after ``code``) and compared with the
-            call's value by ``==`` inside the sandbox; the outcome is :attr:`ExecResult.match`.
-            Requires ``call``.
-        timeout_s: per-job wall-clock override of :attr:`Limits.timeout_s`.
+        compare_to: the expected value, as a Python literal (``ast.literal_eval`` syntax). It is **never sent
+            to the worker**: the host parses the job's ``value`` as a literal and compares the two values with
+            ``==`` (builtin types only, so no job code runs); the outcome is :attr:`ExecResult.match`. A job
+            therefore cannot read its expected value, and a forged reply must guess it. Requires ``call``;
+            a ``compare_to`` that is not a literal is refused here.
+        timeout_s: per-job wall-clock override of :attr:`Limits.timeout_s` (finite, at most
+            :data:`MAX_TIMEOUT_S`).
     """
 
     code: str
@@ -95,8 +127,10 @@ class ExecJob:
                 raise TypeError(f"ExecJob.{name} must be str or None, got {type(value).__name__}")
         if self.compare_to is not None and self.call is None:
             raise ValueError("ExecJob.compare_to needs a call whose value it is compared with")
-        if self.timeout_s is not None and not self.timeout_s > 0:
-            raise ValueError(f"ExecJob.timeout_s must be > 0 or None, got {self.timeout_s!r}")
+        if self.compare_to is not None:
+            if not literal_value(self.compare_to)[0]:
+                raise ValueError("ExecJob.compare_to must be a Python literal (it is compared on the host)")
+        _check_seconds("ExecJob.timeout_s", self.timeout_s, optional=True)
 
 
 @dataclass(frozen=True)
@@ -106,9 +140,10 @@ class ExecResult:
     Attributes:
         status: ``"ok"`` | ``"error"`` | ``"timeout"`` | ``"memory_limit"`` | ``"output_limit"`` |
             ``"crashed"``.
-        value: ``repr()`` of the call's value (computed in the sandbox), or ``None``.
-        match: ``None`` without ``compare_to``; else whether ``value == eval(compare_to)`` was exactly
-            ``True`` (a raising ``==`` or a non-bool result gives ``False`` with a note in ``error``).
+        value: ``repr()`` of the call's value (computed in the sandbox: the job's claim), or ``None``.
+        match: ``None`` without ``compare_to``; else whether ``value``, parsed on the host as a Python literal,
+            equals the literal ``compare_to`` (``False`` when the value is not a literal, e.g. ``nan`` or an
+            object's default ``repr``). Decided by the host, never by the job.
         stdout: what the job printed (never truncated: too much output gives ``"output_limit"``).
         error: exception type and message with a short traceback tail, or a description of the limit
             or crash; ``None`` when nothing went wrong.

@@ -29,9 +29,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from populora_env.literals import literal_equal
 from populora_env.sandbox import isolation as iso
 from populora_env.sandbox._worker import wipe_tree
-from populora_env.sandbox.api import STATUSES, ExecJob, ExecResult, Limits, SandboxError, SandboxUnavailable
+from populora_env.sandbox.api import (
+    MAX_TIMEOUT_S,
+    STATUSES,
+    ExecJob,
+    ExecResult,
+    Limits,
+    SandboxError,
+    SandboxUnavailable,
+)
 
 logger = logging.getLogger("populora_env.sandbox")
 
@@ -196,9 +205,13 @@ class _Worker:
         self.busy: tuple[int, float] | None = None  # (job index, hard deadline)
         self.cleaning_until: float | None = None  # after a result: until "clean" arrives (its own budget)
 
-    def send(self, msg: dict) -> None:
-        data = json.dumps(msg).encode("utf-8", "surrogatepass")
-        self.proc.stdin.write(_HEADER.pack(len(data)) + data)
+    def send(self, *msgs: dict) -> None:
+        """Write the frames in one go (a job: its control frame, then its job frame)."""
+        out = bytearray()
+        for msg in msgs:
+            data = json.dumps(msg).encode("utf-8", "surrogatepass")
+            out += _HEADER.pack(len(data)) + data
+        self.proc.stdin.write(out)
         self.proc.stdin.flush()
 
     def read_frames(self, max_frame: int) -> tuple[list[dict], bool]:
@@ -220,9 +233,21 @@ class _Worker:
                 raise SandboxError(f"worker {self.index} sent an oversized frame ({size} bytes)")
             if len(self.buf) < _HEADER.size + size:
                 break
-            body = bytes(self.buf[_HEADER.size:_HEADER.size + size])
-            del self.buf[:_HEADER.size + size]
-            frames.append(json.loads(body.decode("utf-8", "surrogatepass")))
+            frame = json.loads(bytes(self.buf[_HEADER.size:_HEADER.size + size]).decode("utf-8", "surrogatepass"))
+            end = _HEADER.size + size
+            if isinstance(frame, dict) and frame.get("type") == "result":
+                # followed by the job's raw reply and stdout bytes (relayed by the worker, never decoded there)
+                n_reply, n_out = frame.get("reply"), frame.get("stdout")
+                if not (isinstance(n_reply, int) and isinstance(n_out, int) and 0 <= n_reply + n_out <= max_frame
+                        and n_reply >= 0 and n_out >= 0):
+                    raise SandboxError(f"worker {self.index} sent a malformed result frame")
+                if len(self.buf) < end + n_reply + n_out:
+                    break
+                frame["reply"] = bytes(self.buf[end:end + n_reply])
+                frame["stdout"] = bytes(self.buf[end + n_reply:end + n_reply + n_out])
+                end += n_reply + n_out
+            del self.buf[:end]
+            frames.append(frame)
         return frames, eof
 
     def stderr_tail(self, limit: int = 2000) -> str:
@@ -315,6 +340,8 @@ class Sandbox:
             raise ValueError(f"cleanup_timeout_s must be a finite number > 0, got {cleanup_timeout_s!r}")
         self._lock = threading.Lock()
         self._closed = False
+        self._jobs_in_flight: list[ExecJob] = []
+        self._caps: list[int] = []
         self._workers: list[_Worker | None] = [None] * self.n_workers
         _remove_stale_tmpdirs()
         self._tmpdir = tempfile.mkdtemp(prefix=_tmpdir_prefix(os.getpid()))
@@ -617,8 +644,10 @@ class Sandbox:
         for j in jobs:
             if not isinstance(j, ExecJob):
                 raise TypeError(f"Sandbox.run expects ExecJob items, got {type(j).__name__}")
-        if deadline_s is not None and not deadline_s > 0:
-            raise ValueError(f"deadline_s must be > 0 or None, got {deadline_s!r}")
+        if deadline_s is not None and not (isinstance(deadline_s, int | float) and math.isfinite(deadline_s)
+                                           and 0 < deadline_s <= 100 * MAX_TIMEOUT_S):
+            raise ValueError(f"deadline_s must be a finite number of seconds in (0, {100 * MAX_TIMEOUT_S:g}] or "
+                             f"None, got {deadline_s!r}")
         with self._lock:
             if self._closed:
                 raise SandboxError("this Sandbox is closed")
@@ -687,7 +716,7 @@ class Sandbox:
                 kind = frame.get("type")
                 if w.busy is not None and kind == "result":
                     idx, _ = w.busy
-                    results[idx] = self._to_result(frame)
+                    results[idx] = self._to_result(frame, self._jobs_in_flight[idx], self._caps[idx])
                     w.busy = None
                     w.cleaning_until = now + self.cleanup_timeout_s
                 elif w.busy is None and w.cleaning_until is not None and kind == "clean":
@@ -737,7 +766,26 @@ class Sandbox:
                 self._handle(w, results, self._max_frame(), now, w.out_fd in readable)
 
     def _run_jobs(self, jobs: list[ExecJob], deadline_s: float | None, pinned: bool = False) -> list[ExecResult]:
-        """Dispatch loop. ``pinned``: job *i* runs on worker *i* (used by the start-up self-check)."""
+        """Dispatch loop. ``pinned``: job *i* runs on worker *i* (used by the start-up self-check).
+
+        Whatever goes wrong in here (a bug, an interrupt), no worker is left holding a job: every busy or
+        cleaning worker is restarted before the exception leaves, so the next batch finds a working pool.
+        """
+        self._jobs_in_flight = jobs
+        self._caps = [self.limits.max_output_chars] * len(jobs)
+        try:
+            return self._dispatch(jobs, deadline_s, pinned)
+        except BaseException:
+            for i, w in enumerate(self._workers):
+                if w is not None and (w.busy is not None or w.cleaning_until is not None):
+                    w.busy = None
+                    try:
+                        self._restart(i)
+                    except BaseException:  # noqa: BLE001 - best effort; the next batch restarts it again
+                        logger.exception("could not restart sandbox worker %d after a failed batch", i)
+            raise
+
+    def _dispatch(self, jobs: list[ExecJob], deadline_s: float | None, pinned: bool) -> list[ExecResult]:
         results: list[ExecResult | None] = [None] * len(jobs)
         queue = deque(range(len(jobs)))
         batch_deadline = None if deadline_s is None else time.monotonic() + deadline_s
@@ -774,13 +822,15 @@ class Sandbox:
                                                   "this job could start")
                         continue
                     timeout = min(timeout, left)
-                msg = {"code": job.code, "call": job.call, "compare_to": job.compare_to, "timeout_s": timeout,
-                       "limits": _effective_limits(self.limits, timeout)}
+                # the control frame (read by the worker) and the job frame (read only by the job's child);
+                # compare_to never leaves the host
+                control = {"timeout_s": timeout, "limits": _effective_limits(self.limits, timeout)}
                 if pinned:  # the self-check's report must not be subject to the user's output cap
-                    msg["limits"]["max_output_chars"] = max(cap, 100_000)
+                    control["limits"]["max_output_chars"] = max(cap, 100_000)
+                self._caps[idx] = control["limits"]["max_output_chars"]
                 hard = now + timeout + max(2.0, 0.25 * timeout)
                 try:
-                    w.send(msg)
+                    w.send(control, {"code": job.code, "call": job.call})
                 except (BrokenPipeError, OSError):
                     queue.appendleft(idx)
                     self._restart(i)
@@ -799,17 +849,66 @@ class Sandbox:
         return [r if r is not None else ExecResult(status="crashed", error="lost") for r in results]
 
     @staticmethod
-    def _to_result(frame: dict) -> ExecResult:
+    def _to_result(frame: dict, job: ExecJob, cap: int) -> ExecResult:
+        """The result of ``job`` from the worker's result frame: its own verdict on limits and crashes, else the
+        child's raw reply (parsed here, strings only, never evaluated) and raw stdout; ``match`` is decided
+        here, from ``job.compare_to``, which the job never saw."""
+        seconds = frame.get("seconds")
+        seconds = float(seconds) if isinstance(seconds, int | float) and math.isfinite(seconds) else 0.0
+        raw_out = frame.get("stdout")
+        stdout = raw_out.decode("utf-8", "replace") if isinstance(raw_out, bytes) else ""
         status = frame.get("status")
-        if status not in STATUSES:
-            return ExecResult(status="crashed", error=f"malformed worker reply (status={status!r})")
-        value = frame.get("value")
-        match = frame.get("match")
-        return ExecResult(
-            status=status,
-            value=value if isinstance(value, str) else None,
-            match=match if isinstance(match, bool) else None,
-            stdout=frame.get("stdout") if isinstance(frame.get("stdout"), str) else "",
-            error=frame.get("error") if isinstance(frame.get("error"), str) else None,
-            seconds=float(frame.get("seconds") or 0.0),
-        )
+        if status is not None:  # the worker's verdict (timeout, limits, crash): no reply is used
+            if status not in STATUSES:
+                return ExecResult(status="crashed", error=f"malformed worker reply (status={status!r})")
+            if len(stdout) > cap:
+                return ExecResult(status="output_limit", seconds=seconds,
+                                  error=f"stdout exceeded max_output_chars={cap} (output is never truncated)")
+            error = frame.get("error")
+            return ExecResult(status=status, stdout=stdout, seconds=seconds,
+                              error=error if isinstance(error, str) else None)
+        if len(stdout) > cap:  # the unit the docs state: characters (the worker could only bound bytes)
+            return ExecResult(status="output_limit", seconds=seconds,
+                              error=f"stdout exceeded max_output_chars={cap} (output is never truncated)")
+        reply = _parse_reply(frame.get("reply"), cap)
+        match = None
+        if job.compare_to is not None:
+            match = reply["status"] == "ok" and reply["value"] is not None and literal_equal(reply["value"],
+                                                                                              job.compare_to)
+        return ExecResult(status=reply["status"], value=reply["value"], match=match, stdout=stdout,
+                          error=reply["error"], seconds=seconds)
+
+
+def _parse_reply(raw: object, cap: int) -> dict:
+    """The job child's reply frame (header + UTF-8 JSON), checked field by field; anything else is a crash.
+
+    This is the job's own word: its status, the ``repr`` of its value, its error text. Nothing in it is
+    trusted beyond being data: callers compare values on the host.
+    """
+    bad = {"status": "crashed", "value": None, "error": "malformed reply from the job"}
+    if not isinstance(raw, bytes) or len(raw) < _HEADER.size:
+        return bad
+    try:
+        msg = json.loads(raw[_HEADER.size:].decode("utf-8", "surrogatepass"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return bad
+    if not isinstance(msg, dict):
+        return bad
+    status, value, error = msg.get("status"), msg.get("value"), msg.get("error")
+    if status not in ("ok", "error", "memory_limit", "output_limit"):
+        return bad
+    if value is not None and not isinstance(value, str):
+        return bad
+    if error is not None and not isinstance(error, str):
+        return bad
+    if value is not None and len(value) > cap:
+        return {**bad, "status": "output_limit", "error": f"value repr exceeds max_output_chars={cap}"}
+    if status != "ok":
+        value = None
+    return {"status": status, "value": value, "error": None if error is None else _short(error)}
+
+
+def _short(text: str, limit: int = 4000) -> str:
+    if len(text) <= limit:
+        return text
+    return text[: limit // 2] + f"... [{len(text) - limit} chars cut] ..." + text[-limit // 2:]

@@ -77,10 +77,36 @@ def test_identical_answers_are_checked_once_but_reported_per_attempt(sandbox: An
             return self.inner.run(jobs)
 
     counting = CountingSandbox(sandbox)
+    answers = [think("```input\n[1, 2], 3\n```")] * 5 + [think("```input\n[0], 1\n```")]
+    outs = AnswerChecker(CheckConfig()).check([ABDUCTION] * 6, answers, counting)
+    assert [o.correct for o in outs] == [True] * 5 + [False]
+    assert counting.jobs == 2
+    # deduction compares two literals on the host: no job at all
     answers = [think("```output\n[3, 6]\n```")] * 5 + [think("```output\n[0]\n```")]
     outs = AnswerChecker(CheckConfig()).check([DEDUCTION] * 6, answers, counting)
     assert [o.correct for o in outs] == [True] * 5 + [False]
     assert counting.jobs == 2
+
+
+def test_no_job_carries_the_expected_output(sandbox: Any) -> None:
+    """The hidden outputs stay on the host: no job's code, call or compare_to holds them."""
+    seen: list[Any] = []
+
+    class Recording:
+        def run(self, jobs: list[Any]) -> list[Any]:
+            seen.extend(jobs)
+            return sandbox.run(jobs)
+
+    secret = Task("s", TaskType.INDUCTION, "def f(x):\n    return x * 7919\n", ("1", "2"), ("7919", "15838"), "m")
+    abduct = Task("t", TaskType.ABDUCTION, "def f(x):\n    return x * 7919\n", ("3",), ("23757",))
+    outs = AnswerChecker(CheckConfig()).check(
+        [secret, abduct], [think("```python\ndef f(x):\n    return x * 7919\n```"), think("```input\n3\n```")],
+        Recording())
+    assert [o.correct for o in outs] == [True, True]
+    assert seen and all(job.compare_to is None for job in seen)
+    for job in seen:
+        for text in (job.code, job.call):
+            assert "15838" not in text and "23757" not in text
 
 
 def test_require_think_false(sandbox: Any) -> None:

@@ -273,3 +273,31 @@ def test_callers_sandbox_with_small_reply_cap_uses_live_mode(data_dir, tmp_path:
         assert all(gt.outputs is None and gt.live_reason for gt in gts.values())
         assert [r.passed for r in ev.evaluate(problems, canonical_programs(problems))] == [True] * 5
         assert [r.passed for r in ev.evaluate(problems, broken)] == [False] * 5
+
+
+def test_candidate_values_cross_to_the_judge_unchanged() -> None:
+    """A candidate's output reaches the judge job as the same value (repr + ``restricted_eval``, no ``eval``),
+    or as a type-strict digest when too long; whatever is not plain data equals nothing."""
+    from collections import Counter, OrderedDict, deque
+
+    values = [1, -2.5, float("inf"), 1 + 2j, "s\x00\ud800", b"\x00", None, True, [1, (2, 3)], {1, 2},
+              frozenset({"a"}), {"k": [1]}, Counter({"a": 2, (1, 2): 1}), OrderedDict([("b", 1), ("a", 2)]),
+              deque([1, 2]), 10**6000, list(range(60_000))]
+    for value in values:
+        entry = _harness.encode_output(value)
+        back = _harness.decode_output(entry)
+        assert back == value and (entry.get("r") is None or type(back) is type(value)), (value, entry)
+    assert "h" in _harness.encode_output(10**6000) and "h" in _harness.encode_output(list(range(60_000)))
+    assert _harness.decode_output(_harness.encode_output(10**6000)) != 10**6000 + 1
+    assert _harness.decode_output(_harness.encode_output(list(range(60_000)))) != list(range(1, 60_001))
+
+    class Liar:
+        def __eq__(self, other):
+            return True
+
+    assert _harness.encode_output(Liar()) == {"x": "Liar"}
+    assert _harness.decode_output({"x": "Liar"}) != 1
+    for hostile in ("__import__('os').system('true')", "(1).__class__", "f(1)", "[x for x in ()]", "a.b"):
+        assert _harness.decode_output({"r": hostile}) != 0
+        with pytest.raises(ValueError):
+            _harness.restricted_eval(hostile)
