@@ -45,7 +45,7 @@ from torch.utils.checkpoint import checkpoint
 
 from agents.advantages import get_advantage, list_advantages
 from agents.losses import KL_ESTIMATORS, get_loss_agg, kl_penalty, list_loss_aggs, policy_loss
-from agents.packing import pack_prefix_shared, prompt_groups
+from agents.packing import pack_prefix_shared
 from agents.rollout import Rollout
 
 __all__ = ["TrainerConfig", "PolicyGradientTrainer", "KL_MODES", "PACKINGS"]
@@ -106,11 +106,12 @@ class TrainerConfig:
     skip_nonfinite_grad: bool = True
     """Skip the optimizer step (and report it) when the gradient norm is NaN/inf."""
     packing: Literal["prefix", "none"] = "prefix"
-    """Layout of the update's forward passes. "prefix": each unique prompt of a micro-batch once, followed by
-    its completions, segments bin-packed into rows without padding, with a block attention mask and explicit
-    position ids (``agents.packing``; same gradient up to float summation order). "none": one right-padded
-    row per rollout (the layout before packing; for equality tests and ablations). Models whose attention
-    takes no 4D mask (flash-attention kernels) use "none" whatever this says."""
+    """Layout of the update's forward passes. "prefix": every common prompt prefix of a micro-batch once (a
+    radix tree of the prompts), each completion after its prompt, trees bin-packed into rows without padding,
+    with a tree attention mask and explicit position ids (``agents.packing``; same gradient up to float
+    summation order). "none": one right-padded row per rollout (the layout before packing; for equality
+    tests and ablations). Models whose attention takes no 4D mask (flash-attention kernels) use "none"
+    whatever this says."""
     skip_zero_advantage: bool = True
     """When every advantage of the batch is zero and the loss has no other term (entropy_coef == 0,
     kl_mode == "off"), the gradient is exactly zero: skip the forward/backward passes and step the optimizer
@@ -317,25 +318,15 @@ class PolicyGradientTrainer:
         """The rows of each forward/backward pass, at most ``micro_batch_size`` rollouts each.
 
         Padded layout: rows sorted by total length, longest first, so micro-batches pad little. Prefix-shared
-        layout: whole prompt groups (largest first; a group larger than a micro-batch is split) so that
-        attempts at one prompt share its forward pass."""
+        layout: rows sorted by prompt (lexicographically), so attempts at one prompt, and prompts with a common
+        beginning, land in the same forward pass and share it."""
         rows = list(range(batch.size)) if rows is None else list(rows)
         mb = self.config.micro_batch_size
-        if not self.packs_prefix:
+        if self.packs_prefix:
+            order = sorted(rows, key=lambda i: (batch.prompts[i], i))
+        else:
             order = _length_order(batch, rows)
-            return [order[k : k + mb] for k in range(0, len(order), mb)]
-        groups = [[rows[j] for j in g] for g in prompt_groups([batch.prompts[i] for i in rows])]
-        chunks = [g[k : k + mb] for g in groups for k in range(0, len(g), mb)]
-        chunks.sort(key=lambda c: -(len(batch.prompts[c[0]]) + sum(len(batch.completions[i]) for i in c)))
-        out: list[list[int]] = []
-        for c in chunks:  # first fit: a chunk joins the first micro-batch with room for it
-            for m in out:
-                if len(m) + len(c) <= mb:
-                    m.extend(c)
-                    break
-            else:
-                out.append(list(c))
-        return out
+        return [order[k : k + mb] for k in range(0, len(order), mb)]
 
     @torch.no_grad()
     def _logprobs_no_grad(self, batch: _Batch, reference: bool) -> Tensor:
