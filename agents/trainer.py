@@ -2,7 +2,10 @@
 
 One call ``PolicyGradientTrainer(population, config).update(member, rollouts)``:
 
-1. packs every rollout as a right-padded row ``[prompt | completion]`` and the completion tokens' mask;
+1. packs every rollout's ``[prompt | completion]`` tokens and the completion tokens' mask; forward passes lay
+   them out prefix-shared and unpadded (``packing="prefix"``, ``agents.packing``: every common prompt prefix
+   of a micro-batch once, a tree attention mask) or as right-padded rows (``packing="none"``), with the same
+   gradient up to float summation order;
 2. computes the advantages over the WHOLE batch with the configured estimator (``agents.advantages``;
    baseline groups = ``Rollout.group``, whitening scopes = ``Rollout.scope``), after the optional KL-in-reward
    term ``-beta * KL_est(lp_behaviour - lp_ref)`` per token;
@@ -25,6 +28,11 @@ Log-probs are taken at the completion positions only: the decoder's hidden state
 positions that predict completion tokens, then the LM head, log-softmax and entropy run over chunks of
 ``logprob_chunk_size`` tokens under activation checkpointing, so full-vocabulary logits never exist for the
 whole batch at once (prompts cost no logits at all).
+
+A mini-batch whose advantages are all zero, with no entropy or KL term in the loss, has an exactly zero
+gradient: its forward/backward passes are skipped and AdamW steps on zero gradients, as it would have after
+computing them (weight decay and the moments still move the weights), so the result is the same
+(``skip_zero_advantage``).
 
 Only the member's parameters require grad (``population.activate``) and only its optimizer steps, so every
 other member stays bitwise unchanged.
