@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=1, help="replays per layout and member")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON")
+    parser.add_argument("--members", nargs="*", default=None,
+                        help="replay only these members' updates (default: all; a loaded machine may need fewer)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.repeats < 1:
         parser.error("--steps and --repeats must be >= 1")
@@ -107,9 +109,13 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.steps):
             record = loop.train_step()
             ph = _phases(record.times)
-            report["steps"].append(ph)
-            print(f"step {record.step}: {ph['step']:.1f} s = " + " + ".join(f"{k} {ph[k]:.1f}" for k in PHASES),
-                  flush=True)
+            report["steps"].append(ph | {"zero_advantage_members": sorted(
+                m for m, mm in record.member_metrics.items() if mm.get("zero_advantage_steps"))})
+            if args.out:
+                args.out.write_text(json.dumps(report, indent=2) + "\n")
+            print(f"step {record.step}: {ph['step']:.1f} s = " + " + ".join(f"{k} {ph[k]:.1f}" for k in PHASES)
+                  + f"; members with all advantages zero (no forward/backward): "
+                  f"{report['steps'][-1]['zero_advantage_members']}", flush=True)
         trainer.update = real_update
 
         # replay step 1's updates with each layout, alternating, from the recorded states
@@ -120,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         totals = {k: {"seconds": 0.0, "tokens": 0} for k in trainers}
         counts = {"prompt_unshared": 0, "prompt_shared": 0, "prompt_prefix_shared": 0, "completion": 0}
         worst = {"adapter": 0.0, "moments": 0.0}
+        if args.members is not None:
+            recorded = [r for r in recorded if r[0] in args.members]
         for member, rollouts, state, opt_state in recorded:
             prompts = [list(r.prompt_ids) for r in rollouts]
             row = {
@@ -153,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             worst["adapter"] = max(worst["adapter"], row["max_abs_delta_adapter"])
             worst["moments"] = max(worst["moments"], row["max_abs_delta_moments"])
             report["members"][member] = row
+            if args.out:  # as it goes: a run stopped by a time limit keeps what it measured
+                args.out.write_text(json.dumps(report, indent=2) + "\n")
             print(f"  {member}: {row['rollouts']} rollouts, prompt tokens {row['prompt_unshared']} unshared / "
                   f"{row['prompt_shared']} equal prompts once / {row['prompt_prefix_shared']} prefixes once, completion {row['completion']}; decoder token slots "
                   f"padded {row['none_tokens']} vs packed {row['prefix_tokens']} "
