@@ -8,6 +8,10 @@
   weights) plus its tokenizer are cached as a plain Hugging Face directory, so later loads take about a second;
 * ``"tiny-random"``: a 2-layer, hidden-64 Llama model with random (seeded, deterministic) weights and
   SmolLM2's tokenizer and chat template, for fast tests; cached as a directory as well;
+* ``"random:<shape>"``: a published architecture (``agents/shapes/<shape>.json``: the config only, e.g.
+  ``random:qwen2.5-coder-7b``, ``random:qwen2.5-1.5b``, ``random:smollm2-135m``, and the small
+  ``random:qwen2-tiny`` for CPU checks) with weights drawn from a seed, so step time and memory can be
+  measured at a real model's scale where no weights exist (``random_base``); built on the GPU when there is one;
 * a local Hugging Face model directory;
 * a ``.gguf`` file (de-quantised and cached like the default);
 * a hub id (only where a hub is reachable; offline the error names the local alternatives).
@@ -38,11 +42,19 @@ _CACHE_VERSION = "v1"
 __all__ = [
     "SMOLLM2_NAME",
     "TINY_RANDOM_NAME",
+    "RANDOM_PREFIX",
     "cache_dir",
     "load_base",
+    "random_base",
+    "random_shapes",
     "resolve_base",
+    "shape_config",
     "smollm2_gguf_path",
 ]
+
+RANDOM_PREFIX = "random:"
+RANDOM_SEED = 0
+_SHAPES_DIR = Path(__file__).resolve().parent / "shapes"
 
 
 def cache_dir() -> Path:
@@ -212,11 +224,92 @@ _LOCAL_ALTERNATIVES = (
 )
 
 
+def random_shapes() -> list[str]:
+    """Names of the shipped architecture configs (``random:<name>``), sorted."""
+    return sorted(p.stem for p in _SHAPES_DIR.glob("*.json"))
+
+
+def shape_config(shape: str) -> dict:
+    """The architecture fields of shape ``shape`` (keys starting with ``_`` dropped).
+
+    Raises:
+        ValueError: unknown shape; the message lists the known ones.
+    """
+    import json
+
+    path = _SHAPES_DIR / f"{shape}.json"
+    if not path.is_file():
+        raise ValueError(f"unknown random shape {shape!r}; known: {', '.join(random_shapes())}")
+    return {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+
+
+def random_base(
+    shape: str,
+    dtype: torch.dtype | str | None = None,
+    *,
+    seed: int = RANDOM_SEED,
+    device: torch.device | str | None = None,
+):
+    """A model of a published architecture with seeded random weights, and SmolLM2's tokenizer.
+
+    The config is ``agents/shapes/<shape>.json`` (architecture fields of the published ``config.json``);
+    weights follow the architecture's own initialiser (normal(0, ``initializer_range``)) under
+    ``torch.manual_seed(seed)``, drawn directly on ``device`` (default: CUDA when available, else CPU; the
+    same seed gives the same weights on the same kind of device). The tokenizer is SmolLM2's (49,152 tokens,
+    chat template; ``cache_dir()/smollm2-tokenizer-v1``, made from the offline model or copied there by
+    ``scripts/gpu_wheels.py``): its ids are valid for every shipped shape (each vocabulary is at least as
+    large), and ids the model samples beyond the tokenizer's decode to nothing. So embedding and LM-head
+    sizes, and with them memory and time, are the published model's; the text is noise.
+
+    Returns ``(model, tokenizer)`` as :func:`load_base` does (eval mode, frozen, ``_name_or_path`` =
+    ``"random:<shape>"``).
+
+    Raises:
+        ValueError: unknown shape, or a shape whose vocabulary is smaller than the tokenizer's.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    fields = shape_config(shape)
+    torch_dtype = _parse_dtype(dtype)
+    tokenizer = AutoTokenizer.from_pretrained(str(_smollm2_tokenizer_dir()))
+    _ensure_pad(tokenizer)
+    if fields["vocab_size"] < len(tokenizer):
+        raise ValueError(
+            f"random shape {shape!r} has {fields['vocab_size']} token ids, fewer than the tokenizer's {len(tokenizer)}"
+        )
+    model_type = fields.pop("model_type")
+    fields.pop("architectures", None)
+    config = AutoConfig.for_model(
+        model_type,
+        **fields,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.random.fork_rng(devices=[torch.device(device)] if torch.device(device).type == "cuda" else []):
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.config._name_or_path = RANDOM_PREFIX + shape
+    model.requires_grad_(False)
+    model.eval()
+    return model, tokenizer
+
+
 def resolve_base(name_or_path: str | os.PathLike) -> str:
     """Map a model name to what ``from_pretrained`` should load: a local HF directory (converted and cached
     when needed) for the built-in names and GGUF files, the path itself for a local directory, or the hub id
     unchanged. vLLM needs this directory form too."""
     name = str(name_or_path)
+    if name.startswith(RANDOM_PREFIX):
+        raise ValueError(
+            f"{name!r} has no directory: random shapes are built in memory by load_base (the HF backend); "
+            "vLLM needs a model directory"
+        )
     if name == SMOLLM2_NAME:
         return str(_smollm2_dir())
     if name == TINY_RANDOM_NAME:
@@ -237,7 +330,8 @@ def load_base(name_or_path: str | os.PathLike, dtype: torch.dtype | str | None =
     """Load the frozen base model and its tokenizer.
 
     Args:
-        name_or_path: ``"smollm2-135m"``, ``"tiny-random"``, a local HF directory, a ``.gguf`` file or a hub id.
+        name_or_path: ``"smollm2-135m"``, ``"tiny-random"``, ``"random:<shape>"`` (:func:`random_base`), a
+            local HF directory, a ``.gguf`` file or a hub id.
         dtype: weight dtype (``torch.dtype`` or a name such as ``"bfloat16"``); default float32.
 
     Returns:
@@ -251,6 +345,8 @@ def load_base(name_or_path: str | os.PathLike, dtype: torch.dtype | str | None =
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if str(name_or_path).startswith(RANDOM_PREFIX):
+        return random_base(str(name_or_path)[len(RANDOM_PREFIX) :], dtype)
     torch_dtype = _parse_dtype(dtype)
     source = resolve_base(name_or_path)
     try:

@@ -2,7 +2,10 @@
 
 One call ``PolicyGradientTrainer(population, config).update(member, rollouts)``:
 
-1. packs every rollout as a right-padded row ``[prompt | completion]`` and the completion tokens' mask;
+1. packs every rollout's ``[prompt | completion]`` tokens and the completion tokens' mask; forward passes lay
+   them out prefix-shared and unpadded (``packing="prefix"``, ``agents.packing``: every common prompt prefix
+   of a micro-batch once, a tree attention mask) or as right-padded rows (``packing="none"``), with the same
+   gradient up to float summation order;
 2. computes the advantages over the WHOLE batch with the configured estimator (``agents.advantages``;
    baseline groups = ``Rollout.group``, whitening scopes = ``Rollout.scope``), after the optional KL-in-reward
    term ``-beta * KL_est(lp_behaviour - lp_ref)`` per token;
@@ -26,6 +29,11 @@ positions that predict completion tokens, then the LM head, log-softmax and entr
 ``logprob_chunk_size`` tokens under activation checkpointing, so full-vocabulary logits never exist for the
 whole batch at once (prompts cost no logits at all).
 
+A mini-batch whose advantages are all zero, with no entropy or KL term in the loss, has an exactly zero
+gradient: its forward/backward passes are skipped and AdamW steps on zero gradients, as it would have after
+computing them (weight decay and the moments still move the weights), so the result is the same
+(``skip_zero_advantage``).
+
 Only the member's parameters require grad (``population.activate``) and only its optimizer steps, so every
 other member stays bitwise unchanged.
 """
@@ -46,12 +54,14 @@ from torch.utils.checkpoint import checkpoint
 from agents.advantages import get_advantage, list_advantages
 from agents.losses import KL_ESTIMATORS, get_loss_agg, kl_penalty, list_loss_aggs, policy_loss
 from agents.nonfinite import finite_update
+from agents.packing import pack_prefix_shared
 from agents.rollout import Rollout
 from agents.weighting import ROLE_WEIGHTINGS, role_loss_weights
 
-__all__ = ["TrainerConfig", "PolicyGradientTrainer", "KL_MODES"]
+__all__ = ["TrainerConfig", "PolicyGradientTrainer", "KL_MODES", "PACKINGS"]
 
 KL_MODES = ("off", "reward", "loss")
+PACKINGS = ("prefix", "none")
 
 
 @dataclass
@@ -113,6 +123,18 @@ class TrainerConfig:
     max_nonfinite_updates: int = 3
     """Stop the run (exit 2, naming the member and step; the last checkpoint stays intact) after this many
     consecutive updates of one member whose every optimizer step was skipped as non-finite."""
+    packing: Literal["prefix", "none"] = "prefix"
+    """Layout of the update's forward passes. "prefix": every common prompt prefix of a micro-batch once (a
+    radix tree of the prompts), each completion after its prompt, trees bin-packed into rows without padding,
+    with a tree attention mask and explicit position ids (``agents.packing``; same gradient up to float
+    summation order). "none": one right-padded row per rollout (the layout before packing; for equality
+    tests and ablations). Models whose attention takes no 4D mask (flash-attention kernels) use "none"
+    whatever this says."""
+    skip_zero_advantage: bool = True
+    """When every advantage of the batch is zero and the loss has no other term (entropy_coef == 0,
+    kl_mode == "off"), the gradient is exactly zero: skip the forward/backward passes and step the optimizer
+    on zero gradients (AdamW still decays the weights and advances its moments, as it did after computing
+    those zeros). Metrics that need the forward (entropy, clip_frac, approx_kl) are then absent."""
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]
@@ -145,6 +167,8 @@ class TrainerConfig:
             problems.append(f"logprob_chunk_size must be >= 1 (got {self.logprob_chunk_size})")
         if self.role_weighting not in ROLE_WEIGHTINGS:
             problems.append(f"role_weighting must be one of {', '.join(ROLE_WEIGHTINGS)} (got {self.role_weighting!r})")
+        if self.packing not in PACKINGS:
+            problems.append(f"packing must be one of {', '.join(PACKINGS)} (got {self.packing!r})")
         if self.norm_len is not None and self.norm_len < 1:
             problems.append(f"norm_len must be >= 1 or None (got {self.norm_len})")
         if problems:
@@ -197,6 +221,8 @@ class PolicyGradientTrainer:
         self.config = config if config is not None else TrainerConfig()
         self.config.check_registries()
         self._advantage = get_advantage(self.config.advantage)
+        self.forward_tokens = 0
+        """Token slots processed by the decoder's forward passes so far (padding included)."""
 
     # ------------------------------------------------------------------------------------ model access
     @property
@@ -208,11 +234,21 @@ class PolicyGradientTrainer:
     def _device(self) -> torch.device:
         return next(self.population.model.parameters()).device
 
-    def _hidden(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def _hidden(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor | None = None) -> Tensor:
         lm = self._causal_lm
         backbone = lm.get_decoder() if hasattr(lm, "get_decoder") else lm.model
-        out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        kwargs = {} if position_ids is None else {"position_ids": position_ids}
+        out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs)
         return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+    @property
+    def packs_prefix(self) -> bool:
+        """True when forward passes use the prefix-shared layout (``packing == "prefix"`` and an attention
+        implementation that takes a 4D additive mask: eager or SDPA)."""
+        if self.config.packing != "prefix":
+            return False
+        impl = getattr(getattr(self._causal_lm, "config", None), "_attn_implementation", None)
+        return impl in (None, "eager", "sdpa")
 
     def _logits(self, h: Tensor) -> Tensor:
         lm = self._causal_lm
@@ -240,28 +276,44 @@ class PolicyGradientTrainer:
         return lp, ent
 
     def _forward(self, batch: _Batch, rows: Sequence[int], ent_grad: bool = False) -> tuple[Tensor, Tensor]:
-        """Log-probs and entropies ``[len(rows), Tc]`` (zero on padding) of the completion tokens."""
+        """Log-probs and entropies ``[len(rows), Tc]`` (zero on padding) of the completion tokens.
+
+        The decoder runs on the padded layout (``packing="none"``) or the prefix-shared one (``"prefix"``,
+        ``agents.packing``); either way the hidden states that predict completion tokens are gathered and the
+        LM head runs on them only. ``self.forward_tokens`` counts the token slots the decoder processed."""
         device = self._device
-        seqs = [batch.prompts[i] + batch.completions[i] for i in rows]
-        S = max(len(s) for s in seqs)
-        input_ids = torch.zeros(len(rows), S, dtype=torch.long, device=device)
-        attn = torch.zeros(len(rows), S, dtype=torch.long, device=device)
-        for j, s in enumerate(seqs):
-            input_ids[j, : len(s)] = torch.tensor(s, dtype=torch.long, device=device)
-            attn[j, : len(s)] = 1
-        mask = batch.mask[list(rows)].to(device)
+        rows = list(rows)
+        mask = batch.mask[rows].to(device)
         Tc = mask.shape[1]
-        sel = mask.bool()
-        b_idx, t_idx = sel.nonzero(as_tuple=True)
-        plen = torch.tensor([len(batch.prompts[i]) for i in rows], device=device)
-        pos = plen[b_idx] - 1 + t_idx  # the position whose logits predict completion token t
-        targets = batch.targets[list(rows)].to(device)[b_idx, t_idx]
+        b_idx, t_idx = mask.bool().nonzero(as_tuple=True)
+        targets = batch.targets[rows].to(device)[b_idx, t_idx]
         lp = torch.zeros(len(rows), Tc, device=device)
         ent = torch.zeros(len(rows), Tc, device=device)
         if b_idx.numel() == 0:
             return lp, ent
-        hidden = self._hidden(input_ids, attn)
-        h_sel = hidden[b_idx, pos]
+        if self.packs_prefix:
+            packed = pack_prefix_shared(
+                [batch.prompts[i] for i in rows],
+                [batch.completions[i] for i in rows],
+                dtype=self._dtype,
+                device=device,
+            )
+            hidden = self._hidden(packed.input_ids, packed.attention_mask, packed.position_ids)
+            h_sel = hidden[packed.predictor_index(b_idx, t_idx)]
+            self.forward_tokens += packed.tokens
+        else:
+            seqs = [batch.prompts[i] + batch.completions[i] for i in rows]
+            S = max(len(s) for s in seqs)
+            input_ids = torch.zeros(len(rows), S, dtype=torch.long, device=device)
+            attn = torch.zeros(len(rows), S, dtype=torch.long, device=device)
+            for j, s in enumerate(seqs):
+                input_ids[j, : len(s)] = torch.tensor(s, dtype=torch.long, device=device)
+                attn[j, : len(s)] = 1
+            plen = torch.tensor([len(batch.prompts[i]) for i in rows], device=device)
+            pos = plen[b_idx] - 1 + t_idx  # the position whose logits predict completion token t
+            hidden = self._hidden(input_ids, attn)
+            h_sel = hidden[b_idx, pos]
+            self.forward_tokens += len(rows) * S
         lps, ents = [], []
         n = self.config.logprob_chunk_size
         for k in range(0, h_sel.shape[0], n):
@@ -276,13 +328,30 @@ class PolicyGradientTrainer:
         ent = ent.index_put((b_idx, t_idx), torch.cat(ents))
         return lp, ent
 
+    @property
+    def _dtype(self) -> torch.dtype:
+        lm = self._causal_lm
+        emb = lm.get_input_embeddings() if hasattr(lm, "get_input_embeddings") else None
+        return emb.weight.dtype if emb is not None else next(lm.parameters()).dtype
+
+    def _micro_batches(self, batch: _Batch, rows: Sequence[int] | None = None) -> list[list[int]]:
+        """The rows of each forward/backward pass, at most ``micro_batch_size`` rollouts each.
+
+        Padded layout: rows sorted by total length, longest first, so micro-batches pad little. Prefix-shared
+        layout: rows sorted by prompt (lexicographically), so attempts at one prompt, and prompts with a common
+        beginning, land in the same forward pass and share it."""
+        rows = list(range(batch.size)) if rows is None else list(rows)
+        mb = self.config.micro_batch_size
+        if self.packs_prefix:
+            order = sorted(rows, key=lambda i: (batch.prompts[i], i))
+        else:
+            order = _length_order(batch, rows)
+        return [order[k : k + mb] for k in range(0, len(order), mb)]
+
     @torch.no_grad()
     def _logprobs_no_grad(self, batch: _Batch, reference: bool) -> Tensor:
         out = torch.zeros_like(batch.mask)
-        mb = self.config.micro_batch_size
-        order = _length_order(batch)
-        for k in range(0, len(order), mb):
-            rows = order[k : k + mb]
+        for rows in self._micro_batches(batch):
             if reference:
                 with self.population.disabled():
                     lp, _ = self._forward(batch, rows)
@@ -380,30 +449,45 @@ class PolicyGradientTrainer:
         kl_on = cfg.kl_mode != "off"
         estimator = cfg.resolved_kl_estimator
 
+        scopes = [r.scope for r in rollouts]
+        scope_ids = None if all(s is None for s in scopes) else scopes
+
+        def advantages(token_rewards: Tensor | None) -> Tensor:
+            """Advantages over the whole batch, zero on padding."""
+            adv = self._advantage(
+                rewards,
+                batch.mask,
+                groups,
+                scope_ids=scope_ids,
+                token_rewards=token_rewards,
+                **cfg.advantage_kwargs,
+            ).detach()
+            return adv.to(torch.float32) * batch.mask
+
+        # all advantages zero and nothing else in the loss: the gradient is exactly zero, no forward needed
+        # (per optimizer step: a mini-batch whose advantages are all zero gets zero gradients, no passes)
+        adv: Tensor | None = None
+        zero_gradient = False
+        can_skip = cfg.skip_zero_advantage and not kl_on and cfg.entropy_coef == 0.0
+        if can_skip:
+            adv = advantages(None)
+            zero_gradient = not bool((adv != 0).any())
+
         # fixed log-probs: behaviour (ratio denominator) and reference (KL)
         old_lp: Tensor | None = None
         if cfg.use_behaviour_logprobs:
             old_lp = self._behaviour_logprobs(rollouts, batch)
-        elif n_steps > 1 or cfg.kl_mode == "reward":
+        elif (n_steps > 1 or cfg.kl_mode == "reward") and not zero_gradient:
             old_lp = self._logprobs_no_grad(batch, reference=False)
         ref_lp = self._logprobs_no_grad(batch, reference=True) if kl_on else None
 
-        # advantages over the whole batch
-        token_rewards = None
-        if cfg.kl_mode == "reward":
-            assert old_lp is not None and ref_lp is not None
-            token_rewards = -cfg.kl_coef * kl_penalty(old_lp, ref_lp, estimator) * batch.mask
-        scopes = [r.scope for r in rollouts]
-        scope_ids = None if all(s is None for s in scopes) else scopes
-        adv = self._advantage(
-            rewards,
-            batch.mask,
-            groups,
-            scope_ids=scope_ids,
-            token_rewards=token_rewards,
-            **cfg.advantage_kwargs,
-        ).detach()
-        adv = adv.to(torch.float32) * batch.mask
+        # advantages over the whole batch (after the KL-in-reward term, when there is one)
+        if adv is None:
+            token_rewards = None
+            if cfg.kl_mode == "reward":
+                assert old_lp is not None and ref_lp is not None
+                token_rewards = -cfg.kl_coef * kl_penalty(old_lp, ref_lp, estimator) * batch.mask
+            adv = advantages(token_rewards)
 
         params = self.population.parameters(member)
         opt = self.population.optimizer(member, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
@@ -415,7 +499,7 @@ class PolicyGradientTrainer:
         role_ent: dict[str, float] = defaultdict(float)
         role_tok: dict[str, float] = defaultdict(float)
         losses, pg_losses, grad_norms = [], [], []
-        skipped = 0
+        skipped = zero_steps = 0
         role_w = role_loss_weights(_roles(rollouts), batch.mask, cfg.role_weighting, cfg.loss_agg_mode, mini)
         for _epoch in range(cfg.epochs):
             for start in range(0, B, mini):
@@ -424,9 +508,12 @@ class PolicyGradientTrainer:
                 norms = {"num_tokens": mb_tokens, "num_seqs": float(len(mb_rows)), "norm_len": norm_len}
                 opt.zero_grad(set_to_none=True)
                 step_loss = step_pg = 0.0
-                order = _length_order(batch, mb_rows)
-                for k in range(0, len(order), cfg.micro_batch_size):
-                    rows = order[k : k + cfg.micro_batch_size]
+                zero_step = can_skip and not bool((adv[mb_rows] != 0).any())
+                if zero_step:  # what backward would have accumulated: exact zeros
+                    zero_steps += 1
+                    for p in params:
+                        p.grad = torch.zeros_like(p)
+                for rows in [] if zero_step else self._micro_batches(batch, mb_rows):
                     lp, ent = self._forward(batch, rows, ent_grad=cfg.entropy_coef != 0.0)
                     m = batch.mask[rows].to(device)
                     out = policy_loss(
@@ -484,6 +571,7 @@ class PolicyGradientTrainer:
             "tokens": float(batch.mask.sum().item()),
             "num_steps": float(n_steps),
             "skipped_steps": float(skipped),
+            "zero_advantage_steps": float(zero_steps),
             "lr": float(cfg.lr),
         }
         for key, total in sums.items():

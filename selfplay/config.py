@@ -28,6 +28,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+from agents.models import RANDOM_PREFIX, random_shapes
 from agents.trainer import TrainerConfig
 from evolution.pbt import PBTConfig
 from populora_env.config import ConfigError, EnvConfig, check, check_int, check_number
@@ -386,6 +387,11 @@ def _model_problem(model: str) -> str | None:
     """Why ``model`` cannot be loaded here, or None."""
     if model in KNOWN_MODELS:
         return None
+    if model.startswith(RANDOM_PREFIX):  # a published architecture with seeded random weights
+        shape = model[len(RANDOM_PREFIX) :]
+        if shape not in random_shapes():
+            return f"unknown random shape {shape!r} (known: {', '.join(random_shapes())})"
+        return None
     looks_local = model.startswith(("/", "./", "../", "~")) or model.endswith(".gguf") or os.sep * 2 in model
     p = Path(model).expanduser()
     if p.exists():
@@ -483,6 +489,8 @@ def validate(cfg: TrainConfig) -> None:
         raise exc.prefixed("env.") from None
     g = cfg.generation
     check(g.backend in ("hf", "vllm"), "generation.backend", f"must be hf or vllm (got {g.backend!r})")
+    check(not (g.backend == "vllm" and cfg.model.startswith(RANDOM_PREFIX)), "generation.backend",
+          f"vllm needs a model directory; {cfg.model!r} is built in memory: use --generation.backend hf")
     check_int("generation.teacher_max_new_tokens", g.teacher_max_new_tokens, 1, 1 << 20)
     check_int("generation.student_max_new_tokens", g.student_max_new_tokens, 1, 1 << 20)
     check_number("generation.temperature", g.temperature, low=0.0, high=100.0)

@@ -75,3 +75,37 @@ def test_smollm2_offline_default_loads():
     assert all(not p.requires_grad for p in model.parameters())
     assert tok.eos_token == "<|im_end|>"
     assert tok.pad_token_id == tok.eos_token_id == 2 == model.generation_config.pad_token_id
+
+
+# ------------------------------------------------------------------------------------ random:<shape>
+
+
+def test_random_shapes_build_seeded_models_of_the_published_size():
+    from agents.models import random_base, random_shapes
+
+    assert {"qwen2.5-coder-7b", "qwen2.5-1.5b", "smollm2-135m", "qwen2-tiny"} <= set(random_shapes())
+    a, tok = load_base("random:qwen2-tiny")
+    b, _ = random_base("qwen2-tiny", device="cpu")
+    c, _ = random_base("qwen2-tiny", device="cpu", seed=1)
+    assert type(a).__name__ == "Qwen2ForCausalLM" and a.config._name_or_path == "random:qwen2-tiny"
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+    assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
+    assert not any(p.requires_grad for p in a.parameters()) and not a.training
+    assert tok.pad_token_id is not None and a.config.vocab_size >= len(tok)
+    # the published sizes (meta device: shapes only, no memory)
+    sizes = {s: sum(p.numel() for p in random_base(s, "bfloat16", device="meta")[0].parameters())
+             for s in ("qwen2.5-coder-7b", "qwen2.5-1.5b", "smollm2-135m")}
+    assert sizes == {"qwen2.5-coder-7b": 7_615_616_512, "qwen2.5-1.5b": 1_543_714_304, "smollm2-135m": 134_515_008}
+    with pytest.raises(ValueError, match="unknown random shape 'nope'; known: qwen2-tiny"):
+        load_base("random:nope")
+    with pytest.raises(ValueError, match="vLLM needs a model directory"):
+        resolve_base("random:qwen2-tiny")
+
+
+def test_random_shape_smaller_vocab_than_tokenizer_is_refused(monkeypatch):
+    import agents.models as models
+
+    real = models.shape_config
+    monkeypatch.setattr(models, "shape_config", lambda s: real(s) | {"vocab_size": 1000})
+    with pytest.raises(ValueError, match="1000 token ids, fewer than the tokenizer's 49152"):
+        models.random_base("qwen2-tiny", device="cpu")

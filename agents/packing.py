@@ -1,0 +1,233 @@
+"""Prefix-shared, unpadded packing of ``[prompt | completion]`` rollouts for one forward pass.
+
+Students' attempts at one task repeat the task's prompt, prompts of one role share their instructions, and
+prompts are most of an update's tokens. The trainer's padded layout (one row per rollout, ``prompt +
+completion`` right-padded to the micro-batch's longest) forwards every prompt once per attempt, and the
+padding too. :func:`pack_prefix_shared` instead builds the radix tree of the prompts (each node a run of
+tokens that every prompt below it shares; a prompt ends in some node) and lays out every node once, with each
+rollout's completion as a leaf under the node its prompt ends in::
+
+    tree   = [shared instructions | task A's rest | A: c^1 | A: c^2 | task B's rest | B: c^1 ...]
+    position  0 .. S-1            | S .. P_A-1    | P_A ..  | P_A ..  | S .. P_B-1    | P_B ..
+
+Trees are bin-packed into rows (first-fit decreasing; the row capacity is the largest tree), so padding
+appears only at the end of the few rows that the trees do not fill. A 4D attention mask makes the computation
+equal to the padded one: query token q may attend to key token k iff k's node is q's node or one of its
+ancestors, and ``pos(k) <= pos(q)``. So every token sees exactly the tokens before it in its own rollout's
+``prompt + completion``, never a sibling's. Position ids are explicit, so rotary embeddings see exactly the
+positions of the padded layout. Padding tokens attend only to themselves, so no softmax row is empty.
+
+The gradient is the same: in the padded layout a shared prefix's activations are computed once per rollout
+and each copy receives its rollout's gradient; here one copy receives the sum of them (the chain rule through
+a shared node; a causal model's prefix activations do not depend on what follows). Only float summation order
+differs (tests/agents/test_packing.py pins the tolerance).
+
+The mask is additive (0 where allowed, the dtype's most negative finite value elsewhere) in the model's
+dtype, shape ``[R, 1, L, L]``: transformers passes a 4D mask through unchanged (``masking_utils``: "If the
+mask is already 4D, simply return as-is") to the eager path (adds it to the scores) and to SDPA (an additive
+float ``attn_mask``). Flash-attention kernels take no such mask; the trainer keeps the padded layout
+(``TrainerConfig.packing = "none"``) for those. The mask is L x L per row: memory grows with the square of a
+micro-batch's packed length (4 bytes x 4,000^2 = 64 MB for a float32 row of 4,000 tokens).
+
+Not the generation's KV cache: the update needs the prompt's activations under the adapter being TRAINED and
+their gradient; a cache from sampling carries neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["PackedRows", "pack_prefix_shared", "padded_tokens", "prefix_shared_tokens", "prompt_groups"]
+
+
+@dataclass
+class PackedRows:
+    """A packed forward pass: inputs for the decoder and where each completion token's predictor sits.
+
+    Attributes:
+        input_ids: ``[R, L]`` token ids (0 on padding).
+        position_ids: ``[R, L]`` positions (0 on padding).
+        attention_mask: ``[R, 1, L, L]`` additive mask (module docstring), in the requested dtype.
+        row: ``[n]`` the packed row of each input rollout.
+        prompt_last: ``[n]`` column of the last prompt token of each rollout's prompt (predicts completion
+            token 0).
+        completion_start: ``[n]`` column of each rollout's first completion token (completion token t >= 1 is
+            predicted by column ``completion_start + t - 1``).
+        tokens: ``R * L``, the token slots the forward pass processes (padding included).
+        real_tokens: the non-padding tokens among them.
+    """
+
+    input_ids: Tensor
+    position_ids: Tensor
+    attention_mask: Tensor
+    row: Tensor
+    prompt_last: Tensor
+    completion_start: Tensor
+    tokens: int
+    real_tokens: int
+
+    def predictor_index(self, b_idx: Tensor, t_idx: Tensor) -> tuple[Tensor, Tensor]:
+        """``(rows, cols)`` of the hidden states that predict completion token ``t_idx`` of rollout ``b_idx``."""
+        cols = torch.where(t_idx == 0, self.prompt_last[b_idx], self.completion_start[b_idx] + t_idx - 1)
+        return self.row[b_idx], cols
+
+
+def prompt_groups(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Indices of equal prompts, grouped; groups in order of first appearance, indices ascending."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(tuple(p), []).append(i)
+    return list(groups.values())
+
+
+@dataclass
+class _Node:
+    """A run of prompt tokens shared by every prompt below it (a radix-tree node)."""
+
+    tokens: list[int]
+    start: int  # position of tokens[0]
+    ends: list[int]  # rollouts whose prompt ends with this node
+    children: list[_Node]
+
+
+def _radix(prompts: Sequence[Sequence[int]], idxs: list[int], depth: int) -> list[_Node]:
+    """The radix tree of ``prompts[i][depth:]`` for ``i in idxs`` (all sharing ``[:depth]``), one root per
+    distinct next token, in order of first appearance."""
+    parts: dict[int, list[int]] = {}
+    for i in idxs:
+        parts.setdefault(prompts[i][depth], []).append(i)
+    nodes = []
+    for part in parts.values():
+        first = prompts[part[0]]
+        end = min(len(prompts[i]) for i in part)
+        lcp = depth + 1
+        while lcp < end and all(prompts[i][lcp] == first[lcp] for i in part):
+            lcp += 1
+        ends = [i for i in part if len(prompts[i]) == lcp]
+        rest = [i for i in part if len(prompts[i]) > lcp]
+        nodes.append(_Node(list(first[depth:lcp]), depth, ends, _radix(prompts, rest, lcp) if rest else []))
+    return nodes
+
+
+def _tree_tokens(node: _Node, completions: Sequence[Sequence[int]]) -> int:
+    return (
+        len(node.tokens)
+        + sum(len(completions[i]) for i in node.ends)
+        + sum(_tree_tokens(c, completions) for c in node.children)
+    )
+
+
+def prefix_shared_tokens(prompts: Sequence[Sequence[int]]) -> int:
+    """Prompt tokens once every common prefix is shared: the size of the prompts' radix tree."""
+
+    def size(n: _Node) -> int:
+        return len(n.tokens) + sum(size(c) for c in n.children)
+
+    return sum(size(n) for n in _radix(prompts, list(range(len(prompts))), 0)) if prompts else 0
+
+
+def padded_tokens(lengths: Sequence[int]) -> int:
+    """Token slots of the padded layout for rollouts of total lengths ``lengths``: rows x longest."""
+    return len(lengths) * max(lengths) if lengths else 0
+
+
+def pack_prefix_shared(
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> PackedRows:
+    """Pack rollouts ``(prompts[i], completions[i])`` prefix-shared and unpadded (module docstring).
+
+    Raises:
+        ValueError: lengths differ or a prompt is empty (its first completion token would have no predictor).
+    """
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
+    n = len(prompts)
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"rollout {i} has an empty prompt: its first token would have no context")
+    trees = _radix(prompts, list(range(n)), 0) if n else []
+    seg_len = [_tree_tokens(t, completions) for t in trees]
+    capacity = max(seg_len) if seg_len else 1
+
+    # first-fit decreasing (stable: equal lengths keep their order, so the layout is deterministic)
+    rows: list[list[int]] = []  # tree indices per row
+    free: list[int] = []
+    for s in sorted(range(len(trees)), key=lambda s: -seg_len[s]):
+        for r, room in enumerate(free):
+            if seg_len[s] <= room:
+                rows[r].append(s)
+                free[r] -= seg_len[s]
+                break
+        else:
+            rows.append([s])
+            free.append(capacity - seg_len[s])
+    R = max(1, len(rows))
+    L = max(1, max((capacity - f for f in free), default=1))
+
+    ids = torch.zeros(R, L, dtype=torch.long)
+    pos = torch.zeros(R, L, dtype=torch.long)
+    node_of = torch.full((R, L), -1, dtype=torch.long)  # -1: padding
+    parents: list[int] = []  # node id -> parent node id (-1 for a root)
+    row_of = [0] * n
+    plast = [0] * n
+    cstart = [0] * n
+    real = 0
+
+    def new_node(parent: int) -> int:
+        parents.append(parent)
+        return len(parents) - 1
+
+    for r, segs in enumerate(rows):
+        col = 0
+        stack = [(trees[s], -1) for s in reversed(segs)]
+        while stack:  # depth-first; every token's column is fixed here, order is free (the mask decides)
+            node, parent = stack.pop()
+            nid = new_node(parent)
+            k = len(node.tokens)
+            ids[r, col : col + k] = torch.tensor(node.tokens, dtype=torch.long)
+            pos[r, col : col + k] = torch.arange(node.start, node.start + k)
+            node_of[r, col : col + k] = nid
+            last, P = col + k - 1, node.start + k
+            col += k
+            for i in node.ends:  # each completion: a leaf under the node its prompt ends in
+                c = completions[i]
+                row_of[i], plast[i], cstart[i] = r, last, col
+                if c:
+                    ids[r, col : col + len(c)] = torch.tensor(list(c), dtype=torch.long)
+                    pos[r, col : col + len(c)] = torch.arange(P, P + len(c))
+                    node_of[r, col : col + len(c)] = new_node(nid)
+                col += len(c)
+            stack.extend((child, nid) for child in reversed(node.children))
+        real += col
+
+    # ancestor-or-self relation between nodes, plus one row/column for padding (related to nothing)
+    N = len(parents)
+    anc = torch.zeros(N + 1, N + 1, dtype=torch.bool)
+    for v in range(N):
+        u = v
+        while u != -1:
+            anc[v, u] = True
+            u = parents[u]
+    nodes = torch.where(node_of < 0, N, node_of)
+    allowed = anc[nodes[:, :, None], nodes[:, None, :]] & (pos[:, None, :] <= pos[:, :, None])
+    allowed |= torch.eye(L, dtype=torch.bool).unsqueeze(0) & (node_of < 0).unsqueeze(-1)  # padding: itself
+    mask = torch.zeros(R, 1, L, L, dtype=dtype)
+    mask.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
+    return PackedRows(
+        input_ids=ids.to(device),
+        position_ids=pos.to(device),
+        attention_mask=mask.to(device),
+        row=torch.tensor(row_of, dtype=torch.long, device=device),
+        prompt_last=torch.tensor(plast, dtype=torch.long, device=device),
+        completion_start=torch.tensor(cstart, dtype=torch.long, device=device),
+        tokens=R * L,
+        real_tokens=real,
+    )
