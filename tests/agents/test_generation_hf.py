@@ -228,9 +228,11 @@ def test_end_to_end_with_the_offline_default_model():
     assert all(lp <= 0 for lp in out[0].logprobs) and len(out[0].logprobs) == len(out[0].token_ids)
 
 
-def test_inverse_cdf_sampler_matches_the_distribution_and_nucleus():
-    from agents.generation.hf import _sample_rows
+@pytest.mark.parametrize("sampler", ["topk", "sort"])
+def test_inverse_cdf_sampler_matches_the_distribution_and_nucleus(sampler):
+    from agents.generation.sampling import SAMPLERS
 
+    _sample_rows = SAMPLERS[sampler]
     probs = torch.tensor([[0.1, 0.0, 0.6, 0.3]]).repeat(20000, 1)
     u = torch.rand(20000, generator=torch.Generator().manual_seed(0))
     freq = torch.bincount(_sample_rows(probs, torch.ones(20000), u), minlength=4).float() / 20000
