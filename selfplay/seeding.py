@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from agents.generation import GenerationRequest
+from agents.generation.threads import generation_threads
 from populora_env.config import seed_proposal_budget
 from populora_env.tasks import TaskType
 from selfplay.checkpoint import write_json
@@ -250,13 +250,8 @@ def seed_before_training(loop: Any) -> SeedingReport | None:
         g = cfg.generation
         propose = base_model_proposer(loop.generator, max_new_tokens=g.teacher_max_new_tokens,
                                       temperature=g.temperature, top_p=g.top_p, seed=cfg.seed)
-        threads = torch.get_num_threads()
-        if g.threads > 0 and loop._device() == "cpu":
-            torch.set_num_threads(g.threads)
-        try:
+        with generation_threads(g.threads, loop._device()):
             report = seed_buffers(loop.env, propose, target, seed_proposal_budget(cfg.env), progress=cfg.progress)
-        finally:
-            torch.set_num_threads(threads)
         write_json(path, {"fingerprint": fingerprint, "report": report.to_dict(),
                           "buffers": loop.env.buffers.state_dict()})
     message = report.warning()
