@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import hashlib
 import random
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from agents.generation.base import Completion, GenerationRequest
 from agents.generation.sampling import SAMPLERS
@@ -205,6 +207,63 @@ def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
     return (text, None) if best is None else (text[: best[0]], best[1])
 
 
+KV_CACHES = ("preallocated", "dynamic", "static")
+
+
+class _PreallocatedLayer(DynamicLayer):
+    """A :class:`~transformers.cache_utils.DynamicLayer` whose keys and values live in a buffer of ``capacity``
+    positions allocated at the first update and written in place; ``keys``/``values`` are views of the filled
+    positions, so attention sees exactly the tensors the concatenating layer would build (same values, same
+    shape), without re-copying the whole cache every step. Grows (by copying) only past ``capacity``."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self._k = self._v = None
+        self._len = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self._len + key_states.shape[-2]
+        if self._k is None or end > self._k.shape[-2]:
+            size = max(end, self.capacity)
+            k = key_states.new_empty((*key_states.shape[:-2], size, key_states.shape[-1]))
+            v = value_states.new_empty((*value_states.shape[:-2], size, value_states.shape[-1]))
+            if self._k is not None:
+                k[..., : self._len, :] = self._k[..., : self._len, :]
+                v[..., : self._len, :] = self._v[..., : self._len, :]
+            self._k, self._v = k, v
+        self._k[..., self._len : end, :] = key_states
+        self._v[..., self._len : end, :] = value_states
+        self._len = end
+        self.keys, self.values = self._k[..., :end, :], self._v[..., :end, :]
+        return self.keys, self.values
+
+    def reset(self) -> None:
+        self._k = self._v = None
+        self._len = 0
+        super().reset()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("the preallocated generation cache is not croppable")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("the preallocated generation cache does not repeat rows")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise NotImplementedError("the preallocated generation cache does not select rows")
+
+
+def _preallocated_cache(config, capacity: int) -> DynamicCache:
+    """A :class:`DynamicCache` for ``config`` whose layers are :class:`_PreallocatedLayer` of ``capacity``
+    positions; the plain dynamic cache where the model has other layer kinds (sliding windows...)."""
+    cache = DynamicCache(config=config)
+    if cache.layers and all(type(layer) is DynamicLayer for layer in cache.layers):
+        cache.layers = [_PreallocatedLayer(capacity) for _ in cache.layers]
+    return cache
+
+
 class HFGenerator:
     """The :class:`~agents.generation.base.Generator` over a :class:`LoRAPopulation` with HF ``generate``.
 
@@ -217,6 +276,13 @@ class HFGenerator:
         lora_impl: ``"fused"`` (:meth:`LoRAPopulation.mixed`) or ``"peft"`` (PEFT's ``adapter_names=``).
         sampler: ``"topk"`` (sorts only the tokens that can be in the nucleus) or ``"sort"`` (sorts the whole
             vocabulary); both draw exactly the same tokens (:mod:`agents.generation.sampling`).
+        kv_cache: ``"preallocated"`` (default): each layer's keys and values are written in place into a buffer
+            of ``prompt width + max_new_tokens`` positions allocated at the prefill, and attention reads the
+            filled part (:class:`_PreallocatedLayer`: the same values and shapes as ``"dynamic"``, so the same
+            tokens and log-probs, without copying every layer's cache at every step); ``"dynamic"``: HF's cache
+            grown by concatenation (the previous path); ``"static"``: HF's ``StaticCache`` (attention over all
+            preallocated positions, masked: log-probs differ in the last float bits, so a draw can flip; an
+            option for ablations, not a default). ``torch.compile`` stays off in every case.
     """
 
     def __init__(
@@ -227,6 +293,7 @@ class HFGenerator:
         seed: int = 0,
         lora_impl: Literal["fused", "peft"] = "fused",
         sampler: Literal["topk", "sort"] = "topk",
+        kv_cache: Literal["preallocated", "dynamic", "static"] = "preallocated",
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -234,6 +301,8 @@ class HFGenerator:
             raise ValueError(f"lora_impl must be 'fused' or 'peft', got {lora_impl!r}")
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {sorted(SAMPLERS)}, got {sampler!r}")
+        if kv_cache not in KV_CACHES:
+            raise ValueError(f"kv_cache must be one of {KV_CACHES}, got {kv_cache!r}")
         if tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer has no pad token; load the model with agents.models.load_base")
         self.population = population
@@ -241,6 +310,7 @@ class HFGenerator:
         self.batch_size = batch_size
         self.lora_impl = lora_impl
         self.sampler = sampler
+        self.kv_cache = kv_cache
         self._rng = random.Random(seed)
         self.stop_token_ids = stop_token_ids(population, tokenizer)
 
@@ -317,8 +387,12 @@ class HFGenerator:
             eos_token_id=self.stop_token_ids,
             pad_token_id=pad,
             use_cache=True,
+            cache_implementation="static" if self.kv_cache == "static" else None,
+            disable_compile=True,
         )
         kwargs = dict(
+            past_key_values=(_preallocated_cache(model.config, width + max(limits))
+                             if self.kv_cache == "preallocated" else None),
             input_ids=input_ids.to(device),
             attention_mask=attention.to(device),
             generation_config=config,
@@ -332,15 +406,19 @@ class HFGenerator:
         saved_config = hf_model.generation_config
         hf_model.generation_config = config
         try:
-            if self.lora_impl == "peft":
-                if all(a is None for a in adapters):
-                    with self.population.disabled():
-                        model.generate(**kwargs)
+            with warnings.catch_warnings():
+                # transformers 5.2x renames ``past_key_values`` to ``cache`` (older 5.x, e.g. the GPU machine's,
+                # only know the former): keep the name every 5.x accepts, without its deprecation notice
+                warnings.filterwarnings("ignore", message=".past_key_values. is deprecated", category=FutureWarning)
+                if self.lora_impl == "peft":
+                    if all(a is None for a in adapters):
+                        with self.population.disabled():
+                            model.generate(**kwargs)
+                    else:
+                        model.generate(**kwargs, adapter_names=[a or BASE_ADAPTER for a in adapters])
                 else:
-                    model.generate(**kwargs, adapter_names=[a or BASE_ADAPTER for a in adapters])
-            else:
-                with self.population.mixed(adapters):
-                    model.generate(**kwargs)
+                    with self.population.mixed(adapters):
+                        model.generate(**kwargs)
         finally:
             hf_model.generation_config = saved_config
         tokens = torch.stack(sampler.tokens, dim=1).tolist()
