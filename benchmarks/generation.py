@@ -300,6 +300,26 @@ def _thread_matrix(args, gen, clock, reqs) -> dict:
     return out
 
 
+def _other_policies(args) -> dict:
+    """The thread matrix in a child process per ``--policies`` value (``OMP_WAIT_POLICY`` is read at start-up)."""
+    summary = {"thread_matrix": {}}
+    for other in args.policies:
+        argv = ["--throughput", "--threads-only", "--policies", "--model", args.model,
+                "--adapters", str(args.adapters),
+                "--std", str(args.std), "--workloads", args.workloads, "--prompt-tokens", str(args.prompt_tokens),
+                "--threads-new-tokens", str(args.threads_new_tokens)]
+        print(f"threads, in a child process with OMP_WAIT_POLICY={other}:", flush=True)
+        child = subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv], cwd=ROOT,
+                               env=dict(os.environ, OMP_WAIT_POLICY=other), capture_output=True, text=True)
+        lines = [x for x in child.stdout.splitlines() if x.startswith(_TAG)]
+        print("\n".join(x for x in child.stdout.splitlines() if x.startswith("  threads")))
+        if not lines:
+            print(f"  the child failed ({child.returncode}): {child.stderr[-2000:]}")
+            continue
+        summary["thread_matrix"][other] = json.loads(lines[-1][len(_TAG):])
+    return summary["thread_matrix"]
+
+
 def throughput(args) -> None:
     import copy
 
@@ -327,7 +347,10 @@ def throughput(args) -> None:
         rows, _ = workloads[0]
         reqs = _requests(tok, names, rows, args.threads_new_tokens, args.prompt_tokens, 0)
         new_gen.generate(reqs[:2])
+        print(f"threads (OMP_WAIT_POLICY={policy}; {rows} rows x {args.threads_new_tokens} new tokens):", flush=True)
         print(_TAG + json.dumps(_thread_matrix(args, new_gen, clock, reqs)), flush=True)
+        if args.policies:
+            print(json.dumps(_other_policies(args)))
         return
     floor = {t: _floor(nbytes, t) for t in (1, 2)}
     threads = args.threads or 1
@@ -407,19 +430,7 @@ def throughput(args) -> None:
     print(f"\nthreads (OMP_WAIT_POLICY={policy}; {rows} rows x {args.threads_new_tokens} new tokens):", flush=True)
     reqs = _requests(tok, names, rows, args.threads_new_tokens, args.prompt_tokens, 0)
     summary["thread_matrix"] = {policy or "default": _thread_matrix(args, new_gen, clock, reqs)}
-    for other in args.policies:
-        argv = ["--throughput", "--threads-only", "--model", args.model, "--adapters", str(args.adapters),
-                "--std", str(args.std), "--workloads", args.workloads, "--prompt-tokens", str(args.prompt_tokens),
-                "--threads-new-tokens", str(args.threads_new_tokens)]
-        print(f"threads, in a child process with OMP_WAIT_POLICY={other}:", flush=True)
-        child = subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv], cwd=ROOT,
-                               env=dict(os.environ, OMP_WAIT_POLICY=other), capture_output=True, text=True)
-        lines = [x for x in child.stdout.splitlines() if x.startswith(_TAG)]
-        print("\n".join(x for x in child.stdout.splitlines() if x.startswith("  threads")))
-        if not lines:
-            print(f"  the child failed ({child.returncode}): {child.stderr[-2000:]}")
-            continue
-        summary["thread_matrix"][other] = json.loads(lines[-1][len(_TAG):])
+    summary["thread_matrix"].update(_other_policies(args))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1, default=float))
         print(f"\nwrote {args.json}")
