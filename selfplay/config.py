@@ -71,8 +71,9 @@ class GenerationConfig:
     batch_size: int = 32
     """Rows per generate call (HF backend)."""
     threads: int = 1
-    """torch CPU threads during generation (HF backend; 0 = torch's default). Decoding is memory-bound: on 2
-    cores one thread was as fast on a quiet machine and 5x faster on a busy one (OpenMP threads spin)."""
+    """torch CPU threads during generation (HF backend; 0 = torch's default). Decoding is memory-bound; the
+    populora command sets OMP_WAIT_POLICY=PASSIVE so that idle OpenMP threads sleep instead of spinning. On a
+    shared 2-core machine two threads were not faster than one (benchmarks/generation.py --throughput)."""
     vllm_gpu_memory_utilization: float = 0.6
     """Fraction of GPU memory vLLM may take (vLLM backend)."""
     vllm_max_model_len: int = 4096

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from agents.generation import Completion, GenerationRequest, make_generator
+from agents.generation.threads import generation_threads
 from agents.models import load_base
 from agents.population import LoRAPopulation
 from agents.trainer import PolicyGradientTrainer
@@ -270,13 +271,8 @@ class SelfPlayLoop:
         if not requests:
             return completions, prompts, 0.0
         t0 = time.perf_counter()
-        threads = torch.get_num_threads()
-        if g.threads > 0 and self._device() == "cpu":
-            torch.set_num_threads(g.threads)
-        try:
+        with generation_threads(g.threads, self._device()):
             generated = self.generator.generate(requests)
-        finally:
-            torch.set_num_threads(threads)
         seconds = time.perf_counter() - t0
         for c in generated:
             agent, start = first_index[c.request_index]

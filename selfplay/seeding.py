@@ -44,11 +44,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from filelock import FileLock
 from tqdm import tqdm
 
 from agents.generation import GenerationRequest
+from agents.generation.threads import generation_threads
 from populora_env.config import seed_proposal_budget
 from populora_env.seeds import strip_comments_and_docstrings
 from populora_env.tasks import TaskType
@@ -323,14 +323,9 @@ def _seed(loop: Any, cfg: Any) -> SeedingReport:
     g = cfg.generation
     propose = base_model_proposer(loop.generator, max_new_tokens=g.teacher_max_new_tokens,
                                   temperature=g.temperature, top_p=g.top_p, seed=cfg.seed)
-    threads = torch.get_num_threads()
-    if g.threads > 0 and loop._device() == "cpu":
-        torch.set_num_threads(g.threads)
-    try:
+    with generation_threads(g.threads, loop._device()):
         report = seed_buffers(loop.env, propose, cfg.env.seed_tasks, seed_proposal_budget(cfg.env),
                               progress=cfg.progress)
-    finally:
-        torch.set_num_threads(threads)
     stripped = strip_seeded_programs(loop.env.buffers)
     log.info("seeding: comments and docstrings stripped from %d program(s)", stripped)
     return report

@@ -8,9 +8,9 @@ outputs, slower with many members).
 Sampling is done by a logits processor that sees the RAW logits of every step: it records the unscaled
 log-probability of the chosen token (``log_softmax`` at temperature 1, no top-p: what a policy-gradient
 trainer compares against), draws the token for each row with that row's own temperature, top-p and
-``torch.Generator``, and hands ``generate`` a one-hot score so that greedy decoding picks it. Hence one
-``generate`` call serves requests with different temperatures / top-p / seeds / budgets, and no
-``output_logits`` tensors (steps x rows x vocab) are kept.
+``torch.Generator`` (inverse-CDF sampling, :mod:`agents.generation.sampling`), and hands ``generate`` a
+one-hot score so that greedy decoding picks it. Hence one ``generate`` call serves requests with different
+temperatures / top-p / seeds / budgets, and no ``output_logits`` tensors (steps x rows x vocab) are kept.
 
 Guarantees:
 
@@ -31,13 +31,16 @@ from __future__ import annotations
 
 import hashlib
 import random
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from agents.generation.base import Completion, GenerationRequest
+from agents.generation.sampling import SAMPLERS
 from agents.population import BASE_ADAPTER, LoRAPopulation
 from populora_env.prompts import with_prefix
 
@@ -126,8 +129,9 @@ class _Row:
 class _RowSampler:
     """Logits processor choosing each row's next token; records tokens and unscaled log-probs."""
 
-    def __init__(self, rows: Sequence[_Row], device: torch.device) -> None:
+    def __init__(self, rows: Sequence[_Row], device: torch.device, sampler: str = "topk") -> None:
         self.rows = rows
+        self.sample = SAMPLERS[sampler]
         self.generators = [torch.Generator(device=device).manual_seed(r.seed) for r in rows]
         self.sampled = [i for i, r in enumerate(rows) if r.temperature > 0]
         self.tokens: list[torch.Tensor] = []
@@ -145,45 +149,12 @@ class _RowSampler:
             # one uniform per row from that row's own generator: a row's draws never depend on other rows
             u = torch.cat([torch.rand(1, generator=self.generators[i], device=logits.device)
                            for i in self.sampled])
-            choice[idx] = _sample_rows(probs, top_ps, u)
+            choice[idx] = self.sample(probs, top_ps, u)
         self.tokens.append(choice)
         self.logprobs.append(logp.gather(1, choice[:, None]).squeeze(1))
         forced = torch.full_like(scores, float("-inf"))
         forced.scatter_(1, choice[:, None], 0.0)
         return forced
-
-
-def _top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row, keep the smallest set of most likely tokens whose mass reaches ``top_p`` (at least one).
-
-    Returns the kept (unnormalised) probabilities in descending order and the token ids of that order.
-    """
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly before each token
-    keep = before < top_p[:, None]
-    keep[:, 0] = True
-    return sorted_probs * keep, order
-
-
-def _sample_rows(probs: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF sampling of one token per row from ``probs`` [R, V] restricted by nucleus ``top_p`` [R],
-    with uniforms ``u`` [R] in [0, 1): the token i with cdf[i-1] <= u·total < cdf[i] (always of positive
-    probability). One cumsum + searchsorted per batch instead of a multinomial per row (~100x cheaper on a
-    49k vocabulary)."""
-    out = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
-    nucleus = top_p < 1.0
-    for rows, use_top_p in ((nucleus.nonzero().squeeze(1), True), ((~nucleus).nonzero().squeeze(1), False)):
-        if rows.numel() == 0:
-            continue  # each row takes the same path whatever else is in the batch
-        if use_top_p:
-            kept, order = _top_p_filter(probs[rows], top_p[rows])
-        else:
-            kept, order = probs[rows], None
-        cdf = kept.cumsum(-1)
-        target = (u[rows] * cdf[:, -1]).unsqueeze(1)
-        pos = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1)
-        out[rows] = (pos if order is None else order.gather(1, pos)).squeeze(1)
-    return out
 
 
 class _RowStop:
@@ -236,6 +207,63 @@ def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
     return (text, None) if best is None else (text[: best[0]], best[1])
 
 
+KV_CACHES = ("preallocated", "dynamic", "static")
+
+
+class _PreallocatedLayer(DynamicLayer):
+    """A :class:`~transformers.cache_utils.DynamicLayer` whose keys and values live in a buffer of ``capacity``
+    positions allocated at the first update and written in place; ``keys``/``values`` are views of the filled
+    positions, so attention sees exactly the tensors the concatenating layer would build (same values, same
+    shape), without re-copying the whole cache every step. Grows (by copying) only past ``capacity``."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self._k = self._v = None
+        self._len = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self._len + key_states.shape[-2]
+        if self._k is None or end > self._k.shape[-2]:
+            size = max(end, self.capacity)
+            k = key_states.new_empty((*key_states.shape[:-2], size, key_states.shape[-1]))
+            v = value_states.new_empty((*value_states.shape[:-2], size, value_states.shape[-1]))
+            if self._k is not None:
+                k[..., : self._len, :] = self._k[..., : self._len, :]
+                v[..., : self._len, :] = self._v[..., : self._len, :]
+            self._k, self._v = k, v
+        self._k[..., self._len : end, :] = key_states
+        self._v[..., self._len : end, :] = value_states
+        self._len = end
+        self.keys, self.values = self._k[..., :end, :], self._v[..., :end, :]
+        return self.keys, self.values
+
+    def reset(self) -> None:
+        self._k = self._v = None
+        self._len = 0
+        super().reset()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("the preallocated generation cache is not croppable")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("the preallocated generation cache does not repeat rows")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise NotImplementedError("the preallocated generation cache does not select rows")
+
+
+def _preallocated_cache(config, capacity: int) -> DynamicCache:
+    """A :class:`DynamicCache` for ``config`` whose layers are :class:`_PreallocatedLayer` of ``capacity``
+    positions; the plain dynamic cache where the model has other layer kinds (sliding windows...)."""
+    cache = DynamicCache(config=config)
+    if cache.layers and all(type(layer) is DynamicLayer for layer in cache.layers):
+        cache.layers = [_PreallocatedLayer(capacity) for _ in cache.layers]
+    return cache
+
+
 class HFGenerator:
     """The :class:`~agents.generation.base.Generator` over a :class:`LoRAPopulation` with HF ``generate``.
 
@@ -246,6 +274,15 @@ class HFGenerator:
             (rows sorted by prompt length first, to pad less).
         seed: seeds the backend's RNG used for requests with ``seed=None``.
         lora_impl: ``"fused"`` (:meth:`LoRAPopulation.mixed`) or ``"peft"`` (PEFT's ``adapter_names=``).
+        sampler: ``"topk"`` (sorts only the tokens that can be in the nucleus) or ``"sort"`` (sorts the whole
+            vocabulary); both draw exactly the same tokens (:mod:`agents.generation.sampling`).
+        kv_cache: ``"preallocated"`` (default): each layer's keys and values are written in place into a buffer
+            of ``prompt width + max_new_tokens`` positions allocated at the prefill, and attention reads the
+            filled part (:class:`_PreallocatedLayer`: the same values and shapes as ``"dynamic"``, so the same
+            tokens and log-probs, without copying every layer's cache at every step); ``"dynamic"``: HF's cache
+            grown by concatenation (the previous path); ``"static"``: HF's ``StaticCache`` (attention over all
+            preallocated positions, masked: log-probs differ in the last float bits, so a draw can flip; an
+            option for ablations, not a default). ``torch.compile`` stays off in every case.
     """
 
     def __init__(
@@ -255,17 +292,25 @@ class HFGenerator:
         batch_size: int = 32,
         seed: int = 0,
         lora_impl: Literal["fused", "peft"] = "fused",
+        sampler: Literal["topk", "sort"] = "topk",
+        kv_cache: Literal["preallocated", "dynamic", "static"] = "preallocated",
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if lora_impl not in ("fused", "peft"):
             raise ValueError(f"lora_impl must be 'fused' or 'peft', got {lora_impl!r}")
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {sorted(SAMPLERS)}, got {sampler!r}")
+        if kv_cache not in KV_CACHES:
+            raise ValueError(f"kv_cache must be one of {KV_CACHES}, got {kv_cache!r}")
         if tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer has no pad token; load the model with agents.models.load_base")
         self.population = population
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.lora_impl = lora_impl
+        self.sampler = sampler
+        self.kv_cache = kv_cache
         self._rng = random.Random(seed)
         self.stop_token_ids = stop_token_ids(population, tokenizer)
 
@@ -332,7 +377,7 @@ class HFGenerator:
         for i, row in enumerate(rows):  # left padding
             input_ids[i, width - len(row.prompt_ids) :] = torch.tensor(row.prompt_ids)
             attention[i, width - len(row.prompt_ids) :] = 1
-        sampler = _RowSampler(rows, device)
+        sampler = _RowSampler(rows, device, self.sampler)
         limits = [r.max_new_tokens for r in rows]
         stopper = _RowStop(sampler, rows, self.tokenizer, device)
         config = GenerationConfig(
@@ -342,8 +387,12 @@ class HFGenerator:
             eos_token_id=self.stop_token_ids,
             pad_token_id=pad,
             use_cache=True,
+            cache_implementation="static" if self.kv_cache == "static" else None,
+            disable_compile=True,
         )
         kwargs = dict(
+            past_key_values=(_preallocated_cache(model.config, width + max(limits))
+                             if self.kv_cache == "preallocated" else None),
             input_ids=input_ids.to(device),
             attention_mask=attention.to(device),
             generation_config=config,
@@ -357,15 +406,19 @@ class HFGenerator:
         saved_config = hf_model.generation_config
         hf_model.generation_config = config
         try:
-            if self.lora_impl == "peft":
-                if all(a is None for a in adapters):
-                    with self.population.disabled():
-                        model.generate(**kwargs)
+            with warnings.catch_warnings():
+                # transformers 5.2x renames ``past_key_values`` to ``cache`` (older 5.x, e.g. the GPU machine's,
+                # only know the former): keep the name every 5.x accepts, without its deprecation notice
+                warnings.filterwarnings("ignore", message=".past_key_values. is deprecated", category=FutureWarning)
+                if self.lora_impl == "peft":
+                    if all(a is None for a in adapters):
+                        with self.population.disabled():
+                            model.generate(**kwargs)
+                    else:
+                        model.generate(**kwargs, adapter_names=[a or BASE_ADAPTER for a in adapters])
                 else:
-                    model.generate(**kwargs, adapter_names=[a or BASE_ADAPTER for a in adapters])
-            else:
-                with self.population.mixed(adapters):
-                    model.generate(**kwargs)
+                    with self.population.mixed(adapters):
+                        model.generate(**kwargs)
         finally:
             hf_model.generation_config = saved_config
         tokens = torch.stack(sampler.tokens, dim=1).tolist()

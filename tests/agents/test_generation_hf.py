@@ -228,9 +228,11 @@ def test_end_to_end_with_the_offline_default_model():
     assert all(lp <= 0 for lp in out[0].logprobs) and len(out[0].logprobs) == len(out[0].token_ids)
 
 
-def test_inverse_cdf_sampler_matches_the_distribution_and_nucleus():
-    from agents.generation.hf import _sample_rows
+@pytest.mark.parametrize("sampler", ["topk", "sort"])
+def test_inverse_cdf_sampler_matches_the_distribution_and_nucleus(sampler):
+    from agents.generation.sampling import SAMPLERS
 
+    _sample_rows = SAMPLERS[sampler]
     probs = torch.tensor([[0.1, 0.0, 0.6, 0.3]]).repeat(20000, 1)
     u = torch.rand(20000, generator=torch.Generator().manual_seed(0))
     freq = torch.bincount(_sample_rows(probs, torch.ones(20000), u), minlength=4).float() / 20000
@@ -319,3 +321,37 @@ def test_stop_strings_cut_generation(pop3, tiny_tokenizer):
         gen.generate([GenerationRequest("m0", "hi", stop=("",))])
     with pytest.raises(ValueError, match="stop"):
         gen.generate([GenerationRequest("m0", "hi", stop="</answer>")])
+
+
+def test_fast_paths_draw_the_old_paths_tokens_and_logprobs(pop3, tiny_tokenizer):
+    """The defaults (candidate-only top-p sampler, preallocated KV cache) give exactly the tokens and
+    log-probs of the previous paths (full sort, cache grown by concatenation) on seeded sampled requests of
+    mixed adapters, prompt lengths, top-p values, stop strings and budgets; one setting brings each back."""
+    requests = [
+        GenerationRequest(a, p, max_new_tokens=m, temperature=t, top_p=tp, seed=s, n=n, stop=stop)
+        for a, p, m, t, tp, s, n, stop in [
+            ("m0", PROMPTS[0], 14, 0.8, 0.95, 1, 2, ()),
+            ("m1", PROMPTS[1] * 3, 9, 1.0, 0.5, 2, 1, ()),
+            (None, PROMPTS[2], 12, 0.8, 1.0, 3, 2, ("a",)),
+            ("m2", PROMPTS[3], 16, 1.3, 0.99, 4, 1, ()),
+            ("m1", PROMPTS[4], 5, 0.0, 1.0, 5, 1, ()),
+        ]
+    ]
+    from agents.generation.hf import _preallocated_cache, _PreallocatedLayer
+
+    assert all(isinstance(layer, _PreallocatedLayer) for layer in _preallocated_cache(pop3.model.config, 8).layers)
+    fast = HFGenerator(pop3, tiny_tokenizer).generate(requests)
+    for kw in ({"sampler": "sort"}, {"kv_cache": "dynamic"}, {"sampler": "sort", "kv_cache": "dynamic"}):
+        # (kv_cache="static", HF's StaticCache, is not among them: its log-probs differ in the last float bits)
+        old = HFGenerator(pop3, tiny_tokenizer, **kw).generate(requests)
+        assert [c.token_ids for c in old] == [c.token_ids for c in fast], kw
+        assert [c.logprobs for c in old] == [c.logprobs for c in fast], kw
+        assert [c.finish_reason for c in old] == [c.finish_reason for c in fast], kw
+    assert len({tuple(c.token_ids) for c in fast}) > 3  # really sampled, different rows
+
+
+def test_bad_sampler_or_kv_cache_is_refused(pop3, tiny_tokenizer):
+    with pytest.raises(ValueError, match="sampler"):
+        HFGenerator(pop3, tiny_tokenizer, sampler="heap")
+    with pytest.raises(ValueError, match="kv_cache"):
+        HFGenerator(pop3, tiny_tokenizer, kv_cache="paged")
