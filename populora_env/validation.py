@@ -146,8 +146,9 @@ class ProgramCheck:
 MAX_AST_DEPTH = 100
 
 
-def check_program(program: str, max_chars: int, *, require_params: bool = True) -> ProgramCheck:
-    """Length, syntax, nesting depth, entry function ``f`` and safety policy of ``program`` (no execution)."""
+def _parse_bounded(program: str, max_chars: int) -> ast.Module | ProgramCheck:
+    """The checks every profile starts with: length, syntax and nesting depth. The parsed module, or the
+    rejection."""
     if len(program) > max_chars:
         return ProgramCheck(Reason.TOO_LONG, f"program longer than {max_chars} characters")
     try:
@@ -156,6 +157,14 @@ def check_program(program: str, max_chars: int, *, require_params: bool = True) 
         return ProgramCheck(Reason.PARSE_ERROR, f"program does not parse: {type(exc).__name__}")
     if tree_depth(tree) > MAX_AST_DEPTH:
         return ProgramCheck(Reason.TOO_LONG, f"program nested deeper than {MAX_AST_DEPTH} AST levels")
+    return tree
+
+
+def check_program(program: str, max_chars: int, *, require_params: bool = True) -> ProgramCheck:
+    """Length, syntax, nesting depth, entry function ``f`` and safety policy of ``program`` (no execution)."""
+    tree = _parse_bounded(program, max_chars)
+    if isinstance(tree, ProgramCheck):
+        return tree
     entries = [s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name == "f"]
     if not entries:
         return ProgramCheck(Reason.NO_F, "no top-level `def f`")
@@ -522,14 +531,9 @@ def check_program_azr(program: str, max_chars: int) -> ProgramCheck:
     (nested ones count) and no class, at least one parameter, :func:`check_azr_bans`. A single function not
     named ``f`` is renamed to ``f`` (``ProgramCheck.program`` holds the rewritten program; a program that
     already binds the name ``f`` otherwise is rejected instead, as the rename would change its meaning)."""
-    if len(program) > max_chars:
-        return ProgramCheck(Reason.TOO_LONG, f"program longer than {max_chars} characters")
-    try:
-        tree = quiet_parse(program)
-    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
-        return ProgramCheck(Reason.PARSE_ERROR, f"program does not parse: {type(exc).__name__}")
-    if tree_depth(tree) > MAX_AST_DEPTH:
-        return ProgramCheck(Reason.TOO_LONG, f"program nested deeper than {MAX_AST_DEPTH} AST levels")
+    tree = _parse_bounded(program, max_chars)
+    if isinstance(tree, ProgramCheck):
+        return tree
     defs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)]
     if any(isinstance(n, ast.ClassDef) for n in ast.walk(tree)):
         return ProgramCheck(Reason.NO_F, "a class definition (the azr profile allows exactly one function)")
