@@ -47,7 +47,12 @@ from populora_env.literals import (
     with_heap_padding,
 )
 from populora_env.metrics import tree_depth
-from populora_env.parsing import extract_answer, parse_induction_proposal, parse_program_proposal
+from populora_env.parsing import (
+    ProposalPayload,
+    extract_answer,
+    parse_induction_proposal,
+    parse_program_proposal,
+)
 from populora_env.safety import check_safety
 from populora_env.sandbox import ExecJob, ExecResult
 from populora_env.tasks import Task, TaskType
@@ -391,12 +396,9 @@ class ProposalValidator:
         if cfg.profile == "azr":
             return _azr_program_checks(slot, request, formatted.answer, reject, cfg)
 
-        payload = parse_program_proposal(formatted.answer)
-        if payload.program is None or not payload.inputs:
-            missing = "```python" if payload.program is None else "```input"
-            return reject(Reason.FORMAT, f"answer has no {missing} block", False)
-        if len(payload.inputs[0]) > cfg.max_input_chars:
-            return reject(Reason.TOO_LONG, f"input longer than {cfg.max_input_chars} characters")
+        payload = _program_payload(formatted.answer, reject, cfg)
+        if not isinstance(payload, ProposalPayload):
+            return payload
         checked = check_program(payload.program, cfg.max_program_chars)
         if checked.reason is not None:
             return reject(checked.reason, checked.detail)
@@ -578,14 +580,23 @@ def _split_expressions(raw: str) -> list[str] | str:
         return "arguments nested too deeply"
 
 
-def _azr_program_checks(slot: int, request: ProposalRequest, answer: str, reject: Any,
-                        cfg: ValidationConfig) -> ProposalOutcome | _Pending:
+def _program_payload(answer: str, reject: Any, cfg: ValidationConfig) -> ProposalPayload | Any:
+    """The program and input blocks of a deduction/abduction proposal (both profiles), or the rejection of a
+    missing block or an input longer than ``cfg.max_input_chars``."""
     payload = parse_program_proposal(answer)
     if payload.program is None or not payload.inputs:
         missing = "```python" if payload.program is None else "```input"
         return reject(Reason.FORMAT, f"answer has no {missing} block", False)
     if len(payload.inputs[0]) > cfg.max_input_chars:
         return reject(Reason.TOO_LONG, f"input longer than {cfg.max_input_chars} characters")
+    return payload
+
+
+def _azr_program_checks(slot: int, request: ProposalRequest, answer: str, reject: Any,
+                        cfg: ValidationConfig) -> ProposalOutcome | _Pending:
+    payload = _program_payload(answer, reject, cfg)
+    if not isinstance(payload, ProposalPayload):
+        return payload
     checked = check_program_azr(payload.program, cfg.max_program_chars)
     if checked.reason is not None:
         return reject(checked.reason, checked.detail)
