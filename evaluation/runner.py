@@ -578,9 +578,10 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
         "seconds": {"load": round(t_loaded - t_start, 2)},
     }
     evaluator = CodeEvaluator(workers=cfg.workers, cache_dir=cfg.gt_cache_dir)
-    threads_before = _set_threads(cfg.threads if backend == "hf" and not device.startswith("cuda") else 0)
+    from agents.generation.threads import generation_threads  # torch loads with the models, not at import
+
     try:
-        with evaluator:
+        with generation_threads(cfg.threads if backend == "hf" else 0, device), evaluator:
             for bench in benchmarks:
                 _evaluate_benchmark(cfg, bench, problems[bench], entries, generators, chat, evaluator, log_,
                                     budgets[bench], k if bench in sampled else 0, results, students,
@@ -588,7 +589,6 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
                 # partial results after every benchmark, so a long evaluation that is stopped keeps what it has
                 write_results({**results, "complete": False}, run_dir, tensorboard=False, out_dir=out_dir)
     finally:
-        _set_threads(threads_before)
         for gen in generators:  # the vLLM engine's processes stop here, not when it is collected
             stop = getattr(gen, "shutdown", None)
             if callable(stop):
@@ -604,17 +604,6 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     if not cfg.save_generations:
         log_.discard()
     return results
-
-
-def _set_threads(n: int) -> int:
-    """``torch.set_num_threads(n)`` when ``n > 0``; returns the count before (0 when nothing was changed)."""
-    if n <= 0:
-        return 0
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    return before
 
 
 def _vllm_on_cpu() -> bool:
