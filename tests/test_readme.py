@@ -264,28 +264,38 @@ def test_the_readme_test_command_is_the_one_ci_runs() -> None:
     assert setup[1] in _logical_lines(CI.read_text(encoding="utf-8"))
 
 
-def test_every_readme_command_is_run(readme_files: dict[str, str]) -> None:
+def classify(text: str | None = None) -> tuple[list[str], list[str], list[tuple[str, Cover]]]:
+    """The README's commands as (unrun, run here with ``--help``, mapped with their cover); ``.ci/run``'s are
+    dropped."""
     ci = ci_lines()
-    commands = readme_commands()
-    assert len(commands) >= 10, commands  # the parser still finds the README's commands
-    unrun = []
-    for line, cmd in commands:
+    unrun: list[str] = []
+    helps: list[str] = []
+    mapped: list[tuple[str, Cover]] = []
+    for line, cmd in readme_commands(text):
         if line in ci or cmd in ci:
             continue
         if cmd.split()[-1] == "--help" and Path(cmd.split()[0]).name == "populora":
-            rc, out = _run_main(shlex.split(cmd)[1:])
-            assert rc == 0 and "--" in out, f"{cmd}: exit {rc}\n{out[-2000:]}"
-            continue
-        cover = COVERED.get(cmd)
-        if cover is None:
+            helps.append(cmd)
+        elif cmd in COVERED:
+            mapped.append((cmd, COVERED[cmd]))
+        else:
             unrun.append(cmd)
-            continue
+    return unrun, helps, mapped
+
+
+def test_every_readme_command_is_run(readme_files: dict[str, str]) -> None:
+    unrun, helps, mapped = classify()
+    assert not unrun, ("README commands that no test and not .ci/run runs (run them in a test and add them to "
+                       "COVERED in tests/test_readme.py, or take them out of the README):\n" + "\n".join(unrun))
+    assert len(helps) + len(mapped) >= 10, (helps, mapped)  # the parser still finds the README's commands
+    for cmd in helps:
+        rc, out = _run_main(shlex.split(cmd)[1:])
+        assert rc == 0 and "--" in out, f"{cmd}: exit {rc}\n{out[-2000:]}"
+    for cmd, cover in mapped:
         for node in cover.tests:
             _node_exists(node)
         if Path(cmd.split()[0]).name == "populora":
             _check_flags(cmd, readme_files)
-    assert not unrun, ("README commands that no test and not .ci/run runs (run them in a test and add them to "
-                       "COVERED in tests/test_readme.py, or take them out of the README):\n" + "\n".join(unrun))
 
 
 def test_the_mapping_names_only_readme_commands() -> None:
@@ -294,14 +304,29 @@ def test_the_mapping_names_only_readme_commands() -> None:
 
 
 def test_a_command_nobody_runs_is_reported() -> None:
-    """The parser finds commands in blocks (continued lines, comments, &&) and in prose, and a new one is unrun."""
+    """Commands are found in blocks (continued lines, comments, &&) and in prose; a new one is reported unrun,
+    .ci/run's and --help ones are not, a mapped one is."""
     text = ("Run `bash scripts/install.sh` and `populora eval` (a name), then\n\n```bash\n"
             ".venv/bin/populora train --steps 2 \\\n    --seed 3   # a comment\nbash x.sh && .venv/bin/populora "
-            "nothing --flag\n```\n`.venv/bin/populora train --help` and `populora train --steps 1`.\n")
+            "baseline\n```\n`.venv/bin/populora train --help` and `populora train --steps 1`.\n")
     cmds = [c for _, c in readme_commands(text)]
-    assert cmds == [".venv/bin/populora train --steps 2 --seed 3", "bash x.sh", ".venv/bin/populora nothing --flag",
+    assert cmds == [".venv/bin/populora train --steps 2 --seed 3", "bash x.sh", ".venv/bin/populora baseline",
                     "bash scripts/install.sh", ".venv/bin/populora train --help", "populora train --steps 1"]
-    assert ".venv/bin/populora nothing --flag" not in COVERED and "bash x.sh" not in ci_lines()
+    unrun, helps, mapped = classify(text)
+    assert unrun == [".venv/bin/populora train --steps 2 --seed 3", "bash x.sh", "populora train --steps 1"]
+    assert helps == [".venv/bin/populora train --help"]
+    assert [c for c, _ in mapped] == [".venv/bin/populora baseline"]
+
+
+@pytest.mark.parametrize("cmd", [
+    ".venv/bin/populora train --preset cpu-smoke --stepz 2",  # a renamed flag
+    ".venv/bin/populora baseline --preset no-such-preset",  # a removed preset
+    ".venv/bin/populora eval runs/x --benchmark-list humaneval",  # a flag eval does not have
+    ".venv/bin/populora compare --preset cpu-compare --seeds 3 --paralel 2 --out runs/c",
+])
+def test_a_readme_command_with_a_wrong_flag_fails_the_check(cmd: str, readme_files: dict[str, str]) -> None:
+    with pytest.raises(AssertionError):
+        _check_flags(cmd, readme_files)
 
 
 def _slug(heading: str) -> str:
