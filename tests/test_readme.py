@@ -350,3 +350,19 @@ def test_readme_links_resolve() -> None:
             if anchor not in {_slug(h) for h in headings}:
                 bad.append(f"{target}: {path} has no heading with anchor #{anchor}")
     assert not bad, "\n".join(bad)
+
+
+def test_every_flag_the_readme_names_exists(readme_files: dict[str, str]) -> None:
+    """A flag named anywhere in the README (prose included: ``--trainer.advantage``, ``--override``, ...) is one
+    that some ``populora`` sub-command documents in its ``--help``."""
+    text = README.read_text(encoding="utf-8")
+    text = "\n".join(ln for ln in text.splitlines() if not ln.lstrip("`").startswith("tensorboard "))
+    named = set(re.findall(r"(?<![\w-])(--[a-z][\w.-]*[a-z0-9])", text))
+    helps = ""
+    for sub in ("train", "eval", "compare", "report", "evolve"):
+        rc, out = _run_main([sub, "--help"])
+        assert rc == 0, (sub, out[-2000:])
+        helps += out
+    documented = set(re.findall(r"(?<![\w-])(--[a-z][\w.-]*[a-z0-9])", helps))
+    assert {"--preset", "--resume", "--steps", "--run-dir", "--model"} <= named
+    assert not named - documented, f"README flags no --help documents: {sorted(named - documented)}"
