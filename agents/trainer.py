@@ -207,6 +207,33 @@ class _Batch:
         return len(self.prompts)
 
 
+@dataclass
+class _Targets:
+    """What every optimizer step of one update trains towards (step 2), fixed for the whole batch."""
+
+    adv: Tensor  # [B, Tc] advantages, zero on padding
+    old_lp: Tensor | None  # [B, Tc] behaviour log-probs; None: each forward's own, detached (on-policy)
+    ref_lp: Tensor | None  # [B, Tc] log-probs of the base (adapters disabled); None with kl_mode == "off"
+    role_w: Tensor | None  # [B, Tc] per-token loss weights of a mixed-role batch; None: plain aggregation
+    role_rows: dict[str, Tensor]  # role -> [B] float indicator of its rows (empty without meta roles)
+    norm_len: float  # the constant L of seq-mean-token-sum-norm
+
+
+@dataclass
+class _Tally:
+    """Running sums over the micro-batches and optimizer steps of one update, for its metrics."""
+
+    sums: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # metric * tokens
+    tokens: float = 0.0  # completion tokens of every micro-batch of every step
+    role_ent: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # role -> sum of H_t
+    role_tok: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # role -> its tokens
+    losses: list[float] = field(default_factory=list)  # per optimizer step
+    pg_losses: list[float] = field(default_factory=list)
+    grad_norms: list[float] = field(default_factory=list)
+    skipped: int = 0  # optimizer steps skipped as non-finite
+    zero_steps: int = 0  # optimizer steps on exact zero gradients (all-zero advantages, no passes)
+
+
 class PolicyGradientTrainer:
     """Updates population members with the clipped policy-gradient loss (module docstring for the steps).
 
@@ -442,143 +469,213 @@ class PolicyGradientTrainer:
     def _update(
         self, member: str, rollouts: list[Rollout], batch: _Batch, rewards: Tensor, groups: list[Hashable]
     ) -> dict[str, float]:
+        """Steps 2 and 3 of the module docstring on a packed batch (step 1, ``_pack``), ``member`` active.
+
+        2. ``_targets``: the advantages and the fixed (behaviour, reference) log-probs of the whole batch;
+        3. ``_optimizer_step`` for each epoch and each mini-batch (``_backward`` for each of its micro-batches);
+
+        then ``_metrics`` from the running sums of those steps."""
         cfg = self.config
-        B = batch.size
-        mini = cfg.mini_batch_size or B
-        n_steps = cfg.epochs * math.ceil(B / mini)
-        kl_on = cfg.kl_mode != "off"
-        estimator = cfg.resolved_kl_estimator
+        mini = cfg.mini_batch_size or batch.size
+        n_steps = cfg.epochs * math.ceil(batch.size / mini)
+        targets = self._targets(rollouts, batch, rewards, groups, n_steps, mini)
+        params = self.population.parameters(member)
+        opt = self.population.optimizer(member, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
+        tally = _Tally()
+        for _epoch in range(cfg.epochs):
+            for start in range(0, batch.size, mini):
+                rows = list(range(start, min(batch.size, start + mini)))
+                self._optimizer_step(batch, rows, targets, params, opt, tally)
+        return self._metrics(batch, targets.adv, tally, n_steps)
 
-        scopes = [r.scope for r in rollouts]
-        scope_ids = None if all(s is None for s in scopes) else scopes
+    @property
+    def _skips_zero_advantage(self) -> bool:
+        """True when all-zero advantages mean an exactly zero gradient (``skip_zero_advantage`` and no entropy
+        or KL term in the loss), so a mini-batch of them skips its passes."""
+        cfg = self.config
+        return cfg.skip_zero_advantage and cfg.kl_mode == "off" and cfg.entropy_coef == 0.0
 
-        def advantages(token_rewards: Tensor | None) -> Tensor:
-            """Advantages over the whole batch, zero on padding."""
-            adv = self._advantage(
-                rewards,
-                batch.mask,
-                groups,
-                scope_ids=scope_ids,
-                token_rewards=token_rewards,
-                **cfg.advantage_kwargs,
-            ).detach()
-            return adv.to(torch.float32) * batch.mask
+    # ------------------------------------------------------------------ step 2: advantages, fixed log-probs
+    def _targets(
+        self,
+        rollouts: list[Rollout],
+        batch: _Batch,
+        rewards: Tensor,
+        groups: list[Hashable],
+        n_steps: int,
+        mini: int,
+    ) -> _Targets:
+        """Step 2: what every optimizer step of the update trains towards, computed once for the batch.
 
-        # all advantages zero and nothing else in the loss: the gradient is exactly zero, no forward needed
-        # (per optimizer step: a mini-batch whose advantages are all zero gets zero gradients, no passes)
+        When the zero-advantage skip applies, the advantages come first (there is no KL-in-reward term
+        then): if they are all zero, no optimizer step needs a forward pass, so the behaviour log-probs of a
+        multi-step update are not computed either. Otherwise the advantages follow the fixed log-probs,
+        after the KL-in-reward term when there is one."""
+        cfg = self.config
         adv: Tensor | None = None
         zero_gradient = False
-        can_skip = cfg.skip_zero_advantage and not kl_on and cfg.entropy_coef == 0.0
-        if can_skip:
-            adv = advantages(None)
+        if self._skips_zero_advantage:
+            adv = self._advantages(rollouts, batch, rewards, groups, token_rewards=None)
             zero_gradient = not bool((adv != 0).any())
+        old_lp, ref_lp = self._fixed_logprobs(rollouts, batch, n_steps, zero_gradient)
+        if adv is None:
+            token_rewards = self._kl_token_rewards(batch, old_lp, ref_lp)
+            adv = self._advantages(rollouts, batch, rewards, groups, token_rewards=token_rewards)
+        role_w = role_loss_weights(_roles(rollouts), batch.mask, cfg.role_weighting, cfg.loss_agg_mode, mini)
+        norm_len = float(cfg.norm_len or batch.mask.shape[1])
+        return _Targets(adv, old_lp, ref_lp, role_w, _role_rows(rollouts), norm_len)
 
-        # fixed log-probs: behaviour (ratio denominator) and reference (KL)
+    def _advantages(
+        self,
+        rollouts: list[Rollout],
+        batch: _Batch,
+        rewards: Tensor,
+        groups: list[Hashable],
+        token_rewards: Tensor | None,
+    ) -> Tensor:
+        """The configured estimator over the whole batch (baseline groups ``Rollout.group``, whitening scopes
+        ``Rollout.scope``), ``[B, Tc]`` float32, zero on padding."""
+        scopes = [r.scope for r in rollouts]
+        adv = self._advantage(
+            rewards,
+            batch.mask,
+            groups,
+            scope_ids=None if all(s is None for s in scopes) else scopes,
+            token_rewards=token_rewards,
+            **self.config.advantage_kwargs,
+        ).detach()
+        return adv.to(torch.float32) * batch.mask
+
+    def _fixed_logprobs(
+        self, rollouts: list[Rollout], batch: _Batch, n_steps: int, zero_gradient: bool
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """``(old_lp, ref_lp)``, ``[B, Tc]`` each or None: the behaviour log-probs (the ratio denominator;
+        None: on-policy, each forward's own detached log-probs) and the reference (base) log-probs (None
+        with ``kl_mode == "off"``)."""
+        cfg = self.config
         old_lp: Tensor | None = None
         if cfg.use_behaviour_logprobs:
             old_lp = self._behaviour_logprobs(rollouts, batch)
         elif (n_steps > 1 or cfg.kl_mode == "reward") and not zero_gradient:
             old_lp = self._logprobs_no_grad(batch, reference=False)
-        ref_lp = self._logprobs_no_grad(batch, reference=True) if kl_on else None
+        ref_lp = self._logprobs_no_grad(batch, reference=True) if cfg.kl_mode != "off" else None
+        return old_lp, ref_lp
 
-        # advantages over the whole batch (after the KL-in-reward term, when there is one)
-        if adv is None:
-            token_rewards = None
-            if cfg.kl_mode == "reward":
-                assert old_lp is not None and ref_lp is not None
-                token_rewards = -cfg.kl_coef * kl_penalty(old_lp, ref_lp, estimator) * batch.mask
-            adv = advantages(token_rewards)
+    def _kl_token_rewards(self, batch: _Batch, old_lp: Tensor | None, ref_lp: Tensor | None) -> Tensor | None:
+        """The KL-in-reward term ``-beta * KL_est(lp_behaviour - lp_ref)`` per token (``kl_mode == "reward"``),
+        else None."""
+        cfg = self.config
+        if cfg.kl_mode != "reward":
+            return None
+        assert old_lp is not None and ref_lp is not None
+        return -cfg.kl_coef * kl_penalty(old_lp, ref_lp, cfg.resolved_kl_estimator) * batch.mask
 
-        params = self.population.parameters(member)
-        opt = self.population.optimizer(member, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
-        norm_len = float(cfg.norm_len or batch.mask.shape[1])
+    # ------------------------------------------------------------------------ step 3: optimizer steps
+    def _optimizer_step(
+        self,
+        batch: _Batch,
+        rows: list[int],
+        targets: _Targets,
+        params: list[nn.Parameter],
+        opt: torch.optim.Optimizer,
+        tally: _Tally,
+    ) -> None:
+        """Step 3 for the mini-batch ``rows``: the summed gradients of its micro-batches (each loss normalised
+        with the mini-batch's token / sequence counts; exact zeros without passes when its advantages are all
+        zero and nothing else is in the loss), the gradient norm clipped, one AdamW step unless the loss or
+        the norm is non-finite (``skip_nonfinite_grad``)."""
+        cfg = self.config
+        norms = {
+            "num_tokens": float(batch.mask[rows].sum().item()),
+            "num_seqs": float(len(rows)),
+            "norm_len": targets.norm_len,
+        }
+        opt.zero_grad(set_to_none=True)
+        step_loss = step_pg = 0.0
+        zero_step = self._skips_zero_advantage and not bool((targets.adv[rows] != 0).any())
+        if zero_step:  # what backward would have accumulated: exact zeros
+            tally.zero_steps += 1
+            for p in params:
+                p.grad = torch.zeros_like(p)
+        for micro in [] if zero_step else self._micro_batches(batch, rows):
+            loss, pg_loss = self._backward(batch, micro, targets, norms, tally)
+            step_loss += loss
+            step_pg += pg_loss
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
+        gn = float(torch.nn.utils.clip_grad_norm_(params, max_norm).item())
+        tally.grad_norms.append(gn)
+        if finite_update(step_loss, gn) or not cfg.skip_nonfinite_grad:
+            opt.step()
+        else:
+            tally.skipped += 1
+        opt.zero_grad(set_to_none=True)
+        tally.losses.append(step_loss)
+        tally.pg_losses.append(step_pg)
+
+    def _backward(
+        self, batch: _Batch, rows: list[int], targets: _Targets, norms: dict[str, float], tally: _Tally
+    ) -> tuple[float, float]:
+        """One micro-batch of step 3: forward, ``policy_loss``, backward (the gradient accumulates on the
+        member's parameters); tallies its token-weighted metrics and returns ``(loss, pg_loss)``."""
+        cfg = self.config
         device = self._device
-        sums: dict[str, float] = defaultdict(float)
-        tok_total = 0.0
-        role_rows = _role_rows(rollouts)  # role -> [B] float indicator of its rows (empty without meta roles)
-        role_ent: dict[str, float] = defaultdict(float)
-        role_tok: dict[str, float] = defaultdict(float)
-        losses, pg_losses, grad_norms = [], [], []
-        skipped = zero_steps = 0
-        role_w = role_loss_weights(_roles(rollouts), batch.mask, cfg.role_weighting, cfg.loss_agg_mode, mini)
-        for _epoch in range(cfg.epochs):
-            for start in range(0, B, mini):
-                mb_rows = list(range(start, min(B, start + mini)))
-                mb_tokens = float(batch.mask[mb_rows].sum().item())
-                norms = {"num_tokens": mb_tokens, "num_seqs": float(len(mb_rows)), "norm_len": norm_len}
-                opt.zero_grad(set_to_none=True)
-                step_loss = step_pg = 0.0
-                zero_step = can_skip and not bool((adv[mb_rows] != 0).any())
-                if zero_step:  # what backward would have accumulated: exact zeros
-                    zero_steps += 1
-                    for p in params:
-                        p.grad = torch.zeros_like(p)
-                for rows in [] if zero_step else self._micro_batches(batch, mb_rows):
-                    lp, ent = self._forward(batch, rows, ent_grad=cfg.entropy_coef != 0.0)
-                    m = batch.mask[rows].to(device)
-                    out = policy_loss(
-                        lp,
-                        lp.detach() if old_lp is None else old_lp[rows].to(device),
-                        adv[rows].to(device),
-                        m,
-                        clip_eps_low=cfg.clip_eps_low,
-                        clip_eps_high=cfg.clip_eps_high,
-                        loss_agg_mode=cfg.loss_agg_mode,
-                        entropy=ent,
-                        entropy_coef=cfg.entropy_coef,
-                        ref_logprobs=None
-                        if ref_lp is None or cfg.kl_mode != "loss"
-                        else ref_lp[rows].to(device),
-                        kl_coef=cfg.kl_coef if cfg.kl_mode == "loss" else 0.0,
-                        kl_estimator=estimator,
-                        token_weights=None if role_w is None else role_w[rows].to(device),
-                        **norms,
-                    )
-                    out.loss.backward()
-                    step_loss += float(out.loss.detach().item())
-                    step_pg += float(out.pg_loss.item())
-                    t = out.metrics["tokens"]
-                    tok_total += t
-                    for key in ("clip_frac", "approx_kl", "entropy", "kl"):
-                        if key in out.metrics:
-                            sums[key] += out.metrics[key] * t
-                    for role, sel in role_rows.items():
-                        rm = m * sel[rows].to(device).unsqueeze(-1)
-                        role_ent[role] += float((ent.detach() * rm).sum().item())
-                        role_tok[role] += float(rm.sum().item())
-                    if cfg.kl_mode == "reward":
-                        kl_tok = kl_penalty(lp.detach(), ref_lp[rows].to(device), estimator)
-                        sums["kl"] += float((kl_tok * m).sum().item())
-                max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
-                gn = float(torch.nn.utils.clip_grad_norm_(params, max_norm).item())
-                grad_norms.append(gn)
-                if finite_update(step_loss, gn) or not cfg.skip_nonfinite_grad:
-                    opt.step()
-                else:
-                    skipped += 1
-                opt.zero_grad(set_to_none=True)
-                losses.append(step_loss)
-                pg_losses.append(step_pg)
+        kl_loss = cfg.kl_mode == "loss"
+        lp, ent = self._forward(batch, rows, ent_grad=cfg.entropy_coef != 0.0)
+        m = batch.mask[rows].to(device)
+        ref_lp = None if targets.ref_lp is None else targets.ref_lp[rows].to(device)
+        out = policy_loss(
+            lp,
+            lp.detach() if targets.old_lp is None else targets.old_lp[rows].to(device),
+            targets.adv[rows].to(device),
+            m,
+            clip_eps_low=cfg.clip_eps_low,
+            clip_eps_high=cfg.clip_eps_high,
+            loss_agg_mode=cfg.loss_agg_mode,
+            entropy=ent,
+            entropy_coef=cfg.entropy_coef,
+            ref_logprobs=ref_lp if kl_loss else None,
+            kl_coef=cfg.kl_coef if kl_loss else 0.0,
+            kl_estimator=cfg.resolved_kl_estimator,
+            token_weights=None if targets.role_w is None else targets.role_w[rows].to(device),
+            **norms,
+        )
+        out.loss.backward()
+        t = out.metrics["tokens"]
+        tally.tokens += t
+        for key in ("clip_frac", "approx_kl", "entropy", "kl"):
+            if key in out.metrics:
+                tally.sums[key] += out.metrics[key] * t
+        for role, sel in targets.role_rows.items():
+            rm = m * sel[rows].to(device).unsqueeze(-1)
+            tally.role_ent[role] += float((ent.detach() * rm).sum().item())
+            tally.role_tok[role] += float(rm.sum().item())
+        if cfg.kl_mode == "reward":
+            assert ref_lp is not None
+            kl_tok = kl_penalty(lp.detach(), ref_lp, cfg.resolved_kl_estimator)
+            tally.sums["kl"] += float((kl_tok * m).sum().item())
+        return float(out.loss.detach().item()), float(out.pg_loss.item())
 
+    def _metrics(self, batch: _Batch, adv: Tensor, tally: _Tally, n_steps: int) -> dict[str, float]:
+        """The update's metrics (``update``'s docstring) from its advantages and running sums."""
         valid = batch.mask.bool()
         metrics = {
-            "loss": _mean(losses),
-            "pg_loss": _mean(pg_losses),
-            "grad_norm": _mean(grad_norms),
+            "loss": _mean(tally.losses),
+            "pg_loss": _mean(tally.pg_losses),
+            "grad_norm": _mean(tally.grad_norms),
             "advantage_mean": float(adv[valid].mean().item()),
             "advantage_abs_mean": float(adv[valid].abs().mean().item()),
             "response_length": float(batch.mask.sum(-1).mean().item()),
             "tokens": float(batch.mask.sum().item()),
             "num_steps": float(n_steps),
-            "skipped_steps": float(skipped),
-            "zero_advantage_steps": float(zero_steps),
-            "lr": float(cfg.lr),
+            "skipped_steps": float(tally.skipped),
+            "zero_advantage_steps": float(tally.zero_steps),
+            "lr": float(self.config.lr),
         }
-        for key, total in sums.items():
-            metrics[key] = total / max(tok_total, 1.0)
-        for role, n in role_tok.items():
+        for key, total in tally.sums.items():
+            metrics[key] = total / max(tally.tokens, 1.0)
+        for role, n in tally.role_tok.items():
             if n > 0:
-                metrics[f"entropy/{role}"] = role_ent[role] / n
+                metrics[f"entropy/{role}"] = tally.role_ent[role] / n
         return metrics
 
 

@@ -44,23 +44,10 @@ exactly as a PopuLoRA student's are, so the two arms differ only in who proposes
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol, TypeVar
 
-from agents.trainer import TrainerConfig
-from populora_env.config import EnvConfig
+from selfplay.config import TrainConfig
 
 MEMBER = "azr"
-
-
-class RunConfig(Protocol):
-    """What the baseline changes in a run configuration (``selfplay.config.TrainConfig`` fits)."""
-
-    env: EnvConfig
-    trainer: TrainerConfig
-    evolution: bool
-
-
-C = TypeVar("C", bound=RunConfig)
 
 
 def azr_mapping() -> dict[str, str]:
@@ -68,10 +55,9 @@ def azr_mapping() -> dict[str, str]:
     return {"teacher_0": MEMBER, "student_0": MEMBER}
 
 
-def azr_config(cfg: C) -> C:
+def azr_config(cfg: TrainConfig) -> TrainConfig:
     """The baseline's configuration derived from a run configuration: one teacher and one student (one adapter,
     see :func:`azr_mapping`), the ``azr`` reward scheme, no evolution; budgets, token limits and the trainer
     section (estimator included) unchanged."""
     env = dataclasses.replace(cfg.env, num_teachers=1, num_students=1, reward_scheme="azr")
-    changes: dict[str, Any] = {"env": env, "evolution": False}
-    return dataclasses.replace(cfg, **changes)  # type: ignore[type-var]
+    return dataclasses.replace(cfg, env=env, evolution=False)

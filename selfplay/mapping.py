@@ -57,10 +57,6 @@ class AgentMapping:
         """The agents ``member`` acts for."""
         return [a for a, m in self.agent_to_member.items() if m == member]
 
-    def roles_of(self, member: str) -> list[str]:
-        """The roles ``member`` plays (both, for the single-agent baseline)."""
-        return sorted({self.agent_roles[a] for a in self.agents_of(member)})
-
     def to_dict(self) -> dict[str, dict[str, str]]:
         return {"agent_to_member": dict(self.agent_to_member), "agent_roles": dict(self.agent_roles)}
 

@@ -23,14 +23,13 @@ figures), :mod:`~evaluation.report.summary` (``summary.md``), :mod:`~evaluation.
 """
 
 from evaluation.report.loading import NoEventsError, RunData, Scalars, load_run, load_scalars
-from evaluation.report.make import ReportConfig, make_report, run_report
+from evaluation.report.make import make_report
 from evaluation.report.numerics import Child, PairWindow, children, pair_windows, smooth
 
 __all__ = [
     "Child",
     "NoEventsError",
     "PairWindow",
-    "ReportConfig",
     "RunData",
     "Scalars",
     "children",
@@ -38,6 +37,5 @@ __all__ = [
     "load_scalars",
     "make_report",
     "pair_windows",
-    "run_report",
     "smooth",
 ]

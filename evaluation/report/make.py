@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from evaluation.report import numerics as nx
@@ -13,25 +12,6 @@ from evaluation.report.loading import load_run
 from evaluation.report.plots import Plotter
 from evaluation.report.summary import summary_markdown, unique_names
 from selfplay import tags
-
-
-@dataclass
-class ReportConfig:
-    """Configuration of ``populora report``.
-
-    Attributes:
-        runs: run directories to compare (``runs/<name>``), at least one.
-        out: output directory; default ``<first run>/report``.
-        smoothing: EMA weight of the smoothed curves, in [0, 1) (0 = raw only); raw curves are drawn faintly.
-        formats: image formats to write; ``png`` is always written (``summary.md`` links the PNGs).
-        dpi: resolution of the images.
-    """
-
-    runs: list[Path] = field(default_factory=list)
-    out: Path | None = None
-    smoothing: float = 0.6
-    formats: tuple[str, ...] = ("png",)
-    dpi: int = 110
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -205,7 +185,3 @@ def make_report(
     _write_atomic(out_dir / "figures.json", json.dumps({"figures": plot.manifest}, indent=1) + "\n")
     return out_dir
 
-
-def run_report(cfg: ReportConfig) -> Path:
-    """Entry point for ``populora report``: :func:`make_report` from a :class:`ReportConfig`."""
-    return make_report(cfg.runs, cfg.out, cfg.smoothing, formats=cfg.formats, dpi=cfg.dpi)

@@ -295,9 +295,6 @@ class Child:
     culled_rank: int | None
     ranks: dict[int, int] = field(default_factory=dict)
 
-    def rank_at(self, k: int) -> int | None:
-        return self.ranks.get(k)
-
 
 def _rank(scores: Mapping[str, float], name: str) -> int:
     return 1 + sum(1 for m, v in scores.items() if m != name and v > scores[name])

@@ -1,6 +1,7 @@
 """``--backend ray``: the run's parts as Ray actors behind the interfaces the loop already uses (docs/ray.md).
 
 * :mod:`.config` — the ``ray`` section of the run config and its static checks (no Ray import);
+* :mod:`.errors` — :class:`~.errors.ClusterError`, what set-up raises when the cluster cannot hold the run;
 * :mod:`.cluster` — connecting, the checks that need the cluster (resources, run directory on every node),
   placement groups (:func:`~.cluster.preflight`);
 * :mod:`.sandbox` — a sandbox actor per node and the ``run(jobs)`` contract over them;

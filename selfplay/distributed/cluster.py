@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from selfplay.distributed.config import RAY_INSTALL_HINT, RayConfig, ray_installed
+from selfplay.distributed.errors import ClusterError
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +40,6 @@ __all__ = [
     "ClusterError", "Prepared", "fit_demands", "member_count", "preflight", "sandbox_limits", "split_members",
     "visibility_problems",
 ]
-
-
-class ClusterError(RuntimeError):
-    """The cluster cannot hold the run as requested (one line; the command exits with status 2)."""
 
 
 def split_members(members: Sequence[str], roles: Mapping[str, Sequence[str]], shards: int) -> list[list[str]]:

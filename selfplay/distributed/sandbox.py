@@ -34,6 +34,7 @@ import ray
 
 from populora_env.sandbox import ExecJob, ExecResult, Limits, SandboxError
 from selfplay.distributed.config import RayConfig
+from selfplay.distributed.errors import ClusterError
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +65,8 @@ def start_sandbox_actors(rc: RayConfig, limits: Mapping[str, Any], pg: Any, coun
     """Start ``count`` sandbox actors, bundle ``i`` of the STRICT_SPREAD placement group ``pg`` each (one per
     node), and wait (``rc.placement_timeout_s``) until each has started its sandbox and reported its isolation.
 
-    Raises :class:`~selfplay.distributed.cluster.ClusterError` naming the node when one cannot start."""
+    Raises :class:`~selfplay.distributed.errors.ClusterError` naming the node when one cannot start."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    from selfplay.distributed.cluster import ClusterError
 
     cls = ray.remote(SandboxActor)
     require = "strong" if rc.sandbox_require == "strong" else None

@@ -27,13 +27,11 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from evaluation.report import (
     NoEventsError,
-    ReportConfig,
     children,
     load_run,
     load_scalars,
     make_report,
     pair_windows,
-    run_report,
     smooth,
 )
 from selfplay import tags
@@ -469,14 +467,14 @@ def test_run_without_events_is_a_clear_error(tmp_path: Path, report: tuple[Path,
 
 
 def test_early_run_with_few_points_and_config(tmp_path: Path) -> None:
-    """A run with one logged step and no side files still reports; smoothing 0 and PDF output via the config."""
+    """A run with one logged step and no side files still reports; smoothing 0 and PDF output."""
     run = tmp_path / "just-started"
     run.mkdir()
     writer = EventFileWriter(str(run))
     writer.add_event(event_pb2.Event(step=0, wall_time=time.time(), summary=_simple(tags.SOLVE_RATE, 0.5)))
     writer.add_event(event_pb2.Event(step=0, wall_time=time.time(), summary=_simple(tags.validity("valid"), 3.0)))
     writer.close()
-    out = run_report(ReportConfig(runs=[run], out=tmp_path / "rep", smoothing=0.0, formats=("png", "pdf")))
+    out = make_report([run], out=tmp_path / "rep", smoothing=0.0, formats=("png", "pdf"))
     summary = (out / "summary.md").read_text()
     assert _row(summary, "student solve rate on matched tasks") == ["0.5 / 0.5"]
     assert _row(summary, "valid rate") == ["1 / 1"]  # from the validity counts
