@@ -1,4 +1,4 @@
-"""The two arms differ only in who proposes and who judges: each claim of the README's compute-matching paragraph.
+"""The two arms differ only in who proposes and who judges: each claim of docs/usage.md's compute-matching paragraph.
 
 1. The resolved configurations (``populora train|baseline --preset P --dry-run``) are equal but for the agent
    counts, the reward scheme (and its keyword arguments), evolution and the run's name — the trainer section (estimator included) for
