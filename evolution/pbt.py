@@ -1,4 +1,5 @@
-"""The PBT replacement step of PopuLoRA as a training-loop callback (docs/method.md §7).
+"""The PBT replacement step of PopuLoRA, which the training loop calls directly after each step's updates
+(docs/method.md §7).
 
 Every ``interval`` steps, per role (teachers are replaced by teacher children, students by student children):
 

@@ -27,9 +27,12 @@ import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import tyro
+
+if TYPE_CHECKING:
+    from selfplay.resume import ResumePoint
 
 # OpenMP threads that sleep instead of spinning when idle (agents.generation.threads): libgomp reads this once,
 # when torch loads, so it is set here, before anything imports torch; a value the user set is kept.
@@ -181,30 +184,27 @@ def _train(cmd: str, argv: list[str]) -> int:
     if known.dry_run:
         print(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
         return 0
-    from selfplay.rundir import (
-        RunDirError,
-        check_resume_dir,
-        default_run_dir,
-        prepare_new_run_dir,
-        run_lock,
-    )
+    from selfplay.checkpoint import CheckpointError
+    from selfplay.resume import resume_point
+    from selfplay.rundir import RunDirError
 
-    target = Path(known.resume) if known.resume else default_run_dir(cfg)
-    try:  # before the learning stack is imported and the model loads; the lock is held until the run ends
-        check_resume_dir(target) if known.resume else prepare_new_run_dir(target)
-        with run_lock(target, cmd):
-            return _train_locked(cmd, cfg, assignment, arm, target, overrides or ())
-    except RunDirError as e:
+    try:  # new run or resume, decided and checked once; the lock is held until the run ends
+        with resume_point(cfg, overrides or (), cmd) as point:
+            return _train_locked(cmd, cfg, assignment, arm, point)
+    except (RunDirError, CheckpointError) as e:  # before the model loads
         return _fail(cmd, str(e))
+    except ConfigError as e:
+        return _config_error(cmd, e)
 
 
-def _train_locked(cmd: str, cfg: Any, assignment: dict[str, str] | None, arm: str, target: Path,
-                  overrides: list[str] | tuple[str, ...]) -> int:
+def _train_locked(cmd: str, cfg: Any, assignment: dict[str, str] | None, arm: str, point: ResumePoint
+                  ) -> int:
     from populora_env.rewards import RewardSchemeError
     from selfplay.config import ConfigError
     from selfplay.distributed.cluster import ClusterError
     from selfplay.rundir import RunDirError, os_error_line
 
+    target = point.run_dir
     if cfg.backend == "ray":  # the cluster can hold the run (resources, run directory on every node): exit 2 if not
         from dataclasses import asdict
 
@@ -216,10 +216,10 @@ def _train_locked(cmd: str, cfg: Any, assignment: dict[str, str] | None, arm: st
             return _fail(cmd, str(e))
     from selfplay.checkpoint import CheckpointError
     from selfplay.finite import NonFiniteTraining
-    from selfplay.run import train
+    from selfplay.run import train_from
 
     try:
-        run_dir = train(cfg, assignment, meta={"arm": arm}, overrides=overrides)
+        run_dir = train_from(point, cfg, assignment, meta={"arm": arm})
     except ConfigError as e:
         return _config_error(cmd, e)
     except RewardSchemeError as e:

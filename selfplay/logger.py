@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from torch.utils.tensorboard import SummaryWriter
 
+from populora_env.results import RoundResults
 from selfplay import tags
 from selfplay.loop import StepRecord
 
@@ -45,12 +46,24 @@ def hparams_markdown(cfg_dict: Mapping[str, Any]) -> str:
 
 
 def step_scalars(record: StepRecord) -> dict[str, float]:
-    """Every scalar tag of one step."""
-    out: dict[str, float] = {}
+    """Every scalar tag of one step, by family."""
     results = record.outcome.results
-    roles = record.mapping.agent_roles
+    out = _reward_scalars(record)
+    out.update(_student_scalars(results))
+    out.update(_teacher_scalars(results))
+    out.update(_rating_scalars(record.outcome.ratings))
+    out.update(_program_scalars(record.outcome.summary.get("metrics") or {}))
+    out.update(_update_scalars(record.member_metrics))
+    for phase, seconds in record.times.items():
+        out[tags.STEP_SECONDS if phase == "step" else tags.time(phase)] = float(seconds)
+    out[tags.REPLACEMENTS] = float(len(record.evolution))
+    return out
 
-    # rewards and lengths: per agent, per role (means over completions)
+
+def _reward_scalars(record: StepRecord) -> dict[str, float]:
+    """Rewards and response lengths: per agent, and per role (means over the role's completions)."""
+    out: dict[str, float] = {}
+    roles = record.mapping.agent_roles
     agent_rewards: dict[str, list[float]] = defaultdict(list)
     agent_lengths: dict[str, list[int]] = defaultdict(list)
     for (agent, index), c in record.completions.items():
@@ -65,8 +78,13 @@ def step_scalars(record: StepRecord) -> dict[str, float]:
         if rewards:
             out[reward_tag] = float(np.mean(rewards))
             out[tags.response_length(role)] = float(np.mean(lengths))
+    return out
 
-    # students: solve rate on matched tasks, filler apart, format rate
+
+def _student_scalars(results: RoundResults) -> dict[str, float]:
+    """Students: solve rate on matched tasks (filler apart), format and correct rates (also per task type), and
+    the teacher x student matrix (each matched pair's attempts at the teacher's tasks and correct ones)."""
+    out: dict[str, float] = {}
     matched = [a for a in results.attempts if a.matched]
     filler = [a for a in results.attempts if not a.matched]
     if matched:
@@ -82,42 +100,57 @@ def step_scalars(record: StepRecord) -> dict[str, float]:
         for task_type, attempts in attempts_by_type.items():  # per type: a drifting type mix is told apart
             out[tags.student_format_rate(task_type)] = sum(a.format_ok for a in attempts) / len(attempts)
             out[tags.student_correct_rate(task_type)] = sum(a.correct for a in attempts) / len(attempts)
-    # the teacher x student matrix: each matched pair's attempts at the teacher's tasks and correct ones
     for match in results.matches:
         out[tags.pair(match.teacher, match.student, "attempts")] = float(match.n_attempts)
         out[tags.pair(match.teacher, match.student, "correct")] = float(match.n_correct)
+    return out
 
-    # teachers: validity, per type and per reason
-    if results.proposals:
-        out[tags.VALID_RATE] = sum(p.valid for p in results.proposals) / len(results.proposals)
-        by_type: dict[str, list[bool]] = defaultdict(list)
-        reasons: dict[str, int] = defaultdict(int)
-        for p in results.proposals:
-            by_type[p.task_type].append(p.valid)
-            reasons["valid" if p.valid else (p.reason or "invalid")] += 1
-        for task_type, vs in by_type.items():
-            out[tags.valid_rate(task_type)] = sum(vs) / len(vs)
-        for reason, n in reasons.items():
-            out[tags.validity(reason)] = float(n)
 
-    # ratings
-    for agent, (mu, sigma) in record.outcome.ratings.items():
+def _teacher_scalars(results: RoundResults) -> dict[str, float]:
+    """Teachers: validity, overall, per task type and per rejection reason."""
+    out: dict[str, float] = {}
+    if not results.proposals:
+        return out
+    out[tags.VALID_RATE] = sum(p.valid for p in results.proposals) / len(results.proposals)
+    by_type: dict[str, list[bool]] = defaultdict(list)
+    reasons: dict[str, int] = defaultdict(int)
+    for p in results.proposals:
+        by_type[p.task_type].append(p.valid)
+        reasons["valid" if p.valid else (p.reason or "invalid")] += 1
+    for task_type, vs in by_type.items():
+        out[tags.valid_rate(task_type)] = sum(vs) / len(vs)
+    for reason, n in reasons.items():
+        out[tags.validity(reason)] = float(n)
+    return out
+
+
+def _rating_scalars(ratings: Mapping[str, tuple[float, float]]) -> dict[str, float]:
+    """Each agent's rating: mu, sigma and the conservative mu - 3 sigma."""
+    out: dict[str, float] = {}
+    for agent, (mu, sigma) in ratings.items():
         out[tags.member(agent, "mu")] = float(mu)
         out[tags.member(agent, "sigma")] = float(sigma)
         out[tags.member(agent, "conservative")] = float(mu) - 3.0 * float(sigma)
+    return out
 
-    # programs
-    metrics = record.outcome.summary.get("metrics") or {}
-    if metrics.get("n_programs"):  # complexity means only over rounds that produced valid programs
+
+def _program_scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The round's program complexity (means, only over rounds that produced valid programs) and coverage."""
+    out: dict[str, float] = {}
+    if metrics.get("n_programs"):
         for key in tags.PROGRAM_KEYS:
             if metrics.get(f"{key}_mean") is not None:
                 out[tags.program(key)] = float(metrics[f"{key}_mean"])
     for key in tags.COVERAGE_KEYS:
         if metrics.get(key) is not None:
             out[tags.program(key)] = float(metrics[key])
+    return out
 
-    # updates
-    members = record.member_metrics
+
+def _update_scalars(members: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """The updates: each member's trainer metrics, the losses and the zero-std fraction averaged over members,
+    and per role the members' entropy over that role's tokens only (trainer metric ``entropy/<role>``)."""
+    out: dict[str, float] = {}
     for m, mm in members.items():
         for key in (*tags.MEMBER_KEYS, tags.SYNC):
             if mm.get(key) is not None:
@@ -129,15 +162,10 @@ def step_scalars(record: StepRecord) -> dict[str, float]:
     v = _mean(mm.get("frac_reward_zero_std") for mm in members.values())
     if v is not None:
         out[tags.FRAC_REWARD_ZERO_STD] = v
-    # per role: each member's entropy over that role's tokens only (trainer metric entropy/<role>)
     for role in tags.ROLES:
         v = _mean(mm.get(f"entropy/{role}") for mm in members.values())
         if v is not None:
             out[tags.entropy(role)] = v
-
-    for phase, seconds in record.times.items():
-        out[tags.STEP_SECONDS if phase == "step" else tags.time(phase)] = float(seconds)
-    out[tags.REPLACEMENTS] = float(len(record.evolution))
     return out
 
 

@@ -11,20 +11,18 @@ agent); whether that is a population or a single-agent baseline is the caller's 
 through their interfaces — the generator (``generate``, ``refresh``), the trainer (``update``), the population
 (state, save/load), the env (PettingZoo) and the PBT controller — so another backend can fill them.
 
-The loop is resumable: a checkpoint holds adapters, optimizer states, env state (ratings, buffers, RNG), the
-PBT controller and the loop's counters and RNG states; sampling seeds are derived from (seed, step, phase,
-agent, index), so a resumed run repeats the uninterrupted one.
+The loop only plays steps. Checkpoints and resume are :mod:`selfplay.resume`'s (it saves and restores the
+loop's parts and continues it with :meth:`SelfPlayLoop.continue_after`); sampling seeds are derived from (seed,
+step, phase, agent, index), so a resumed run repeats the uninterrupted one.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import logging
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,23 +38,11 @@ from agents.trainer import PolicyGradientTrainer
 from evolution.pbt import PBTController
 from populora_env import parallel_env
 from populora_env.results import RoundOutcome
-from selfplay.checkpoint import (
-    CheckpointError,
-    Resumable,
-    cleanup_partial,
-    find_resumable,
-    set_aside,
-    write_checkpoint,
-    write_json,
-    write_text_atomic,
-)
 from selfplay.config import TrainConfig
 from selfplay.finite import NonFiniteGuard, check_rewards
 from selfplay.mapping import AgentMapping
 from selfplay.rollouts import CompletionId, rollouts_from_round
 from selfplay.seeding import SeedingReport, seed_before_training
-
-log = logging.getLogger(__name__)
 
 
 def derive_seed(*parts: int | str) -> int:
@@ -68,7 +54,7 @@ def derive_seed(*parts: int | str) -> int:
 
 @dataclass
 class StepRecord:
-    """Everything one training step produced, typed (what the logger and callbacks read).
+    """Everything one training step produced, typed (what the run and its logger read).
 
     Attributes:
         step: the training step just finished (1-based).
@@ -98,19 +84,18 @@ class SelfPlayLoop:
     Args:
         cfg: the run configuration (its ``env`` section builds the env as is).
         assignment: env agent -> adapter name; ``None`` = one adapter per env agent (a population).
-        run_dir: where checkpoints and the lineage are written.
-        callbacks: extra ``fn(loop, record)`` called at the end of every step.
+        run_dir: where the lineage and the seeding record are written.
     """
 
-    def __init__(self, cfg: TrainConfig, run_dir: Path, assignment: Mapping[str, str] | None = None,
-                 callbacks: Sequence[Callable[[SelfPlayLoop, StepRecord], None]] = ()):
+    def __init__(self, cfg: TrainConfig, run_dir: Path, assignment: Mapping[str, str] | None = None):
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.assignment = None if assignment is None else dict(assignment)
-        self.callbacks = list(callbacks)
         self.nonfinite = NonFiniteGuard(cfg.trainer.max_nonfinite_updates)
 
     # ------------------------------------------------------------------------------------- set-up
-    def _device(self) -> str:
+    @property
+    def device(self) -> str:
+        """The torch device the local backend's model runs on (``cfg.device``; ``auto``: CUDA if available)."""
         if self.cfg.device == "auto":
             return "cuda" if torch.cuda.is_available() else "cpu"
         return self.cfg.device
@@ -136,7 +121,7 @@ class SelfPlayLoop:
             self.env = parallel_env(cfg.env, seed=cfg.seed)
             self.mapping = AgentMapping.build(self.env.teachers, self.env.students, self.assignment)
             base, self.tokenizer = load_base(cfg.model, dtype=getattr(torch, cfg.dtype))
-            base.to(self._device())
+            base.to(self.device)
             self.population = LoRAPopulation(base, self.mapping.members, rank=cfg.rank, alpha=cfg.alpha,
                                              target_modules=cfg.target_modules, seed=cfg.seed)
             g = cfg.generation
@@ -151,85 +136,14 @@ class SelfPlayLoop:
         self.step = 0
         self._seeded = False
         self.seeding: SeedingReport | None = None  # the base model's seeding stage (env.seed_tasks), if any
-        self.totals: dict[str, float] = defaultdict(float)
-        self.history: list[dict[str, Any]] = []  # one summary row per step (run_summary.json)
 
-    # -------------------------------------------------------------------------------- checkpoints
-    def save_checkpoint(self) -> Path:
-        """Atomic checkpoint of everything needed to continue exactly."""
-
-        def write(d: Path) -> None:
-            self.population.save_all(d / "population")
-            write_json(d / "env_state.json", self.env.state_dict())
-            if self.pbt is not None:
-                write_json(d / "pbt_state.json", self.pbt.state_dict())
-            write_json(d / "loop_state.json", {
-                "step": self.step, "totals": dict(self.totals), "history": self.history,
-                "python_rng": repr(random.getstate()),
-                "numpy_rng": _np_state_to_json(np.random.get_state()),
-            })
-            torch.save({"torch_rng": torch.get_rng_state()}, d / "torch_rng.pt")
-
-        return write_checkpoint(self.run_dir, self.step, write, keep=self.cfg.keep_checkpoints)
-
-    def load_checkpoint(self, chosen: Resumable | None = None) -> bool:
-        """Restore from checkpoint ``chosen`` (default: the newest intact one, see
-        :func:`~selfplay.checkpoint.find_resumable`); False if the run has none (it then starts from step 0).
-
-        The damaged newer checkpoints that were skipped are moved to ``checkpoints/damaged/``, and the lineage
-        lines of steps after the checkpoint used are dropped.
-
-        Raises:
-            NoIntactCheckpoint: the run has checkpoints but none is intact (naming each damaged file).
-            CheckpointError: the checkpoint used does not fit this run.
-        """
-        cleanup_partial(self.run_dir)
-        if chosen is None:
-            chosen = find_resumable(self.run_dir)
-            if chosen is None:  # killed before its first checkpoint: its lineage lines are replayed from step 0
-                self._truncate_lineage(0)
-                return False
-        step, d = chosen.step, chosen.path
-        st = json.loads((d / "loop_state.json").read_text())
-        if int(st["step"]) != step:
-            raise CheckpointError(d / "loop_state.json", f"holds step {st['step']}, expected {step}")
-        self.population.load_all(d / "population")
-        self.env.load_state_dict(json.loads((d / "env_state.json").read_text()))
-        if self.pbt is not None and (d / "pbt_state.json").is_file():
-            self.pbt.load_state_dict(json.loads((d / "pbt_state.json").read_text()))
+    def continue_after(self, step: int) -> None:
+        """Continue a run after step ``step``, whose state (population, env, PBT) was just loaded
+        (:func:`selfplay.resume.load_checkpoint`): no seeding stage, no seeded reset, the generator re-reads
+        every adapter."""
         self.step = step
         self._seeded = True
-        self.totals = defaultdict(float, st.get("totals", {}))
-        self.history = list(st.get("history", []))
-        random.setstate(_eval_py_rng(st["python_rng"]))
-        np.random.set_state(_np_state_from_json(st["numpy_rng"]))
-        torch.set_rng_state(torch.load(d / "torch_rng.pt")["torch_rng"])
-        set_aside(self.run_dir, [e.checkpoint for e in chosen.skipped])
-        self._truncate_lineage(step)
         self.generator.refresh(self.population.names)
-        skipped = "".join(f"; skipped damaged {e.checkpoint.name} ({e})" for e in chosen.skipped)
-        log.info("resumed %s from checkpoint step %d%s", self.run_dir, step, skipped)
-        return True
-
-    def _truncate_lineage(self, step: int) -> None:
-        """Drop lineage lines written after checkpoint ``step`` by a run that was killed later (a line cut short
-        by the kill included: it was being written after the checkpoint)."""
-        path = self.run_dir / "lineage.jsonl"
-        if not path.is_file():
-            return
-        keep, dropped = [], 0
-        for ln in path.read_text().splitlines():
-            try:
-                line_step = json.loads(ln)["step"] if ln.strip() else None
-            except (json.JSONDecodeError, TypeError, KeyError):
-                line_step = None
-            if isinstance(line_step, int) and line_step <= step:
-                keep.append(ln)
-            elif ln.strip():
-                dropped += 1
-        if dropped:
-            log.info("lineage: dropped %d line(s) written after checkpoint step %d", dropped, step)
-            write_text_atomic(path, "".join(ln + "\n" for ln in keep))
 
     # ------------------------------------------------------------------------------- generation
     def _generate(self, obs: Mapping[str, Sequence[str]], infos: Mapping[str, dict], phase: str
@@ -271,7 +185,7 @@ class SelfPlayLoop:
         if not requests:
             return completions, prompts, 0.0
         t0 = time.perf_counter()
-        with generation_threads(g.threads, self._device()):
+        with generation_threads(g.threads, self.device):
             generated = self.generator.generate(requests)
         seconds = time.perf_counter() - t0
         for c in generated:
@@ -295,10 +209,10 @@ class SelfPlayLoop:
 
     # ------------------------------------------------------------------------------------ a step
     def train_step(self) -> StepRecord:
-        """Play one round, update every member, run the PBT step and the callbacks."""
+        """Play one round, update every member and run the PBT step."""
         cfg, env = self.cfg, self.env
         if self.step == 0 and not self._seeded:  # a fresh run: the base model fills the buffers first, once
-            self.seeding = seed_before_training(self)
+            self.seeding = seed_before_training(cfg, self.run_dir, env, self.generator, self.device)
         t_step = time.perf_counter()
         if not self._seeded:
             obs, infos = env.reset(seed=cfg.seed)
@@ -343,8 +257,6 @@ class SelfPlayLoop:
             times={"generation": gen_s + gen2_s, "sandbox": sandbox_s, "update": update_s,
                    "evolution": time.perf_counter() - t0})
         record.times["step"] = time.perf_counter() - t_step
-        for cb in self.callbacks:
-            cb(self, record)
         return record
 
 
@@ -352,21 +264,6 @@ def _generation_spec(request: Mapping[str, Any]) -> tuple[bool, str, tuple[str, 
     """``(chat, prefix, stop)`` of a GenerationRequest from the env's request info (its prompt set's rules)."""
     return (bool(request.get("chat_template", True)), str(request.get("prefix", "")),
             tuple(request.get("stop", ())))
-
-
-def _np_state_to_json(state: tuple) -> list:
-    name, keys, pos, has_gauss, cached = state
-    return [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
-
-
-def _np_state_from_json(s: list) -> tuple:
-    return (s[0], np.array(s[1], dtype=np.uint32), s[2], s[3], s[4])
-
-
-def _eval_py_rng(text: str) -> tuple:
-    import ast
-
-    return ast.literal_eval(text)  # our own repr of random.getstate(): a tuple of ints
 
 
 __all__ = ["SelfPlayLoop", "StepRecord", "derive_seed"]

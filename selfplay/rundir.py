@@ -178,8 +178,9 @@ def run_lock(path: Path, command: str = "train") -> Iterator[Path]:
     host; reading a run (``populora report``, ``populora eval``) takes no lock. The kernel drops the lock when
     its holder exits however it exits (``kill -9`` included), so a lock file left by a dead process is stale by
     construction: the next process acquires it and overwrites the record; no pid is probed, so a reused pid
-    cannot make a dead holder look alive. Re-entrant within one process (``populora train`` holds it around
-    :func:`selfplay.run.train`, which takes it again for Python callers). The directory must exist.
+    cannot make a dead holder look alive. Taken once per run, by :func:`selfplay.resume.resume_point`;
+    re-entrant within one process all the same (a holder may call code that takes it again). The directory must
+    exist.
 
     Why ``fcntl.flock`` and not ``filelock``: the same kernel lock underneath, but the record of who holds it
     lives in the locked file itself, so the refusal can name the holder (POSIX only; on NFS, Linux maps

@@ -53,7 +53,7 @@ from populora_env.config import seed_proposal_budget
 from populora_env.seeds import strip_comments_and_docstrings
 from populora_env.tasks import TaskType
 from selfplay.checkpoint import write_json
-from selfplay.config import to_dict
+from selfplay.config import TrainConfig, to_dict
 
 log = logging.getLogger(__name__)
 
@@ -278,55 +278,64 @@ def strip_seeded_programs(buffers: Any) -> int:
     return changed
 
 
-def seed_before_training(loop: Any) -> SeedingReport | None:
-    """The seeding stage of a :class:`~selfplay.loop.SelfPlayLoop` that starts at step 0 (``None`` when
-    ``env.seed_tasks`` is 0). Reuses ``<run>/seeding.json`` when it was written by the same settings."""
-    cfg = loop.cfg
+def seed_before_training(cfg: TrainConfig, run_dir: Path, env: Any, generator: Any, device: str
+                         ) -> SeedingReport | None:
+    """The seeding stage of a run that starts at step 0 (``None`` when ``cfg.env.seed_tasks`` is 0): fills
+    ``env``'s buffers. Reuses ``<run_dir>/seeding.json`` when it was written by the same settings, else the shared
+    cache (:func:`seeding_cache_path`), else generates with the base model.
+
+    Args:
+        cfg: the run configuration (its fingerprint decides what may be reused).
+        run_dir: the run directory (``seeding.json`` is written there).
+        env: a :class:`populora_env.env.PopuLoRAParallelEnv` between rounds, at its initial buffers.
+        generator: the run's generator (asked with every adapter disabled).
+        device: the device the generator's model runs on (its generation threads).
+    """
     target = cfg.env.seed_tasks
     if target <= 0:
         return None
-    path = Path(loop.run_dir) / SEEDING_FILE
+    path = Path(run_dir) / SEEDING_FILE
     fingerprint = seeding_fingerprint(cfg)
     saved = _read(path)
     if saved is not None and saved.get("fingerprint") == fingerprint:
-        report = _reuse(loop, saved, path)
+        report = _reuse(env, saved, path)
     else:
-        shared = seeding_cache_path(cfg, loop.run_dir)
+        shared = seeding_cache_path(cfg, run_dir)
         shared.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(shared) + ".lock"):  # the other arm seeds once, the second one waits and reuses
             cached = _read(shared)
             if cached is not None and cached.get("fingerprint") == fingerprint:
-                report = _reuse(loop, cached, shared)
+                report = _reuse(env, cached, shared)
             else:
-                report = _seed(loop, cfg)
+                report = _seed(cfg, env, generator, device)
                 write_json(shared, {"fingerprint": fingerprint, "report": report.to_dict(),
-                                    "buffers": loop.env.buffers.state_dict()})
+                                    "buffers": env.buffers.state_dict()})
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(path, {"fingerprint": fingerprint, "report": report.to_dict(),
-                          "buffers": loop.env.buffers.state_dict()})
+                          "buffers": env.buffers.state_dict()})
     message = report.warning()
     if message:
         log.warning(message)
     return report
 
 
-def _reuse(loop: Any, saved: Mapping[str, Any], path: Path) -> SeedingReport:
-    loop.env.buffers.load_state_dict(saved["buffers"])
+def _reuse(env: Any, saved: Mapping[str, Any], path: Path) -> SeedingReport:
+    env.buffers.load_state_dict(saved["buffers"])
     report = SeedingReport.from_dict(saved["report"])
     report.reused = True
-    log.info("seeding: reused %s (buffers %s)", path, loop.env.buffers.sizes())
+    log.info("seeding: reused %s (buffers %s)", path, env.buffers.sizes())
     return report
 
 
-def _seed(loop: Any, cfg: Any) -> SeedingReport:
+def _seed(cfg: TrainConfig, env: Any, generator: Any, device: str) -> SeedingReport:
     """Run the seeding stage with the base model, then strip the seeded programs."""
     g = cfg.generation
-    propose = base_model_proposer(loop.generator, max_new_tokens=g.teacher_max_new_tokens,
+    propose = base_model_proposer(generator, max_new_tokens=g.teacher_max_new_tokens,
                                   temperature=g.temperature, top_p=g.top_p, seed=cfg.seed)
-    with generation_threads(g.threads, loop._device()):
-        report = seed_buffers(loop.env, propose, cfg.env.seed_tasks, seed_proposal_budget(cfg.env),
+    with generation_threads(g.threads, device):
+        report = seed_buffers(env, propose, cfg.env.seed_tasks, seed_proposal_budget(cfg.env),
                               progress=cfg.progress)
-    stripped = strip_seeded_programs(loop.env.buffers)
+    stripped = strip_seeded_programs(env.buffers)
     log.info("seeding: comments and docstrings stripped from %d program(s)", stripped)
     return report
 

@@ -33,11 +33,11 @@ def _install(point: str, step: int) -> None:
     if point not in POINTS:
         raise ValueError(f"POPULORA_TEST_KILL: unknown point {point!r} (known: {', '.join(POINTS)})")
     import selfplay.checkpoint as ck
-    import selfplay.loop as lp
+    import selfplay.resume as rs
     from agents.population import LoRAPopulation
 
     armed = {"on": False, "saved": 0}
-    write_checkpoint = lp.write_checkpoint
+    write_checkpoint = rs.write_checkpoint
 
     def patched_write_checkpoint(run_dir, s, write, keep=2):
         if s != step:
@@ -47,7 +47,7 @@ def _install(point: str, step: int) -> None:
             return write_checkpoint(run_dir, s, lambda tmp: _die(), keep)
         return write_checkpoint(run_dir, s, write, keep)
 
-    lp.write_checkpoint = patched_write_checkpoint
+    rs.write_checkpoint = patched_write_checkpoint
 
     if point == "mid_population":
         save = LoRAPopulation.save

@@ -165,34 +165,65 @@ def _assert_resumed(stderr: str, run: Path, step: int, dropped: int) -> None:
 def test_lineage_truncation_keeps_the_lines_up_to_the_checkpoint(tmp_path: Path) -> None:
     """Resuming from checkpoint 2 keeps the lineage lines of steps <= 2 and drops later ones, a line cut short by
     a kill included (unit level; the chains above run it end to end)."""
-    from selfplay.config import TrainConfig
-    from selfplay.loop import SelfPlayLoop
+    from selfplay.resume import truncate_lineage
 
     lines = [json.dumps({"step": s, "role": r}) for s, r in ((2, "student"), (2, "teacher"), (4, "teacher"))]
     path = tmp_path / "lineage.jsonl"
     path.write_text("\n".join(lines) + '\n\n{"step": 4, "role": "stu')
-    loop = SelfPlayLoop(TrainConfig(), tmp_path)
-    loop._truncate_lineage(4)  # nothing after step 4 that parses: only the broken line goes
+    truncate_lineage(tmp_path, 4)  # nothing after step 4 that parses: only the broken line goes
     assert path.read_text() == "\n".join(lines) + "\n"
-    loop._truncate_lineage(2)
+    truncate_lineage(tmp_path, 2)
     assert path.read_text() == "\n".join(lines[:2]) + "\n"
     mtime = path.stat().st_mtime_ns
-    loop._truncate_lineage(3)  # nothing to drop: the file is not rewritten
+    truncate_lineage(tmp_path, 3)  # nothing to drop: the file is not rewritten
     assert path.stat().st_mtime_ns == mtime
-    loop._truncate_lineage(1)
+    truncate_lineage(tmp_path, 1)
     assert path.read_text() == ""
+
+
+def _resumable_dir(run: Path) -> Path:
+    """A run directory as a run killed before its first checkpoint leaves it: ``config.json`` written."""
+    from selfplay.config import TrainConfig, to_dict
+
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "config.json").write_text(json.dumps({"name": run.name, "config": to_dict(TrainConfig())}))
+    return run
 
 
 def test_resume_without_a_checkpoint_drops_the_whole_lineage(tmp_path: Path) -> None:
     """A run killed before its first checkpoint restarts from step 0: lineage lines it wrote would be repeated."""
     from selfplay.config import TrainConfig
-    from selfplay.loop import SelfPlayLoop
+    from selfplay.resume import resume_point
 
-    (tmp_path / "lineage.jsonl").write_text(json.dumps({"step": 2, "role": "teacher"}) + "\n")
-    (tmp_path / "checkpoints" / ".tmp_step_3_99").mkdir(parents=True)  # the write the kill interrupted
-    assert SelfPlayLoop(TrainConfig(), tmp_path).load_checkpoint() is False
-    assert (tmp_path / "lineage.jsonl").read_text() == ""
-    assert list((tmp_path / "checkpoints").iterdir()) == []
+    run = _resumable_dir(tmp_path / "run")
+    (run / "lineage.jsonl").write_text(json.dumps({"step": 2, "role": "teacher"}) + "\n")
+    (run / "checkpoints" / ".tmp_step_3_99").mkdir(parents=True)  # the write the kill interrupted
+    with resume_point(TrainConfig(resume=run)) as point:
+        assert (point.run_dir, point.resuming, point.checkpoint) == (run, True, None)
+    assert (run / "lineage.jsonl").read_text() == ""
+    assert list((run / "checkpoints").iterdir()) == []
+
+
+def test_resume_point_decides_once_and_holds_the_lock(tmp_path: Path) -> None:
+    """A new run's directory is created and locked (the lock file names the command; tests/selfplay/test_run_lock.py
+    runs the second writer it refuses); a new run in a directory that holds one is refused; a resumed one is
+    checked and continues from step 0 when it has no checkpoint."""
+    from selfplay.config import TrainConfig
+    from selfplay.resume import resume_point
+    from selfplay.rundir import RunDirError, lock_holder
+
+    new = tmp_path / "new"
+    with resume_point(TrainConfig(run_dir=new), command="baseline") as point:
+        assert (point.run_dir, point.resuming, point.checkpoint) == (new, False, None)
+        assert new.is_dir() and list(new.iterdir()) == [new / ".lock"]
+        assert '"command": "baseline"' in (new / ".lock").read_text()
+    assert lock_holder(new) is None
+    run = _resumable_dir(tmp_path / "old")
+    with pytest.raises(RunDirError, match="already holds a run"):
+        with resume_point(TrainConfig(run_dir=run)):
+            pass
+    with resume_point(TrainConfig(resume=run)) as point:
+        assert point.resuming and point.checkpoint is None
 
 
 # ------------------------------------------------------------------------------------- damaged checkpoints

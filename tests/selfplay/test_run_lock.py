@@ -62,7 +62,7 @@ def test_a_second_process_is_refused_naming_the_holder_then_takes_over_after_kil
     with run_lock(run, "train"):
         record = json.loads((run / LOCK_NAME).read_text())
         assert (record["pid"], record["host"], record["command"]) == (os.getpid(), socket.gethostname(), "train")
-        with run_lock(run):  # re-entrant in one process (populora train holds it around selfplay.run.train)
+        with run_lock(run):  # re-entrant in one process
             assert lock_holder(run) is None
     assert (run / LOCK_NAME).read_text() == ""  # released: no holder recorded
 

@@ -117,6 +117,11 @@ def test_base_model_proposer_addresses_the_base_as_the_env_says(sandbox: Sandbox
     assert len({r.seed for r in seen}) == 3 and request_seed(5, "base-0") != request_seed(6, "base-0")
 
 
+def _inputs(loop: Any) -> tuple:
+    """What the seeding stage takes from a run: its config, directory, env, generator and device."""
+    return loop.cfg, loop.run_dir, loop.env, loop.generator, loop.device
+
+
 def test_seed_before_training_runs_once_per_run_directory(sandbox: Sandbox, tmp_path: Path) -> None:
     cfg = TrainConfig(model="tiny-random", progress=False)
     cfg.env.seed_tasks, cfg.env.seed_max_proposals, cfg.env.task_types = N + 3, 8, ("deduction", "abduction")
@@ -135,10 +140,10 @@ def test_seed_before_training_runs_once_per_run_directory(sandbox: Sandbox, tmp_
 
     def loop() -> Any:
         env = _env(sandbox, task_types=("deduction", "abduction"))
-        return SimpleNamespace(cfg=cfg, env=env, run_dir=tmp_path, generator=ScriptedBase(), _device=lambda: "cpu")
+        return SimpleNamespace(cfg=cfg, env=env, run_dir=tmp_path, generator=ScriptedBase(), device="cpu")
 
     first = loop()
-    report = seed_before_training(first)
+    report = seed_before_training(*_inputs(first))
     assert isinstance(report, SeedingReport) and report.reached and not report.reused
     # one call of min(budget, max(missing, 64)) = 8 proposals, all valid
     assert ScriptedBase.calls == 1 and first.env.buffers.sizes() == {"deduction": N + 8, "abduction": N + 8, "induction": N}
@@ -146,14 +151,14 @@ def test_seed_before_training_runs_once_per_run_directory(sandbox: Sandbox, tmp_
     assert saved["report"]["per_type"]["deduction"]["valid"] == 8
 
     again = loop()  # a restart before the first checkpoint: the saved buffers are used, nothing is generated
-    reused = seed_before_training(again)
+    reused = seed_before_training(*_inputs(again))
     assert reused is not None and reused.reused and ScriptedBase.calls == 1
     assert again.env.buffers.state_dict() == first.env.buffers.state_dict()
 
     cfg.env.seed_tasks = N + 4  # other settings: seeded afresh
-    assert not seed_before_training(loop()).reused and ScriptedBase.calls == 2
+    assert not seed_before_training(*_inputs(loop())).reused and ScriptedBase.calls == 2
     cfg.env.seed_tasks = 0
-    assert seed_before_training(loop()) is None and ScriptedBase.calls == 2
+    assert seed_before_training(*_inputs(loop())) is None and ScriptedBase.calls == 2
 
 
 def test_tiny_random_run_seeds_once_warns_and_trains(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -230,22 +235,21 @@ def test_both_arms_of_a_seed_share_one_seeding(sandbox: Sandbox, tmp_path: Path)
     def loop(c: TrainConfig, name: str) -> Any:
         env = _env(sandbox, task_types=c.env.task_types, num_teachers=c.env.num_teachers,
                    num_students=c.env.num_students)
-        return SimpleNamespace(cfg=c, env=env, run_dir=tmp_path / name, generator=CommentingBase(),
-                               _device=lambda: "cpu")
+        return SimpleNamespace(cfg=c, env=env, run_dir=tmp_path / name, generator=CommentingBase(), device="cpu")
 
     population = loop(cfg, "pop")
-    assert not seed_before_training(population).reused and CommentingBase.calls == 1
+    assert not seed_before_training(*_inputs(population)).reused and CommentingBase.calls == 1
     seeded = [t for t in population.env.buffers[TaskType.DEDUCTION].tasks if t.task_id.startswith("base-")]
     assert len(seeded) == 8 and all("#" not in t.program and '"""' not in t.program for t in seeded)
     baseline_cfg = azr_config(cfg)
     assert (baseline_cfg.env.num_teachers, baseline_cfg.env.reward_scheme) == (1, "azr")
     baseline = loop(baseline_cfg, "base")
-    report = seed_before_training(baseline)
+    report = seed_before_training(*_inputs(baseline))
     assert report is not None and report.reused and CommentingBase.calls == 1
     assert _buffers_bytes(baseline.env) == _buffers_bytes(population.env)
     assert (tmp_path / "base" / SEEDING_FILE).is_file()  # the run keeps its own copy
     other_seed = dataclasses.replace(cfg, seed=1)
-    assert not seed_before_training(loop(other_seed, "pop-s1")).reused and CommentingBase.calls == 2
+    assert not seed_before_training(*_inputs(loop(other_seed, "pop-s1"))).reused and CommentingBase.calls == 2
 
 
 def test_tiny_random_arms_start_from_byte_identical_buffers(tmp_path: Path) -> None:
@@ -266,7 +270,7 @@ def test_tiny_random_arms_start_from_byte_identical_buffers(tmp_path: Path) -> N
         loop = SelfPlayLoop(dataclasses.replace(arm_cfg, run_dir=tmp_path / arm), tmp_path / arm, assignment)
         loop.setup()
         try:
-            report = seed_before_training(loop)
+            report = seed_before_training(*_inputs(loop))
             assert report is not None and report.reused == (arm == "baseline")
             starts[arm] = _buffers_bytes(loop.env)
         finally:
