@@ -100,6 +100,15 @@ def _custom_objects(overrides: dict[str, Any]) -> tuple[RewardScheme | None, Pro
     return scheme, prompts
 
 
+class PromptText(Text):
+    """``Text`` that contains any ``str`` of an allowed length: a prompt quotes model-written programs and
+    literals, which may hold any Unicode character (``sample()`` still draws from ``charset``)."""
+
+    def contains(self, x: Any) -> bool:
+        """Whether ``x`` is a ``str`` of ``min_length`` to ``max_length`` characters."""
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+
 def _action_space() -> SequenceSpace:
     """``Sequence(Text(...))``: one completion per prompt (printable characters up to :data:`ACTION_MAX_CHARS`)."""
     return SequenceSpace(Text(max_length=ACTION_MAX_CHARS, min_length=0, charset=string.printable), stack=False)
@@ -274,8 +283,8 @@ class PopuLoRAParallelEnv(ParallelEnv):
         return 2 * (templates + content) + 1024
 
     def _observation_space(self) -> Dict:
-        """``Dict(prompts=Sequence(Text), phase=Discrete(3))``: see :meth:`observation_space`."""
-        text = Text(max_length=self._observation_bound(), min_length=0, charset=string.printable)
+        """``Dict(prompts=Sequence(PromptText), phase=Discrete(3))``: see :meth:`observation_space`."""
+        text = PromptText(max_length=self._observation_bound(), min_length=0, charset=string.printable)
         return Dict({"prompts": SequenceSpace(text, stack=False), "phase": Discrete(len(PHASES))})
 
     @staticmethod

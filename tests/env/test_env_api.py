@@ -18,6 +18,7 @@ from pettingzoo.utils.conversions import parallel_to_aec
 from populora_env import ENV_ID, OracleStudent, PopuLoRAParallelEnv, RandomPolicy, SeedTeacher, parallel_env
 from populora_env import env as aec_env
 from populora_env.env import PHASES
+from populora_env.policies import continue_prefix
 from populora_env.sandbox import Sandbox
 
 from .helpers import play_round
@@ -110,6 +111,20 @@ def test_every_observation_is_in_its_space_with_its_dtypes(make_env: Any) -> Non
             assert isinstance(o["phase"], np.int64) and o["phase"].dtype == space["phase"].dtype
             assert PHASES[o["phase"]] == phase == infos[agent]["phase"]
             assert len(o["prompts"]) == len(infos[agent]["requests"]) and bool(o["prompts"]) == infos[agent]["active"]
+
+
+def test_a_valid_task_with_non_ascii_text_gives_an_observation_in_the_space(make_env: Any) -> None:
+    """A valid program may quote any Unicode; the student's prompt then holds it, and the space contains it."""
+    env = make_env(num_teachers=1, num_students=1, tasks_per_teacher=1, samples_per_task=1,
+                   task_types=("deduction",), require_think=False)
+    _, infos = env.reset()
+    proposal = '```python\ndef f(a):\n    return a + "é→✓"\n```\n```input\n"x"\n```'
+    obs, _, _, _, infos = env.step({"teacher_0": (continue_prefix(infos["teacher_0"]["requests"][0]["prefix"],
+                                                                   proposal),)})
+    assert infos["teacher_0"]["proposals"][0]["valid"]
+    assert any("é→✓" in p for p in obs["student_0"]["prompts"])
+    assert env.observation_space("student_0").contains(obs["student_0"])
+    assert not env.observation_space("student_0")["prompts"].feature_space.contains(7)
 
 
 def test_contract_of_a_round(make_env: Any) -> None:
