@@ -257,10 +257,11 @@ class CachedGenerator:
         return [self.cache[self.key(r)] for r in requests]
 
 
-def _requests(obs: tuple[str, ...], infos: dict, max_new: int, args: argparse.Namespace, tag: str) -> list:
-    """One request per observation, as the loop builds it (chat template, prefix and stop from the env)."""
+def _requests(obs: dict, infos: dict, max_new: int, args: argparse.Namespace, tag: str) -> list:
+    """One request per prompt of an observation, as the loop builds it (chat template, prefix and stop from the
+    env)."""
     out = []
-    for k, (prompt, spec) in enumerate(zip(obs, infos["requests"], strict=True)):
+    for k, (prompt, spec) in enumerate(zip(obs["prompts"], infos["requests"], strict=True)):
         seed = int(np.random.SeedSequence([args.seed, zlib.crc32(tag.encode()), k]).generate_state(1)[0])
         out.append(GenerationRequest(
             adapter=None, prompt=prompt, max_new_tokens=max_new, temperature=args.temperature, top_p=args.top_p,

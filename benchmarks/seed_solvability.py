@@ -75,8 +75,8 @@ def measure(make_seeds, gen: HFGenerator, args: argparse.Namespace) -> dict:
         env_module.seed_tasks = original
     try:
         obs, infos = env.reset(seed=args.seed)
-        obs, _, _, _, infos = env.step({"teacher_0": [""] * len(obs["teacher_0"])})
-        prompts, specs = obs["student_0"], infos["student_0"]["requests"]
+        obs, _, _, _, infos = env.step({"teacher_0": [""] * len(obs["teacher_0"]["prompts"])})
+        prompts, specs = obs["student_0"]["prompts"], infos["student_0"]["requests"]
         g = args.cfg.generation
         requests, first = [], []
         k = 0

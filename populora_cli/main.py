@@ -117,6 +117,7 @@ def _train(cmd: str, argv: list[str]) -> int:
         to_dict,
         validate,
     )
+    from selfplay.config_changes import drop_retired
     from selfplay.plugins import PluginError, load_plugins, normalize_plugin
 
     pre = argparse.ArgumentParser(add_help=False)
@@ -139,7 +140,7 @@ def _train(cmd: str, argv: list[str]) -> int:
             if not isinstance(saved.get("config"), dict):
                 return _fail(cmd, f"--resume: {cfg_path} is not a run configuration (no \"config\" object)")
             try:
-                default = from_dict(TrainConfig, saved["config"])
+                default = from_dict(TrainConfig, drop_retired(saved["config"]))
             except ConfigError as e:
                 return _fail(cmd, f"--resume: {cfg_path}: {e.field}: {e.reason}")
             saved_config = to_dict(default)  # a field added since the run was written: its default, no difference

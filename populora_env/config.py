@@ -159,8 +159,6 @@ class EnvConfig:
     """Longest induction message ('too_long')."""
     max_output_chars: int = 1000
     """Longest repr of a program's output; longer outputs are rejected ('output_too_large'), never cut."""
-    max_completion_chars: int = 16384
-    """max_length of the action space's Text (documentation: longer completions are still processed)."""
     timeout_s: float = 2.0
     """Sandbox wall-clock limit per program execution, seconds (applied to every job)."""
     memory_mb: int = 512
@@ -209,7 +207,6 @@ class EnvConfig:
         check_int("max_input_chars", self.max_input_chars, 1, MAX_CHARS)
         check_int("max_message_chars", self.max_message_chars, 0, MAX_CHARS)
         check_int("max_output_chars", self.max_output_chars, 1, MAX_CHARS)
-        check_int("max_completion_chars", self.max_completion_chars, 1, 1 << 24)
         check_number("timeout_s", self.timeout_s, low=0.0, high=MAX_TIMEOUT_S, low_open=True)
         check_int("memory_mb", self.memory_mb, 16, MAX_MEMORY_MB)
         check_int("sandbox_workers", self.sandbox_workers, 1, MAX_WORKERS)

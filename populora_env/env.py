@@ -4,7 +4,7 @@ One episode is one round of two steps (docs/design.md, "One episode = one round"
 
 ``reset()``
     Every teacher gets ``tasks_per_teacher`` proposer prompts (task types in turn over ``task_types``);
-    students are inactive (empty observation).
+    students are inactive (no prompts).
 ``step(1)``
     Teachers' completions are validated in the sandbox (one batch), valid tasks enter the buffers, PFSP pairs
     every teacher with a student, and each student gets its matched teachers' valid tasks (plus, with
@@ -16,12 +16,14 @@ One episode is one round of two steps (docs/design.md, "One episode = one round"
 
 Contract (what a training loop may rely on):
 
-- ``obs[a]``: a tuple of prompt strings, one per completion expected from ``a`` in this phase (``()`` when
-  inactive). ``action[a]``: a tuple/list of completion strings aligned with ``obs[a]``; missing entries, an
-  agent missing from the dict, non-string entries and garbage are format errors; extras and inactive agents'
-  actions are ignored. Nothing an agent sends raises.
+- ``obs[a]``: a dict (space ``Dict(prompts=Sequence(Text), phase=Discrete(3))``): ``obs[a]["prompts"]``, a
+  tuple of prompt strings, one per completion expected from ``a`` in this phase (``()`` when inactive), and
+  ``obs[a]["phase"]``, the phase's index in :data:`PHASES` (an ``np.int64``). ``action[a]``: a tuple/list of
+  completion strings aligned with ``obs[a]["prompts"]``; missing entries, an agent missing from the dict,
+  non-string entries and garbage are format errors; extras and inactive agents' actions are ignored. Nothing an
+  agent sends raises.
 - ``infos[a]`` always has ``"phase"`` (``"propose"``/``"solve"``/``"done"``), ``"active"``, ``"round_index"``
-  and ``"requests"`` (aligned with ``obs[a]``: ``task_type``, ``task_id``, ``group``; how to generate it:
+  and ``"requests"`` (aligned with ``obs[a]["prompts"]``: ``task_type``, ``task_id``, ``group``; how to generate it:
   ``prefix`` (the response prefix the completion continues: the env checks ``prefix + completion``),
   ``chat_template`` (apply the tokenizer's chat template, then the prefix after the assistant opening; when
   false, the observation already ends with the prefix) and ``stop`` (strings that end generation); see
@@ -42,21 +44,20 @@ from __future__ import annotations
 
 import dataclasses
 import string
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
+from gymnasium.spaces import Dict, Discrete, Text
 from gymnasium.spaces import Sequence as SequenceSpace
-from gymnasium.spaces import Text
 from pettingzoo import ParallelEnv
 
 from populora_env.buffer import TaskBuffers
 from populora_env.checking import AnswerChecker, AttemptOutcome, CheckConfig
 from populora_env.config import MAX_PER_ROUND, ConfigError, EnvConfig, check_int, env_config
 from populora_env.matching import Pairing, Ratings, match_outcome, pfsp_match
-from populora_env.metrics import CoverageTracker, summarize
+from populora_env.metrics import CoverageTracker, round_summary
 from populora_env.prompts import PROMPT_KINDS, PromptTemplates, get_prompt_set, prompt_kind
 from populora_env.results import AttemptResult, MatchResult, ProposalResult, RoundOutcome, RoundResults
 from populora_env.rewards import RewardScheme, compute_rewards, get_reward_scheme
@@ -66,10 +67,51 @@ from populora_env.validation import ProposalOutcome, ProposalRequest, ProposalVa
 
 STATE_VERSION = 1
 
+#: The phases of a round, in order; an observation's ``phase`` is an index into this tuple (``infos[a]["phase"]``
+#: names it).
+PHASES = ("propose", "solve", "done")
+
+#: ``max_length`` of the action space's ``Text``: what ``action_space(a).sample()`` draws up to. The env reads
+#: completions of any length (a longer one is processed, never refused for its length).
+ACTION_MAX_CHARS = 16384
+
 
 def agent_names(num_teachers: int, num_students: int) -> tuple[list[str], list[str]]:
     """The env's agent ids: ``teacher_0..`` and ``student_0..``."""
     return [f"teacher_{i}" for i in range(num_teachers)], [f"student_{i}" for i in range(num_students)]
+
+
+def _custom_objects(overrides: dict[str, Any]) -> tuple[RewardScheme | None, PromptTemplates | None]:
+    """A callable ``reward_scheme`` and a :class:`PromptTemplates` ``prompts`` passed as overrides, which the
+    config records by name (``overrides`` is updated in place: the callable's ``__name__`` and ``"custom"``)."""
+    scheme = overrides.get("reward_scheme")
+    scheme = scheme if scheme is not None and not isinstance(scheme, str) else None
+    if scheme is not None:
+        if not callable(scheme):
+            raise ConfigError("reward_scheme", f"must be a registered name or a callable, got {scheme!r}")
+        overrides["reward_scheme"] = getattr(scheme, "__name__", "custom")
+    prompts = overrides.get("prompts")
+    prompts = prompts if prompts is not None and not isinstance(prompts, str) else None
+    if prompts is not None:
+        if not isinstance(prompts, PromptTemplates):
+            raise ConfigError("prompts", f"must be a prompt-set name or a PromptTemplates, got "
+                              f"{type(prompts).__name__}")
+        overrides["prompts"] = "custom"
+    return scheme, prompts
+
+
+class PromptText(Text):
+    """``Text`` that contains any ``str`` of an allowed length: a prompt quotes model-written programs and
+    literals, which may hold any Unicode character (``sample()`` still draws from ``charset``)."""
+
+    def contains(self, x: Any) -> bool:
+        """Whether ``x`` is a ``str`` of ``min_length`` to ``max_length`` characters."""
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+
+def _action_space() -> SequenceSpace:
+    """``Sequence(Text(...))``: one completion per prompt (printable characters up to :data:`ACTION_MAX_CHARS`)."""
+    return SequenceSpace(Text(max_length=ACTION_MAX_CHARS, min_length=0, charset=string.printable), stack=False)
 
 
 class _LazySandbox:
@@ -126,99 +168,40 @@ class PopuLoRAParallelEnv(ParallelEnv):
     ) -> None:
         if config is not None and not isinstance(config, EnvConfig):
             raise ValueError(f"config must be an EnvConfig, got {type(config).__name__}")
-        scheme_obj = overrides.get("reward_scheme")
-        custom_scheme = scheme_obj if scheme_obj is not None and not isinstance(scheme_obj, str) else None
-        if custom_scheme is not None:
-            if not callable(custom_scheme):
-                raise ConfigError("reward_scheme", f"must be a registered name or a callable, got {custom_scheme!r}")
-            overrides["reward_scheme"] = getattr(custom_scheme, "__name__", "custom")
-        prompts_obj = overrides.get("prompts")
-        custom_prompts = prompts_obj if prompts_obj is not None and not isinstance(prompts_obj, str) else None
-        if custom_prompts is not None:
-            if not isinstance(custom_prompts, PromptTemplates):
-                raise ConfigError("prompts", f"must be a prompt-set name or a PromptTemplates, got "
-                                  f"{type(custom_prompts).__name__}")
-            overrides["prompts"] = "custom"
+        custom_scheme, custom_prompts = _custom_objects(overrides)
         explicit_limits = {k for k in ("timeout_s", "memory_mb") if overrides.get(k) is not None}
         overrides = {k: v for k, v in overrides.items() if not (k in ("timeout_s", "memory_mb") and v is None)}
         cfg = env_config(config, **overrides)
         cfg.validate(reward_scheme=custom_scheme, prompt_set=custom_prompts)
+        #: The settings, read where they are used (never copied onto the env).
         self.config = cfg
-
-        self.num_teachers = cfg.num_teachers
-        self.num_students = cfg.num_students
-        self.tasks_per_teacher = cfg.tasks_per_teacher
-        self.samples_per_task = cfg.samples_per_task
-        self.references_k = cfg.references_k
-        self.induction_inputs = cfg.induction_inputs
-        self.buffer_cap = cfg.buffer_cap
-        self.student_fill = cfg.student_fill
-        self.reject_duplicates = cfg.reject_duplicates
-        self.require_think = cfg.require_think
-        self.max_program_chars = cfg.max_program_chars
-        self.max_input_chars = cfg.max_input_chars
-        self.max_message_chars = cfg.max_message_chars
-        self.max_output_chars = cfg.max_output_chars
-        self.max_completion_chars = cfg.max_completion_chars
-        self.sandbox_workers = cfg.sandbox_workers
-        self.task_types: tuple[TaskType, ...] = tuple(TaskType.parse(t) for t in cfg.task_types)
         self._scheme: RewardScheme = custom_scheme or get_reward_scheme(cfg.reward_scheme)
-        self.reward_scheme_name = cfg.reward_scheme
-        self.reward_kwargs = dict(cfg.reward_kwargs)
-        self.prompts: PromptTemplates = (custom_prompts or get_prompt_set(cfg.prompts)).for_env(cfg.validation, cfg.timeout_s)
-
+        #: The prompt set in use, adapted to the validation profile and the time limit.
+        self.prompts: PromptTemplates = (custom_prompts or get_prompt_set(cfg.prompts)).for_env(cfg.validation,
+                                                                                                   cfg.timeout_s)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, got {render_mode!r}")
         self.render_mode = render_mode
-
         if seed is not None:
             check_int("seed", seed, 0)
         if sandbox is not None and not callable(getattr(sandbox, "run", None)):
             raise ValueError("sandbox must be a populora_env.sandbox.Sandbox (an object with run(jobs))")
-        self._timeout_s = cfg.timeout_s
         self._limits = self._make_limits(sandbox, limits, cfg, explicit_limits)
         self._shared_sandbox = sandbox
         self._own_sandbox: Any = None
-        ts_config = cfg.trueskill
+        self._lazy_sandbox = _LazySandbox(self)
 
-        self.teachers, self.students = agent_names(self.num_teachers, self.num_students)
+        self.teachers, self.students = agent_names(cfg.num_teachers, cfg.num_students)
         self.possible_agents = self.teachers + self.students
         self.agents: list[str] = []
-
-        self._validator = ProposalValidator(
-            ValidationConfig(
-                max_program_chars=self.max_program_chars,
-                max_input_chars=self.max_input_chars,
-                max_message_chars=self.max_message_chars,
-                max_output_chars=self.max_output_chars,
-                induction_inputs=self.induction_inputs,
-                reject_duplicates=self.reject_duplicates,
-                require_think=self.require_think,
-                response_prefix=self.prompts.response_prefix,
-                response_prefixes=self.prompts.prefixes("propose"),
-                lenient_answer_close=cfg.lenient_answer_close,
-                timeout_s=self._timeout_s,
-                profile=cfg.validation,
-            )
-        )
-        self._checker = AnswerChecker(
-            CheckConfig(
-                require_think=self.require_think,
-                response_prefix=self.prompts.response_prefix,
-                response_prefixes=self.prompts.prefixes("solve"),
-                lenient_answer_close=cfg.lenient_answer_close,
-                max_program_chars=self.max_program_chars,
-                timeout_s=self._timeout_s,
-                unparseable_is_format_error=cfg.unparseable_answer == "format",
-            )
-        )
-        self._lazy_sandbox = _LazySandbox(self)
+        self._validator = ProposalValidator(self._validation_config())
+        self._checker = AnswerChecker(self._check_config())
 
         self._rng = np.random.default_rng(seed)
         self._round = -1
         self._phase = "idle"
-        self._ratings = Ratings(self.possible_agents, ts_config)
-        self._buffers = TaskBuffers(self.buffer_cap, seed_tasks(self.induction_inputs, cfg.hand_seeds))
+        self._ratings = Ratings(self.possible_agents, cfg.trueskill)
+        self._buffers = TaskBuffers(cfg.buffer_cap, seed_tasks(cfg.induction_inputs, cfg.hand_seeds))
         self._coverage = CoverageTracker()
         self._seed_count = 0  # seeding-stage proposals issued (task ids base-<n>)
         self._seed_requests: dict[str, ProposalRequest] = {}
@@ -228,21 +211,10 @@ class PopuLoRAParallelEnv(ParallelEnv):
         self._pairings: list[Pairing] = []
         self._student_tasks: dict[str, list[tuple[Task, str | None]]] = {}  # (task, matched teacher or None)
         self._current_tasks: dict[str, Task] = {}
-        self.last_results: RoundResults | None = None
-        self.last_summary: dict[str, Any] | None = None
+        #: The last finished round (results, rewards, ratings, summary); ``None`` before the first one.
         self.last_outcome: RoundOutcome | None = None
-
-        obs_len = self._observation_bound()
-        self._observation_spaces = {
-            a: SequenceSpace(Text(max_length=obs_len, min_length=0, charset=string.printable), stack=False)
-            for a in self.possible_agents
-        }
-        self._action_spaces = {
-            a: SequenceSpace(
-                Text(max_length=self.max_completion_chars, min_length=0, charset=string.printable), stack=False
-            )
-            for a in self.possible_agents
-        }
+        self._observation_spaces = {a: self._observation_space() for a in self.possible_agents}
+        self._action_spaces = {a: _action_space() for a in self.possible_agents}
 
     # ------------------------------------------------------------------ construction helpers
 
@@ -268,23 +240,64 @@ class PopuLoRAParallelEnv(ParallelEnv):
             raise ValueError(f"limits must be a Limits or a dict, got {limits!r}")
         return Limits(timeout_s=cfg.timeout_s, memory_mb=cfg.memory_mb)
 
+    def _validation_config(self) -> ValidationConfig:
+        cfg, prompts = self.config, self.prompts
+        return ValidationConfig(
+            max_program_chars=cfg.max_program_chars,
+            max_input_chars=cfg.max_input_chars,
+            max_message_chars=cfg.max_message_chars,
+            max_output_chars=cfg.max_output_chars,
+            induction_inputs=cfg.induction_inputs,
+            reject_duplicates=cfg.reject_duplicates,
+            require_think=cfg.require_think,
+            response_prefix=prompts.response_prefix,
+            response_prefixes=prompts.prefixes("propose"),
+            lenient_answer_close=cfg.lenient_answer_close,
+            timeout_s=cfg.timeout_s,
+            profile=cfg.validation,
+        )
+
+    def _check_config(self) -> CheckConfig:
+        cfg, prompts = self.config, self.prompts
+        return CheckConfig(
+            require_think=cfg.require_think,
+            response_prefix=prompts.response_prefix,
+            response_prefixes=prompts.prefixes("solve"),
+            lenient_answer_close=cfg.lenient_answer_close,
+            max_program_chars=cfg.max_program_chars,
+            timeout_s=cfg.timeout_s,
+            unparseable_is_format_error=cfg.unparseable_answer == "format",
+        )
+
     def _observation_bound(self) -> int:
         """An upper bound of prompt lengths (for the ``Text`` observation space)."""
-        p = self.prompts
+        p, cfg = self.prompts, self.config
         templates = max(
             len(p.propose_deduction), len(p.propose_abduction), len(p.propose_induction),
             len(p.solve_deduction), len(p.solve_abduction), len(p.solve_induction),
         ) + len(p.wrapper) + len(p.banned) + max(len(p.prefix(kind)) for kind in PROMPT_KINDS)
-        io = self.max_input_chars + self.max_output_chars
-        references = self.references_k * (self.max_program_chars + io + len(p.reference) + 16)
-        induction = self.induction_inputs * (io + len(p.pair) + 16) + self.max_message_chars
-        content = max(references, induction, self.max_program_chars + io)
+        io = cfg.max_input_chars + cfg.max_output_chars
+        references = cfg.references_k * (cfg.max_program_chars + io + len(p.reference) + 16)
+        induction = cfg.induction_inputs * (io + len(p.pair) + 16) + cfg.max_message_chars
+        content = max(references, induction, cfg.max_program_chars + io)
         return 2 * (templates + content) + 1024
+
+    def _observation_space(self) -> Dict:
+        """``Dict(prompts=Sequence(PromptText), phase=Discrete(3))``: see :meth:`observation_space`."""
+        text = PromptText(max_length=self._observation_bound(), min_length=0, charset=string.printable)
+        return Dict({"prompts": SequenceSpace(text, stack=False), "phase": Discrete(len(PHASES))})
+
+    @staticmethod
+    def _observation(phase: str, prompts: Sequence[str] = ()) -> dict[str, Any]:
+        """One agent's observation: its prompts and the index of ``phase`` in :data:`PHASES`."""
+        return {"prompts": tuple(prompts), "phase": np.int64(PHASES.index(phase))}
 
     # ------------------------------------------------------------------ PettingZoo API
 
-    def observation_space(self, agent: str) -> SequenceSpace:
-        """``Sequence(Text(...))``: one prompt per expected completion (the same object on every call)."""
+    def observation_space(self, agent: str) -> Dict:
+        """``Dict(prompts=Sequence(Text(...)), phase=Discrete(3))`` (the same object on every call): ``prompts``
+        holds one prompt per expected completion (``()`` when inactive), ``phase`` is the index of the phase in
+        :data:`PHASES` (an ``np.int64``)."""
         return self._observation_spaces[agent]
 
     def action_space(self, agent: str) -> SequenceSpace:
@@ -293,7 +306,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
 
     def reset(
         self, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[dict[str, tuple[str, ...]], dict[str, dict[str, Any]]]:
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
         """Start a round: teachers get their proposer prompts. Ratings and buffers persist across rounds;
         ``seed`` re-seeds the env's RNG."""
         if seed is not None:
@@ -306,15 +319,15 @@ class PopuLoRAParallelEnv(ParallelEnv):
         self._student_tasks = {}
         self._current_tasks = {}
 
-        observations: dict[str, tuple[str, ...]] = {}
+        observations: dict[str, dict[str, Any]] = {}
         infos: dict[str, dict[str, Any]] = {}
-        n_types = len(self.task_types)
+        task_types = self.task_types
         for t_index, teacher in enumerate(self.teachers):
             requests: list[ProposalRequest] = []
             prompts: list[str] = []
             info_requests: list[dict[str, Any]] = []
-            for k in range(self.tasks_per_teacher):
-                task_type = self.task_types[(self._round + t_index + k) % n_types]
+            for k in range(self.config.tasks_per_teacher):
+                task_type = task_types[(self._round + t_index + k) % len(task_types)]
                 request, prompt, request_info = self._proposal_request(
                     ProposalRequest(teacher, k, task_type, f"r{self._round}-{teacher}-{k}", self._round),
                     f"r{self._round}/{teacher}/{k}",
@@ -323,10 +336,10 @@ class PopuLoRAParallelEnv(ParallelEnv):
                 prompts.append(prompt)
                 info_requests.append(request_info)
             self._teacher_requests[teacher] = requests
-            observations[teacher] = tuple(prompts)
+            observations[teacher] = self._observation("propose", prompts)
             infos[teacher] = self._base_info("propose", True, info_requests)
         for student in self.students:
-            observations[student] = ()
+            observations[student] = self._observation("propose")
             infos[student] = self._base_info("propose", False, [])
         return observations, infos
 
@@ -343,13 +356,14 @@ class PopuLoRAParallelEnv(ParallelEnv):
         }
         if task_type is TaskType.INDUCTION:
             source = self._buffers.program_source(self._rng)
-            prompt = self.prompts.proposal(task_type, program=source.program, n_inputs=self.induction_inputs)
+            n_inputs = self.config.induction_inputs
+            prompt = self.prompts.proposal(task_type, program=source.program, n_inputs=n_inputs)
             info["program"] = source.program
             info["source_task_id"] = source.task_id
-            info["n_inputs"] = self.induction_inputs
+            info["n_inputs"] = n_inputs
             request = dataclasses.replace(request, source=source)
         else:
-            refs = self._buffers[task_type].sample_references(self.references_k, self._rng)
+            refs = self._buffers[task_type].sample_references(self.config.references_k, self._rng)
             prompt = self.prompts.proposal(task_type, references=refs)
             info["reference_task_ids"] = [r.task_id for r in refs]
         return request, prompt, info
@@ -450,8 +464,8 @@ class PopuLoRAParallelEnv(ParallelEnv):
                 lines.append(f"  {teacher}: {marks}")
         for pairing in self._pairings:
             lines.append(f"  {pairing.teacher} -> {pairing.student} (p_ts={pairing.p_ts:.3f})")
-        if self._phase == "done" and self.last_summary is not None:
-            for pair in self.last_summary["pairs"]:
+        if self._phase == "done" and self.last_outcome is not None:
+            for pair in self.last_outcome.summary["pairs"]:
                 p_hat = "n/a" if pair["p_hat"] is None else f"{pair['p_hat']:.3f}"
                 lines.append(f"  {pair['teacher']} vs {pair['student']}: p̂={p_hat} winner={pair['outcome']}")
         for agent in self.possible_agents:
@@ -477,8 +491,13 @@ class PopuLoRAParallelEnv(ParallelEnv):
         if self._own_sandbox is None:
             from populora_env.sandbox import Sandbox
 
-            self._own_sandbox = Sandbox(workers=self.sandbox_workers, limits=self._limits)
+            self._own_sandbox = Sandbox(workers=self.config.sandbox_workers, limits=self._limits)
         return self._own_sandbox
+
+    @property
+    def task_types(self) -> tuple[TaskType, ...]:
+        """The task types in play (``config.task_types`` as :class:`TaskType` values, in order)."""
+        return tuple(TaskType.parse(t) for t in self.config.task_types)
 
     @property
     def ratings(self) -> Ratings:
@@ -589,7 +608,8 @@ class PopuLoRAParallelEnv(ParallelEnv):
         for pairing in self._pairings:
             matched[pairing.student].append(pairing.teacher)
 
-        observations: dict[str, tuple[str, ...]] = {}
+        samples, tasks_per_teacher = self.config.samples_per_task, self.config.tasks_per_teacher
+        observations: dict[str, dict[str, Any]] = {}
         infos: dict[str, dict[str, Any]] = {}
         for s_index, student in enumerate(self.students):
             assigned: list[tuple[Task, str | None]] = []
@@ -597,7 +617,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
                 for outcome in by_teacher[teacher]:
                     if outcome.task is not None:
                         assigned.append((outcome.task, teacher))
-            if self.student_fill and len(assigned) < self.tasks_per_teacher:
+            if self.config.student_fill and len(assigned) < tasks_per_teacher:
                 assigned.extend((t, None) for t in self._filler(s_index, assigned))
             self._student_tasks[student] = assigned
             prompts: list[str] = []
@@ -605,7 +625,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
             for task, teacher in assigned:
                 self._current_tasks[task.task_id] = task
                 prompt = self.prompts.solver(task)
-                for j in range(self.samples_per_task):
+                for j in range(samples):
                     prompts.append(prompt)
                     info_requests.append(
                         {
@@ -618,11 +638,11 @@ class PopuLoRAParallelEnv(ParallelEnv):
                             **self._generation_info("solve", task.task_type),
                         }
                     )
-            observations[student] = tuple(prompts)
+            observations[student] = self._observation("solve", prompts)
             infos[student] = self._base_info("solve", bool(prompts), info_requests)
             infos[student]["matched_teachers"] = list(matched[student])
         for teacher in self.teachers:
-            observations[teacher] = ()
+            observations[teacher] = self._observation("solve")
             infos[teacher] = self._base_info("solve", False, [])
             infos[teacher]["proposals"] = [_proposal_info(o) for o in by_teacher[teacher]]
             infos[teacher]["matched_student"] = next(p.student for p in self._pairings if p.teacher == teacher)
@@ -637,10 +657,10 @@ class PopuLoRAParallelEnv(ParallelEnv):
         """Buffer tasks (newest first) topping a student up to ``tasks_per_teacher`` tasks."""
         taken = {t.task_id for t, _ in assigned}
         out: list[Task] = []
-        n_types = len(self.task_types)
-        for j in range(self.tasks_per_teacher - len(assigned)):
-            for shift in range(n_types):
-                task_type = self.task_types[(self._round + s_index + j + shift) % n_types]
+        task_types = self.task_types
+        for j in range(self.config.tasks_per_teacher - len(assigned)):
+            for shift in range(len(task_types)):
+                task_type = task_types[(self._round + s_index + j + shift) % len(task_types)]
                 picked = self._buffers[task_type].newest_first(1, self._rng, exclude=taken)
                 if picked:
                     out.append(picked[0])
@@ -649,27 +669,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
         return out
 
     def _step_solve(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
-        tasks: list[Task] = []
-        completions: list[object] = []
-        owners: list[tuple[str, int, str | None]] = []
-        for student in self.students:
-            expected = [
-                (task, teacher) for task, teacher in self._student_tasks[student] for _ in range(self.samples_per_task)
-            ]
-            given = self._completions(actions, student, len(expected))
-            for index, ((task, teacher), completion) in enumerate(zip(expected, given, strict=True)):
-                tasks.append(task)
-                completions.append(completion)
-                owners.append((student, index, teacher))
-        verdicts = self._checker.check(tasks, completions, self._lazy_sandbox)
-
-        attempts = [
-            AttemptResult(
-                agent=student, index=index, task_id=task.task_id, task_type=task.task_type.value, teacher=teacher,
-                format_ok=v.format_ok, correct=v.correct, reason=None if v.reason is None else v.reason.value,
-            )
-            for (student, index, teacher), task, v in zip(owners, tasks, verdicts, strict=True)
-        ]
+        attempts, verdicts = self._check_answers(actions)
         proposals = [
             ProposalResult(
                 agent=o.request.agent, index=o.request.index, task_type=o.request.task_type.value,
@@ -684,10 +684,8 @@ class PopuLoRAParallelEnv(ParallelEnv):
             round=self._round, teachers=tuple(self.teachers), students=tuple(self.students),
             proposals=tuple(proposals), attempts=tuple(attempts), matches=tuple(matches),
         )
-        completion_rewards = compute_rewards(self._scheme, results, self.reward_kwargs)
+        completion_rewards = compute_rewards(self._scheme, results, self.config.reward_kwargs)
         summary = self._summary(results, completion_rewards)
-        self.last_results = results
-        self.last_summary = summary
         self.last_outcome = RoundOutcome(
             results=results,
             rewards={a: tuple(float(r) for r in completion_rewards[a]) for a in self.possible_agents},
@@ -696,7 +694,6 @@ class PopuLoRAParallelEnv(ParallelEnv):
         )
 
         infos: dict[str, dict[str, Any]] = {}
-        rewards: dict[str, float] = {}
         for teacher in self.teachers:
             details = [
                 dict(_proposal_info(o), p_hat=results.solve_rate(o.request.task_id) if o.valid else None)
@@ -708,16 +705,39 @@ class PopuLoRAParallelEnv(ParallelEnv):
             by_student[attempt.agent].append(_attempt_info(attempt, verdict))
         for student in self.students:
             infos[student] = self._done_info(completion_rewards[student], by_student[student], summary)
-        for agent in self.possible_agents:
-            values = completion_rewards[agent]
-            rewards[agent] = float(sum(values) / len(values)) if values else 0.0
-        observations = {a: () for a in self.possible_agents}
+        rewards = {a: float(sum(v) / len(v)) if (v := completion_rewards[a]) else 0.0 for a in self.possible_agents}
+        observations = {a: self._observation("done") for a in self.possible_agents}
         terminations = dict.fromkeys(self.possible_agents, True)
         truncations = dict.fromkeys(self.possible_agents, False)
         ordered_infos = {a: infos[a] for a in self.possible_agents}
         self._phase = "done"
         self.agents = []
         return observations, rewards, terminations, truncations, ordered_infos
+
+    def _check_answers(self, actions: Mapping[str, Any]) -> tuple[list[AttemptResult], list[AttemptOutcome]]:
+        """Every student's completions against its assigned tasks (one sandbox batch), as attempt records."""
+        tasks: list[Task] = []
+        completions: list[object] = []
+        owners: list[tuple[str, int, str | None]] = []
+        for student in self.students:
+            expected = [
+                (task, teacher) for task, teacher in self._student_tasks[student]
+                for _ in range(self.config.samples_per_task)
+            ]
+            given = self._completions(actions, student, len(expected))
+            for index, ((task, teacher), completion) in enumerate(zip(expected, given, strict=True)):
+                tasks.append(task)
+                completions.append(completion)
+                owners.append((student, index, teacher))
+        verdicts = self._checker.check(tasks, completions, self._lazy_sandbox)
+        attempts = [
+            AttemptResult(
+                agent=student, index=index, task_id=task.task_id, task_type=task.task_type.value, teacher=teacher,
+                format_ok=v.format_ok, correct=v.correct, reason=None if v.reason is None else v.reason.value,
+            )
+            for (student, index, teacher), task, v in zip(owners, tasks, verdicts, strict=True)
+        ]
+        return attempts, list(verdicts)
 
     def _done_info(self, rewards: list[float], details: list[dict[str, Any]], summary: dict[str, Any]) -> dict:
         info = self._base_info("done", False, [])
@@ -745,64 +765,20 @@ class PopuLoRAParallelEnv(ParallelEnv):
         return matches
 
     def _summary(self, results: RoundResults, completion_rewards: dict[str, list[float]]) -> dict[str, Any]:
-        """The ``infos[a]["round"]`` summary (shared by every agent's info: treat as read-only)."""
-        all_outcomes = [o for t in self.teachers for o in self._proposal_outcomes[t]]
-        valid = [o for o in all_outcomes if o.valid and o.task is not None]
-        reasons = Counter(o.reason.value for o in all_outcomes if o.reason is not None)
-        by_type_prop = {
-            t.value: {
-                "total": sum(o.request.task_type is t for o in all_outcomes),
-                "valid": sum(o.request.task_type is t and o.valid for o in all_outcomes),
-            }
-            for t in self.task_types
-        }
-        attempt_reasons = Counter(a.reason for a in results.attempts if a.reason is not None)
-        by_type_att = {
-            t.value: {
-                "total": sum(a.task_type == t.value for a in results.attempts),
-                "correct": sum(a.task_type == t.value and a.correct for a in results.attempts),
-            }
-            for t in self.task_types
-        }
+        """The ``infos[a]["round"]`` summary (:func:`populora_env.metrics.round_summary`; shared by every
+        agent's info: treat as read-only)."""
+        valid = [o for t in self.teachers for o in self._proposal_outcomes[t] if o.valid and o.task is not None]
         programs = [o.task.program for o in valid if o.task is not None and o.task.task_type is not TaskType.INDUCTION]
-        metrics: dict[str, Any] = dict(summarize(programs))
-        metrics.update(self._coverage.update(programs, [o.signature for o in valid if o.signature]))
-
-        def role_mean(agents: list[str]) -> float:
-            values = [v for a in agents for v in completion_rewards[a]]
-            return float(sum(values) / len(values)) if values else 0.0
-
-        return {
-            "round": self._round,
-            "reward_scheme": self.reward_scheme_name,
-            "pairs": [
-                {
-                    "teacher": m.teacher, "student": m.student, "p_ts": m.p_ts, "p_hat": m.p_hat,
-                    "n_valid": m.n_valid, "n_attempts": m.n_attempts, "n_correct": m.n_correct,
-                    "outcome": m.outcome,
-                }
-                for m in results.matches
-            ],
-            "ratings": self._ratings.summary(),
-            "proposals": {
-                "total": len(all_outcomes),
-                "valid": len(valid),
-                "format_errors": sum(not o.format_ok for o in all_outcomes),
-                "reasons": dict(sorted(reasons.items())),
-                "by_type": by_type_prop,
-            },
-            "attempts": {
-                "total": len(results.attempts),
-                "correct": sum(a.correct for a in results.attempts),
-                "format_errors": sum(not a.format_ok for a in results.attempts),
-                "matched": sum(a.matched for a in results.attempts),
-                "reasons": dict(sorted(attempt_reasons.items())),
-                "by_type": by_type_att,
-            },
-            "metrics": metrics,
-            "buffer_sizes": self._buffers.sizes(),
-            "mean_reward": {"teacher": role_mean(self.teachers), "student": role_mean(self.students)},
-        }
+        return round_summary(
+            results, completion_rewards,
+            reward_scheme=self.config.reward_scheme,
+            task_types=[t.value for t in self.task_types],
+            programs=programs,
+            signatures=[o.signature for o in valid if o.signature],
+            coverage=self._coverage,
+            ratings=self._ratings.summary(),
+            buffer_sizes=self._buffers.sizes(),
+        )
 
 
 def _proposal_info(outcome: ProposalOutcome) -> dict[str, Any]:

@@ -19,6 +19,11 @@ Distribution metrics (cumulative, kept by :class:`CoverageTracker`):
   (free names such as builtins and attributes are kept), with docstrings dropped and constants replaced by
   their type;
 - **signatures**: distinct ``(input types) -> output type`` signatures of valid tasks.
+
+Round summary (:func:`round_summary`, the env's ``infos[a]["round"]``): the pairs with ``p_ts``/``p_hat``/
+``outcome``, the ratings, proposal and attempt counts (by rejection reason and by task type), the program
+metrics of the round's valid deduction/abduction programs and the cumulative coverage, buffer sizes and the mean
+completion reward per role (mean over every completion of the role's agents, 0.0 when there is none).
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ from __future__ import annotations
 import ast
 import copy
 import hashlib
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from populora_env.literals import quiet_parse
+from populora_env.results import RoundResults
 
 _DECISIONS = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.IfExp, ast.ExceptHandler, ast.match_case)
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
@@ -265,3 +272,78 @@ class CoverageTracker:
         self._signatures = [str(x) for x in state.get("signatures", [])]
         self._program_set = set(self._programs)
         self._signature_set = set(self._signatures)
+
+
+def round_summary(
+    results: RoundResults,
+    completion_rewards: Mapping[str, Sequence[float]],
+    *,
+    reward_scheme: str,
+    task_types: Sequence[str],
+    programs: Sequence[str],
+    signatures: Sequence[str],
+    coverage: CoverageTracker,
+    ratings: Mapping[str, Any],
+    buffer_sizes: Mapping[str, int],
+) -> dict[str, Any]:
+    """The summary of one round (see the module docstring), as plain JSON-able data.
+
+    Args:
+        results: the round's records (proposals, attempts, matches).
+        completion_rewards: agent -> its completion rewards of the round.
+        reward_scheme: the reward scheme's name.
+        task_types: the task types in play (``"deduction"``...), the order of the ``by_type`` entries.
+        programs: the programs of the round's valid deduction/abduction tasks (the program metrics' input).
+        signatures: the type signatures of the round's valid tasks.
+        coverage: the run's cumulative tracker, updated here with ``programs`` and ``signatures``.
+        ratings: the ratings' summary after the round (``Ratings.summary()``).
+        buffer_sizes: tasks per buffer after the round.
+    """
+    proposals, attempts = results.proposals, results.attempts
+    reasons = Counter(p.reason for p in proposals if p.reason is not None)
+    attempt_reasons = Counter(a.reason for a in attempts if a.reason is not None)
+    metrics: dict[str, Any] = dict(summarize(programs))
+    metrics.update(coverage.update(programs, signatures))
+
+    def role_mean(agents: Sequence[str]) -> float:
+        values = [v for a in agents for v in completion_rewards[a]]
+        return float(sum(values) / len(values)) if values else 0.0
+
+    return {
+        "round": results.round,
+        "reward_scheme": reward_scheme,
+        "pairs": [
+            {
+                "teacher": m.teacher, "student": m.student, "p_ts": m.p_ts, "p_hat": m.p_hat,
+                "n_valid": m.n_valid, "n_attempts": m.n_attempts, "n_correct": m.n_correct, "outcome": m.outcome,
+            }
+            for m in results.matches
+        ],
+        "ratings": dict(ratings),
+        "proposals": {
+            "total": len(proposals),
+            "valid": sum(p.valid for p in proposals),
+            "format_errors": sum(not p.format_ok for p in proposals),
+            "reasons": dict(sorted(reasons.items())),
+            "by_type": {
+                t: {"total": sum(p.task_type == t for p in proposals),
+                    "valid": sum(p.task_type == t and p.valid for p in proposals)}
+                for t in task_types
+            },
+        },
+        "attempts": {
+            "total": len(attempts),
+            "correct": sum(a.correct for a in attempts),
+            "format_errors": sum(not a.format_ok for a in attempts),
+            "matched": sum(a.matched for a in attempts),
+            "reasons": dict(sorted(attempt_reasons.items())),
+            "by_type": {
+                t: {"total": sum(a.task_type == t for a in attempts),
+                    "correct": sum(a.task_type == t and a.correct for a in attempts)}
+                for t in task_types
+            },
+        },
+        "metrics": metrics,
+        "buffer_sizes": dict(buffer_sizes),
+        "mean_reward": {"teacher": role_mean(results.teachers), "student": role_mean(results.students)},
+    }

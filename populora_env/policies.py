@@ -1,7 +1,8 @@
 """Scripted policies for tests, smoke runs and baselines of the game.
 
 Each has ``act(observation, info) -> tuple[str, ...]`` with one completion per prompt of ``observation`` (the
-env's ``obs[agent]``), guided by ``info["requests"]``:
+env's ``obs[agent]``, whose ``"prompts"`` it answers, or a plain sequence of prompts such as
+:meth:`~populora_env.env.PopuLoRAParallelEnv.seed_prompts` returns), guided by ``info["requests"]``:
 
 - :class:`SeedTeacher` proposes valid tasks built from the shipped seed programs with fresh inputs, formatted
   like a model would answer;
@@ -43,6 +44,12 @@ def continue_prefix(prefix: str, answer: str | Sequence[str], thought: str = "Le
     return format_answer(answers[0], thought)
 
 
+def _prompts(observation: Mapping[str, Any] | Sequence[str]) -> Sequence[str]:
+    """The prompts of an env observation (``obs[agent]["prompts"]``), or ``observation`` itself if it is a
+    sequence of prompts."""
+    return observation["prompts"] if isinstance(observation, Mapping) else observation
+
+
 def _block(tag: str, content: str) -> str:
     return f"```{tag}\n{content.rstrip(chr(10))}\n```"
 
@@ -82,10 +89,11 @@ class SeedTeacher:
         self._used.add((tag, seed.name, args))
         return args
 
-    def act(self, observation: tuple[str, ...], info: Mapping[str, Any]) -> tuple[str, ...]:
+    def act(self, observation: Mapping[str, Any] | Sequence[str], info: Mapping[str, Any]) -> tuple[str, ...]:
         """One proposal per request of ``info["requests"]``."""
+        n = len(_prompts(observation))
         out: list[str] = []
-        for request in list(info.get("requests", []))[: len(observation)]:
+        for request in list(info.get("requests", []))[:n]:
             task_type = request.get("task_type")
             if task_type == "induction":
                 out.append(self._induction(request))
@@ -96,7 +104,7 @@ class SeedTeacher:
                 thought = f"I reuse the {seed.name} program with a new input."
                 answers = (program + "\n" + given, given + "\n" + program)
                 out.append(continue_prefix(str(request.get("prefix", "")), answers, thought))
-        return tuple(out) + ("",) * (len(observation) - len(out))
+        return tuple(out) + ("",) * (n - len(out))
 
     def _induction(self, request: Mapping[str, Any]) -> str:
         prefix = str(request.get("prefix", ""))
@@ -126,14 +134,15 @@ class OracleStudent:
             return continue_prefix(prefix, _block("input", task.input))
         return continue_prefix(prefix, _block("python", task.program))
 
-    def act(self, observation: tuple[str, ...], info: Mapping[str, Any]) -> tuple[str, ...]:
+    def act(self, observation: Mapping[str, Any] | Sequence[str], info: Mapping[str, Any]) -> tuple[str, ...]:
         """One correct answer per request."""
         tasks = self.env.current_tasks
+        n = len(_prompts(observation))
         out = []
-        for request in list(info.get("requests", []))[: len(observation)]:
+        for request in list(info.get("requests", []))[:n]:
             task = tasks.get(request.get("task_id"))
             out.append("" if task is None else self.answer(task, str(request.get("prefix", ""))))
-        return tuple(out) + ("",) * (len(observation) - len(out))
+        return tuple(out) + ("",) * (n - len(out))
 
 
 class RandomPolicy:
@@ -151,6 +160,8 @@ class RandomPolicy:
         n = int(self.rng.integers(0, self.max_length + 1))
         return "".join(self._chars[self.rng.integers(0, len(self._chars), size=n)])
 
-    def act(self, observation: tuple[str, ...], info: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    def act(
+        self, observation: Mapping[str, Any] | Sequence[str], info: Mapping[str, Any] | None = None
+    ) -> tuple[str, ...]:
         """One random string per prompt."""
-        return tuple(self.sample() for _ in observation)
+        return tuple(self.sample() for _ in _prompts(observation))

@@ -36,8 +36,8 @@ from typing import Any
 
 from selfplay.config import ConfigError, TrainConfig
 
-__all__ = ["HISTORY_NAME", "STRUCTURAL", "UNRECORDED", "FREE", "check_changes", "config_diff",
-           "normalize_override", "read_history", "record_changes"]
+__all__ = ["HISTORY_NAME", "STRUCTURAL", "UNRECORDED", "FREE", "RETIRED", "check_changes", "config_diff",
+           "drop_retired", "normalize_override", "read_history", "record_changes"]
 
 HISTORY_NAME = "config_history.jsonl"
 STRUCTURAL = ("model", "dtype", "rank", "alpha", "target_modules", "env.num_teachers", "env.num_students")
@@ -47,7 +47,26 @@ UNRECORDED = ("resume", "run_dir", "name", "progress")
 FREE = ("steps",)
 """Fields that may differ on resume without ``--override``; the change is recorded."""
 
+RETIRED = {
+    "env.max_completion_chars": "it only set the declared max_length of the env's action space; completions of "
+                                "any length were and are processed",
+}
+"""Settings removed from the configuration, with why: a ``config.json`` written before their removal still
+carries them (see :func:`drop_retired`)."""
+
 _MISSING = object()
+
+
+def drop_retired(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's saved configuration (``config.json["config"]``) without the :data:`RETIRED` settings, so that a
+    run written before their removal still resumes (none of them changed what a run computes). A preset is not
+    passed through this: one that names a retired setting is refused as an unknown field."""
+    out = dict(saved)
+    for name in RETIRED:
+        section, _, field = name.rpartition(".")
+        if isinstance(out.get(section), Mapping) and field in out[section]:
+            out[section] = {k: v for k, v in out[section].items() if k != field}
+    return out
 
 
 @functools.cache

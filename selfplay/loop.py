@@ -146,7 +146,7 @@ class SelfPlayLoop:
         self.generator.refresh(self.population.names)
 
     # ------------------------------------------------------------------------------- generation
-    def _generate(self, obs: Mapping[str, Sequence[str]], infos: Mapping[str, dict], phase: str
+    def _generate(self, obs: Mapping[str, Mapping[str, Any]], infos: Mapping[str, dict], phase: str
                   ) -> tuple[dict[CompletionId, Completion], dict[CompletionId, str], float]:
         """One batched generate call over every active agent's prompts (adapters mixed).
 
@@ -159,7 +159,7 @@ class SelfPlayLoop:
         first_index: list[tuple[str, int]] = []  # (agent, observation index of sample 0) per request
         prompts: dict[CompletionId, str] = {}
         for agent in sorted(obs):
-            agent_prompts = list(obs[agent])
+            agent_prompts = list(obs[agent]["prompts"])
             if not agent_prompts or not infos.get(agent, {}).get("active", True):
                 continue
             # how the env wants each prompt generated: chat template or not, response prefix, stop strings

@@ -50,7 +50,7 @@ from selfplay.checkpoint import (
     write_text_atomic,
 )
 from selfplay.config import ConfigError, TrainConfig, from_dict, read_config_json, to_dict
-from selfplay.config_changes import HISTORY_NAME, check_changes, record_changes
+from selfplay.config_changes import HISTORY_NAME, check_changes, drop_retired, record_changes
 from selfplay.rundir import check_resume_dir, default_run_dir, prepare_new_run_dir, run_lock
 
 if TYPE_CHECKING:
@@ -132,7 +132,7 @@ def _config_changes(cfg: TrainConfig, run_dir: Path, overrides: Sequence[str]) -
     if not isinstance(saved.get("config"), dict):
         raise ConfigError("resume", f"{run_dir / 'config.json'} holds no run configuration")
     # normalised through the dataclasses: a field added since the run was written is its default, not a change
-    saved_config = to_dict(from_dict(TrainConfig, saved["config"]))
+    saved_config = to_dict(from_dict(TrainConfig, drop_retired(saved["config"])))
     return saved, check_changes(saved_config, to_dict(cfg), overrides)
 
 

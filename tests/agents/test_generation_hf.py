@@ -255,7 +255,7 @@ def test_raw_azr_prompts_are_encoded_without_chat_markup(pop3, tiny_tokenizer):
     obs, infos = env.reset(seed=0)
     gen = HFGenerator(pop3, tiny_tokenizer)
     special = set(tiny_tokenizer.all_special_ids)
-    for prompt, spec in zip(obs["teacher_0"], infos["teacher_0"]["requests"], strict=True):
+    for prompt, spec in zip(obs["teacher_0"]["prompts"], infos["teacher_0"]["requests"], strict=True):
         request = GenerationRequest("m0", prompt, chat=spec["chat_template"], prefix=spec["prefix"],
                                     stop=tuple(spec["stop"]))
         ids = gen.encode_prompt(request)

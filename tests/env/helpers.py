@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 
 class Policy(Protocol):
-    def act(self, observation: tuple[str, ...], info: Mapping[str, Any]) -> tuple[str, ...]: ...
+    def act(self, observation: Mapping[str, Any], info: Mapping[str, Any]) -> tuple[str, ...]: ...
 
 
 def play_round(env: Any, teachers: Mapping[str, Policy], students: Mapping[str, Policy]) -> dict[str, Any]:

@@ -55,8 +55,8 @@ def test_parseable_answers_do_not_depend_on_the_switch(sandbox: Any) -> None:
 class _Garbler:
     """Answers every task with a well-tagged but unparseable output block."""
 
-    def act(self, observation: tuple[str, ...], info: dict[str, Any]) -> tuple[str, ...]:
-        requests = list(info.get("requests", []))[: len(observation)]
+    def act(self, observation: dict[str, Any], info: dict[str, Any]) -> tuple[str, ...]:
+        requests = list(info.get("requests", []))[: len(observation["prompts"])]
         return tuple(continue_prefix(str(r.get("prefix", "")), "```output\n[1, 2\n```") for r in requests)
 
 

@@ -18,7 +18,7 @@ class MixedStudents:
 
     def __init__(self, env: Any, seed: int) -> None:
         self.policies = {
-            "student_0": PartialStudent(env, env.samples_per_task),
+            "student_0": PartialStudent(env, env.config.samples_per_task),
             "student_1": OracleStudent(env),
             "student_2": RandomPolicy(seed=seed),
         }

@@ -24,7 +24,7 @@ class PartialStudent:
     def n_correct(self, task_id: str) -> int:
         return zlib.crc32(task_id.encode()) % (self.samples + 1)
 
-    def act(self, observation: tuple[str, ...], info: Mapping[str, Any]) -> tuple[str, ...]:
+    def act(self, observation: Mapping[str, Any], info: Mapping[str, Any]) -> tuple[str, ...]:
         out = []
         for request in info["requests"]:
             task = self.env.current_tasks[request["task_id"]]
@@ -53,7 +53,7 @@ def test_seed_teachers_with_oracle_students(make_env: Any) -> None:
             assert [c["valid"] for c in infos[teacher]["completion_info"]] == [True] * 3
             assert infos[teacher]["completion_rewards"] == [0.0] * 3 and rewards[teacher] == 0.0
         for student in env.students:
-            assert infos[student]["completion_rewards"] == [1.0] * len(out["step1"][0][student])
+            assert infos[student]["completion_rewards"] == [1.0] * len(out["step1"][0][student]["prompts"])
             assert rewards[student] == 1.0
         for pair in infos["teacher_0"]["round"]["pairs"]:
             assert pair["p_hat"] == 1.0 and pair["outcome"] == "student"
@@ -131,7 +131,7 @@ def test_student_fill_tops_up_idle_students(make_env: Any) -> None:
     no_fill = make_env(num_teachers=1, num_students=3, tasks_per_teacher=2, samples_per_task=2, student_fill=False)
     no_fill.reset()
     obs, _, _, _, infos = no_fill.step({})
-    assert all(obs[s] == () and not infos[s]["active"] for s in no_fill.students)
+    assert all(obs[s]["prompts"] == () and not infos[s]["active"] for s in no_fill.students)
     _, rewards, _, _, infos = no_fill.step({})
     assert rewards["student_0"] == 0.0 and infos["student_0"]["completion_rewards"] == []
     assert infos["teacher_0"]["round"]["pairs"][0]["p_hat"] is None
@@ -184,9 +184,9 @@ class StructuredGarbage:
         n = int(self.rng.integers(0, 25))
         return "".join(self.FRAGMENTS[int(i)] for i in self.rng.integers(0, len(self.FRAGMENTS), size=n))
 
-    def act(self, observation: tuple[str, ...], info: Mapping[str, Any]) -> tuple[str, ...]:
+    def act(self, observation: Mapping[str, Any], info: Mapping[str, Any]) -> tuple[str, ...]:
         out = []
-        for _ in observation:
+        for _ in observation["prompts"]:
             blocks = [f"```{tag}\n{self.junk()}\n```" for tag in
                       self.rng.choice(["python", "input", "output", "message", ""], size=int(self.rng.integers(0, 8)))]
             out.append(format_answer("\n".join(blocks)))

@@ -118,7 +118,7 @@ def test_hostile_teacher_completions(sandbox: Sandbox, teacher: list[str]) -> No
         assert isinstance(proposal["valid"], bool)
         if not proposal["format_ok"]:
             assert proposal["reason"] == Reason.FORMAT.value and not proposal["valid"]
-    done = env.step({"student_0": ("x",) * len(out[0]["student_0"])})
+    done = env.step({"student_0": ("x",) * len(out[0]["student_0"]["prompts"])})
     _check_outcome(done, env)
     env.close()
 
@@ -245,10 +245,10 @@ def test_seeded_fuzz_of_random_completions(sandbox: Sandbox) -> None:
             if round_ % 2 and i == 0:  # keep valid tasks flowing to the students
                 teachers[t] = SeedTeacher(seed=round_).act(obs[t], infos[t])
             else:
-                teachers[t] = tuple(sample() for _ in obs[t])
-            seen += len(obs[t])
+                teachers[t] = tuple(sample() for _ in obs[t]["prompts"])
+            seen += len(obs[t]["prompts"])
         out = env.step(teachers)
-        students = {s: tuple(sample() for _ in out[0][s]) for s in env.students}
+        students = {s: tuple(sample() for _ in out[0][s]["prompts"]) for s in env.students}
         seen += sum(len(v) for v in students.values())
         _check_outcome(env.step(students), env)
     env.close()

@@ -1,6 +1,8 @@
-"""Program metrics and coverage fingerprints (definitions in docs/method.md §10)."""
+"""Program metrics, coverage fingerprints (definitions in docs/method.md §10) and the round summary."""
 
 from __future__ import annotations
+
+import pytest
 
 from populora_env.metrics import (
     CoverageTracker,
@@ -8,9 +10,11 @@ from populora_env.metrics import (
     cyclomatic_complexity,
     lines_of_code,
     program_fingerprint,
+    round_summary,
     summarize,
     variable_count,
 )
+from populora_env.results import AttemptResult, MatchResult, ProposalResult, RoundResults
 
 IDENTITY = "def f(a):\n    return a\n"
 BRANCHY = """
@@ -81,3 +85,51 @@ def test_summarize() -> None:
     s = summarize([IDENTITY, BRANCHY])
     assert s["n_programs"] == 2 and s["cyclomatic_max"] == 10 and s["loc_mean"] == 7.0
     assert summarize([])["n_programs"] == 0
+
+
+def _round() -> RoundResults:
+    """Two teachers, two students: t0 proposes a valid deduction and a duplicate abduction, t1 a format error;
+    s0 attempts t0's task twice (one right) and a filler task once, s1 nothing."""
+    proposals = (
+        ProposalResult("t0", 0, "deduction", "r3-t0-0", True, True, None),
+        ProposalResult("t0", 1, "abduction", "r3-t0-1", True, False, "duplicate"),
+        ProposalResult("t1", 0, "deduction", "r3-t1-0", False, False, "format"),
+    )
+    attempts = (
+        AttemptResult("s0", 0, "r3-t0-0", "deduction", "t0", True, True, None),
+        AttemptResult("s0", 1, "r3-t0-0", "deduction", "t0", True, False, "wrong"),
+        AttemptResult("s0", 2, "seed-7", "abduction", None, False, False, "format"),
+    )
+    matches = (
+        MatchResult("t0", "s0", 0.5, 0.5, 1, 2, 1, "draw"),
+        MatchResult("t1", "s1", 0.25, None, 0, 0, 0, "teacher"),
+    )
+    return RoundResults(3, ("t0", "t1"), ("s0", "s1"), proposals, attempts, matches)
+
+
+def test_round_summary_counts_and_means() -> None:
+    rewards = {"t0": [1.0, -0.5], "t1": [-1.0], "s0": [1.0, 0.0, -1.0], "s1": []}
+    coverage = CoverageTracker()
+    s = round_summary(_round(), rewards, reward_scheme="populora", task_types=["deduction", "abduction"],
+                      programs=[IDENTITY], signatures=["(str) -> str"], coverage=coverage,
+                      ratings={"t0": {"mu": 25.0}}, buffer_sizes={"deduction": 24, "abduction": 23})
+    assert (s["round"], s["reward_scheme"]) == (3, "populora")
+    assert s["pairs"][0] == {"teacher": "t0", "student": "s0", "p_ts": 0.5, "p_hat": 0.5, "n_valid": 1,
+                             "n_attempts": 2, "n_correct": 1, "outcome": "draw"}
+    assert [p["outcome"] for p in s["pairs"]] == ["draw", "teacher"]
+    assert s["proposals"] == {"total": 3, "valid": 1, "format_errors": 1,
+                              "reasons": {"duplicate": 1, "format": 1},
+                              "by_type": {"deduction": {"total": 2, "valid": 1}, "abduction": {"total": 1, "valid": 0}}}
+    assert s["attempts"] == {"total": 3, "correct": 1, "format_errors": 1, "matched": 2,
+                             "reasons": {"format": 1, "wrong": 1},
+                             "by_type": {"deduction": {"total": 2, "correct": 1}, "abduction": {"total": 1, "correct": 0}}}
+    assert s["metrics"]["n_programs"] == 1 and s["metrics"]["loc_mean"] == 2.0
+    assert s["metrics"]["coverage_programs"] == 1 and s["metrics"]["coverage_signatures"] == 1
+    assert coverage.n_programs == 1  # the run's tracker was updated
+    assert s["ratings"] == {"t0": {"mu": 25.0}} and s["buffer_sizes"] == {"deduction": 24, "abduction": 23}
+    # per role: the mean over every completion of the role's agents (t: 3 values, s: 3 values, s1 has none)
+    assert s["mean_reward"] == {"teacher": pytest.approx(-0.5 / 3), "student": 0.0}
+    empty = round_summary(RoundResults(0, ("t0",), ("s0",), (), (), ()), {"t0": [], "s0": []},
+                          reward_scheme="azr", task_types=["induction"], programs=[], signatures=[],
+                          coverage=CoverageTracker(), ratings={}, buffer_sizes={})
+    assert empty["mean_reward"] == {"teacher": 0.0, "student": 0.0} and empty["metrics"]["ast_depth_mean"] == 0.0

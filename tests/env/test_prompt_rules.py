@@ -23,8 +23,8 @@ def rendered(prompts: str, validation: str, timeout_s: float) -> tuple[list[str]
                        timeout_s=timeout_s, seed=0)
     try:
         obs, _ = env.reset(seed=0)
-        proposer = list(obs["teacher_0"])
-        solver = [env.prompts.solver(t) for t in seed_tasks(env.induction_inputs)[:3]]
+        proposer = list(obs["teacher_0"]["prompts"])
+        solver = [env.prompts.solver(t) for t in seed_tasks(env.config.induction_inputs)[:3]]
     finally:
         env.close()
     return proposer, solver

@@ -45,7 +45,7 @@ class _ExactTeacher:
     def __init__(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
 
-    def act(self, observation: tuple[str, ...], info: dict[str, Any]) -> tuple[str, ...]:
+    def act(self, observation: dict[str, Any], info: dict[str, Any]) -> tuple[str, ...]:
         out = []
         for request in info["requests"]:
             if request["task_type"] == "induction":
@@ -73,7 +73,7 @@ def test_every_prompt_set_renders_and_parses_for_every_kind(make_env: Any, name:
     kinds_seen = set()
     for teacher in env.teachers:
         assert env.observation_space(teacher).contains(obs[teacher])
-        for prompt, request in zip(obs[teacher], infos[teacher]["requests"], strict=True):
+        for prompt, request in zip(obs[teacher]["prompts"], infos[teacher]["requests"], strict=True):
             kind = prompt_kind("propose", request["task_type"])
             kinds_seen.add(kind)
             assert request["prefix"] == templates.prefix(kind)
@@ -90,9 +90,9 @@ def test_every_prompt_set_renders_and_parses_for_every_kind(make_env: Any, name:
     oracle = OracleStudent(env)
     actions = {}
     for student in env.students:
-        assert obs1[student] and env.observation_space(student).contains(obs1[student])
+        assert obs1[student]["prompts"] and env.observation_space(student).contains(obs1[student])
         completions = []
-        for prompt, request in zip(obs1[student], infos1[student]["requests"], strict=True):
+        for prompt, request in zip(obs1[student]["prompts"], infos1[student]["requests"], strict=True):
             kind = prompt_kind("solve", request["task_type"])
             kinds_seen.add(kind)
             assert request["prefix"] == templates.prefix(kind)
@@ -119,9 +119,9 @@ def test_azr_prompts_are_raw_r1_prompts_ending_with_think(make_env: Any) -> None
     env = make_env(prompts="azr", num_teachers=3, num_students=2, tasks_per_teacher=3, samples_per_task=2)
     obs, infos = env.reset(seed=0)
     teachers = {t: _ExactTeacher(i) for i, t in enumerate(env.teachers)}
-    emitted = [p for t in env.teachers for p in obs[t]]
+    emitted = [p for t in env.teachers for p in obs[t]["prompts"]]
     obs1, _, _, _, infos1 = env.step({t: teachers[t].act(obs[t], infos[t]) for t in env.teachers})
-    emitted += [p for s in env.students for p in obs1[s]]
+    emitted += [p for s in env.students for p in obs1[s]["prompts"]]
     assert len(emitted) > 9
     for prompt in emitted:
         assert prompt.startswith("A conversation between User and Assistant.")
@@ -129,7 +129,7 @@ def test_azr_prompts_are_raw_r1_prompts_ending_with_think(make_env: Any) -> None
     for info in [infos[t] for t in env.teachers] + [infos1[s] for s in env.students]:
         assert all(r["prefix"] == "<think>" and r["chat_template"] is False for r in info["requests"])
     # AZR's sections: reference snippets, requirements, judging criteria, the banned words
-    deduction = next(p for t in env.teachers for p, r in zip(obs[t], infos[t]["requests"], strict=True)
+    deduction = next(p for t in env.teachers for p, r in zip(obs[t]["prompts"], infos[t]["requests"], strict=True)
                      if r["task_type"] == "deduction")
     for section in ("### Requirements for the code", "### Requirements for the input", "### Format",
                     "### How your submission is judged", "### Reference code snippets", "<snippet_1>", "subprocess"):
@@ -140,7 +140,7 @@ def test_chat_sets_leave_the_prefix_to_the_generator(make_env: Any) -> None:
     env = make_env(prompts="small")
     obs, infos = env.reset(seed=0)
     for teacher in env.teachers:
-        for prompt, request in zip(obs[teacher], infos[teacher]["requests"], strict=True):
+        for prompt, request in zip(obs[teacher]["prompts"], infos[teacher]["requests"], strict=True):
             assert request["chat_template"] is True and request["prefix"].startswith("<think></think>\n<answer>\n")
             assert not prompt.endswith(request["prefix"])  # the user turn; the prefix follows the assistant opening
     small = get_prompt_set("small")
@@ -154,7 +154,7 @@ def test_every_set_tells_proposers_the_literal_rule(make_env: Any) -> None:
         env = make_env(prompts=name, task_types=("deduction", "abduction", "induction"))
         obs, _ = env.reset(seed=0)
         for teacher in env.teachers:
-            for prompt in obs[teacher]:
+            for prompt in obs[teacher]["prompts"]:
                 assert any(rule in prompt for rule in rules), (name, prompt)
                 assert "plain Python literals" in prompt and "`range(5)`" in prompt
 
@@ -205,7 +205,7 @@ def test_missing_answer_close_is_accepted_only_when_lenient(make_env: Any) -> No
         task = env.current_tasks[student_request["task_id"]]
         answer = _continue(student_request["prefix"], _block("output", task.output))
         answer = answer[: answer.rindex("</answer>")]
-        _, _, _, _, infos2 = env.step({"student_0": (answer,) * len(obs1["student_0"])})
+        _, _, _, _, infos2 = env.step({"student_0": (answer,) * len(obs1["student_0"]["prompts"])})
         (attempt, *_) = infos2["student_0"]["completion_info"]
         assert (attempt["format_ok"], attempt["correct"]) == (lenient, lenient)
     with pytest.raises(ConfigError, match="lenient_answer_close"):

@@ -165,8 +165,8 @@ def test_deeply_nested_programs_and_answers_never_crash(make_env: Any) -> None:
     assert reasons[:2] == ["too_long", "too_long"] and reasons[2] in ("parse_error", "not_literal")
     deep = think("```output\n" + "+".join(["1"] * 1500) + "\n```")
     nested = think("```output\n" + "-" * 1500 + "1\n```")
-    answers = (deep, nested) + ("",) * max(0, len(obs["student_0"]) - 2)
-    _, rewards, _, _, infos = env.step({"student_0": answers[: len(obs["student_0"])]})
+    answers = (deep, nested) + ("",) * max(0, len(obs["student_0"]["prompts"]) - 2)
+    _, rewards, _, _, infos = env.step({"student_0": answers[: len(obs["student_0"]["prompts"])]})
     assert all(r in (-1.0, -0.5) for r in infos["student_0"]["completion_rewards"])
 
 

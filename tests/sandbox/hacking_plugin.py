@@ -34,7 +34,7 @@ class HackScript:
     def load(self, env, obs, infos, adapter_of) -> None:
         self.texts = {}
         for agent in sorted(obs):
-            for prompt, request in zip(obs[agent], infos.get(agent, {}).get("requests", []), strict=True):
+            for prompt, request in zip(obs[agent]["prompts"], infos.get(agent, {}).get("requests", []), strict=True):
                 kind, prefix = str(request["task_type"]), str(request.get("prefix", ""))
                 if agent.startswith("teacher"):
                     if kind == "induction":
@@ -91,7 +91,7 @@ def _hacked_setup(self) -> None:
 
     def scripted_step(actions):
         out = step(actions)
-        if any(out[0].values()):
+        if any(o["prompts"] for o in out[0].values()):
             self.generator.phase = "solve"
             script.load(env, out[0], out[4], adapter_of)
         else:

@@ -80,13 +80,13 @@ class Script:
             body = f"```python\n{task.program.rstrip()}\n```"
         return continuation(body, str(request.get("prefix", "")))
 
-    def load(self, env: Any, obs: Mapping[str, Sequence[str]], infos: Mapping[str, Mapping[str, Any]],
+    def load(self, env: Any, obs: Mapping[str, Mapping[str, Any]], infos: Mapping[str, Mapping[str, Any]],
              adapter_of: Mapping[str, str]) -> None:
         """Script every active agent's completions of this phase."""
         self.texts = {}
         tasks = env.current_tasks
         for agent in sorted(obs):
-            prompts = list(obs[agent])
+            prompts = list(obs[agent]["prompts"])
             requests = list(infos.get(agent, {}).get("requests", []))
             of_type: Counter[str] = Counter()
             for prompt, request in zip(prompts, requests, strict=True):
@@ -155,7 +155,7 @@ class ScriptedLoop(SelfPlayLoop):
 
         def scripted_step(actions: Any):
             out = step(actions)
-            if any(out[0].values()):  # the solve phase's prompts
+            if any(o["prompts"] for o in out[0].values()):  # the solve phase's prompts
                 self.generator.phase = "solve"
                 self.script.load(env, out[0], out[4], adapter_of)
             return out

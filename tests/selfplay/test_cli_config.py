@@ -24,7 +24,7 @@ def test_env_section_is_the_env_config() -> None:
     env = parallel_env(TrainConfig().env)
     assert env.config == EnvConfig()
     # the env's own defaults, not a drifting copy (the old run config had 4 vs 8 samples, 2 vs 3 references)
-    assert (env.samples_per_task, env.references_k, env.require_think) == (8, 3, True)
+    assert (env.config.samples_per_task, env.config.references_k, env.config.require_think) == (8, 3, True)
 
 
 def test_every_env_setting_is_a_flag() -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from agents.generation import Completion, GenerationRequest
 from populora_env import parallel_env
+from populora_env.env import PHASES
 from selfplay.config import TrainConfig
 from selfplay.loop import SelfPlayLoop
 from selfplay.mapping import AgentMapping
@@ -42,7 +45,7 @@ def test_requests_carry_the_prompt_sets_generation_rules() -> None:
 def test_identical_prompts_with_different_prefixes_are_separate_requests() -> None:
     env = parallel_env(num_teachers=1, num_students=1, tasks_per_teacher=1, seed=0)
     loop, recorder = _loop(env)
-    obs = {"student_0": ("same prompt",) * 3}
+    obs = {"student_0": {"prompts": ("same prompt",) * 3, "phase": np.int64(PHASES.index("solve"))}}
     specs = [{"prefix": "a", "chat_template": True, "stop": ["</answer>"]}] * 2 + [{"prefix": "b"}]
     completions, _, _ = loop._generate(obs, {"student_0": {"active": True, "requests": specs}}, "solve")
     assert [(r.n, r.prefix, r.stop) for r in recorder.requests] == [(2, "a", ("</answer>",)), (1, "b", ())]

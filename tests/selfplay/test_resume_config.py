@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from selfplay.config import ConfigError, TrainConfig, to_dict
-from selfplay.config_changes import HISTORY_NAME, check_changes, config_diff, read_history
+from selfplay.config import ConfigError, TrainConfig, from_dict, to_dict
+from selfplay.config_changes import HISTORY_NAME, check_changes, config_diff, drop_retired, read_history
+from selfplay.resume import _config_changes
 from tests.selfplay.conftest import populora, populora_watched
 
 
@@ -100,3 +101,23 @@ def test_a_field_added_since_the_run_was_written_is_no_difference(run: Path) -> 
     p = populora("train", "--resume", str(run), "--no-progress", "--dry-run", timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     assert json.loads(p.stdout)["trainer"]["max_nonfinite_updates"] == 3
+
+
+def test_a_retired_field_in_an_old_config_json_is_dropped_on_resume(run: Path) -> None:
+    """``env.max_completion_chars`` was removed: a run whose config.json still carries it resumes (the CLI and
+    ``selfplay.resume`` read the saved configuration through ``drop_retired``); a preset naming it is refused."""
+    saved = json.loads((run / "config.json").read_text())
+    saved["config"]["env"]["max_completion_chars"] = 16384  # as every config.json written before the removal
+    (run / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(ConfigError, match=r"^env\.max_completion_chars: unknown field"):
+        from_dict(TrainConfig, saved["config"])  # a preset carrying it: a clear error naming the field
+    dropped = drop_retired(saved["config"])
+    assert "max_completion_chars" not in dropped["env"] and "max_completion_chars" in saved["config"]["env"]
+    assert dropped["env"] == {k: v for k, v in saved["config"]["env"].items()
+                              if k != "max_completion_chars"}
+    cfg = from_dict(TrainConfig, dropped)
+    _, changes = _config_changes(cfg, run, [])
+    assert changes == []
+    p = populora("train", "--resume", str(run), "--no-progress", "--dry-run", timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "max_completion_chars" not in json.loads(p.stdout)["env"]
