@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 __all__ = ["ConfigError", "check", "check_bool", "check_choice", "check_int", "check_number", "check_section",
-           "check_str", "shown"]
+           "shown"]
 
 
 class ConfigError(ValueError):
@@ -81,13 +81,6 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     """``value`` if it is one of ``choices`` (a registry's names, a ``Literal``'s values)."""
     options = list(choices)
     check(value in options, name, f"must be one of {', '.join(map(str, options))}, got {value!r}")
-    return value
-
-
-def check_str(name: str, value: Any, *, empty: bool = True) -> str:
-    """``value`` if it is a string (a non-blank one unless ``empty``)."""
-    check(isinstance(value, str), name, f"must be a string, got {value!r}")
-    check(empty or value.strip() != "", name, "must not be empty")
     return value
 
 
