@@ -52,11 +52,12 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from agents.advantages import get_advantage, list_advantages
-from agents.losses import KL_ESTIMATORS, get_loss_agg, kl_penalty, list_loss_aggs, policy_loss
+from agents.losses import KL_ESTIMATORS, kl_penalty, list_loss_aggs, policy_loss
 from agents.nonfinite import finite_update
 from agents.packing import pack_prefix_shared
 from agents.rollout import Rollout
 from agents.weighting import ROLE_WEIGHTINGS, role_loss_weights
+from populora_env.checks import check, check_bool, check_choice, check_int, check_number, shown
 
 __all__ = ["TrainerConfig", "PolicyGradientTrainer", "KL_MODES", "PACKINGS"]
 
@@ -138,52 +139,52 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]
-        problems = []
-        if not self.lr > 0:
-            problems.append(f"lr must be > 0 (got {self.lr})")
-        if self.micro_batch_size < 1:
-            problems.append(f"micro_batch_size must be >= 1 (got {self.micro_batch_size})")
-        if self.mini_batch_size is not None and self.mini_batch_size < 1:
-            problems.append(f"mini_batch_size must be >= 1 or None (got {self.mini_batch_size})")
-        if self.epochs < 1:
-            problems.append(f"epochs must be >= 1 (got {self.epochs})")
-        if not 0 <= self.clip_eps_low < 1 or self.clip_eps_high < 0:
-            problems.append(
-                f"need 0 <= clip_eps_low < 1, clip_eps_high >= 0 (got {self.clip_eps_low}, {self.clip_eps_high})"
-            )
-        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
-            problems.append(f"max_grad_norm must be > 0 or None (got {self.max_grad_norm})")
-        if self.kl_mode not in KL_MODES:
-            problems.append(f"kl_mode must be one of {', '.join(KL_MODES)} (got {self.kl_mode!r})")
-        if self.kl_estimator is not None and self.kl_estimator not in KL_ESTIMATORS:
-            problems.append(
-                f"kl_estimator must be one of {', '.join(sorted(KL_ESTIMATORS))} (got {self.kl_estimator!r})"
-            )
-        if self.kl_coef < 0:
-            problems.append(f"kl_coef must be >= 0 (got {self.kl_coef})")
-        if self.kl_mode == "off" and self.kl_coef != 0:
-            problems.append(f"kl_coef = {self.kl_coef} has no effect with kl_mode='off'; set kl_mode")
-        if self.logprob_chunk_size < 1:
-            problems.append(f"logprob_chunk_size must be >= 1 (got {self.logprob_chunk_size})")
-        if self.role_weighting not in ROLE_WEIGHTINGS:
-            problems.append(f"role_weighting must be one of {', '.join(ROLE_WEIGHTINGS)} (got {self.role_weighting!r})")
-        if self.packing not in PACKINGS:
-            problems.append(f"packing must be one of {', '.join(PACKINGS)} (got {self.packing!r})")
-        if self.norm_len is not None and self.norm_len < 1:
-            problems.append(f"norm_len must be >= 1 or None (got {self.norm_len})")
-        if problems:
-            raise ValueError("invalid TrainerConfig: " + "; ".join(problems))
+
+    def validate(self) -> None:
+        """Check every hyperparameter (the estimator and aggregation mode against their registries, looked up
+        now, so that ones registered after the config was made are accepted); raise
+        :class:`~populora_env.checks.ConfigError` naming the first bad field."""
+        check(self.advantage in list_advantages(), "advantage",
+              f"unknown advantage estimator {self.advantage!r} (known: {', '.join(list_advantages())})")
+        check(isinstance(self.advantage_kwargs, Mapping), "advantage_kwargs",
+              f"must be a mapping, got {self.advantage_kwargs!r}")
+        for key, value in self.advantage_kwargs.items():
+            check_number(f"advantage_kwargs.{key}", value, low=-1e12, high=1e12)
+        check(self.loss_agg_mode in list_loss_aggs(), "loss_agg_mode",
+              f"unknown loss aggregation mode {self.loss_agg_mode!r} (known: {', '.join(list_loss_aggs())})")
+        if self.norm_len is not None:
+            check_int("norm_len", self.norm_len, 1)
+        check_number("clip_eps_low", self.clip_eps_low, low=0.0, high=1.0, high_open=True)
+        check_number("clip_eps_high", self.clip_eps_high, low=0.0, high=1e6)
+        check_number("lr", self.lr, low=0.0, high=1.0, low_open=True)
+        check_number("weight_decay", self.weight_decay, low=0.0, high=1e6)
+        check(isinstance(self.betas, tuple) and len(self.betas) == 2, "betas", f"must be two numbers, got {self.betas!r}")
+        for i, beta in enumerate(self.betas):
+            check_number(f"betas[{i}]", beta, low=0.0, high=1.0, high_open=True)
+        if self.max_grad_norm is not None:
+            check_number("max_grad_norm", self.max_grad_norm, low=0.0, high=1e12, low_open=True)
+        check_int("micro_batch_size", self.micro_batch_size, 1, 1 << 20)
+        if self.mini_batch_size is not None:
+            check_int("mini_batch_size", self.mini_batch_size, 1, 1 << 20)
+        check_int("epochs", self.epochs, 1, 1 << 16)
+        check_number("entropy_coef", self.entropy_coef, low=-1e6, high=1e6)
+        check_choice("kl_mode", self.kl_mode, KL_MODES)
+        if self.kl_estimator is not None:
+            check_choice("kl_estimator", self.kl_estimator, sorted(KL_ESTIMATORS))
+        check_number("kl_coef", self.kl_coef, low=0.0, high=1e6)
+        check(self.kl_mode != "off" or self.kl_coef == 0, "kl_coef",
+              f"{shown(self.kl_coef)} has no effect with kl_mode 'off'; set kl_mode")
+        for name in ("use_behaviour_logprobs", "gradient_checkpointing", "skip_nonfinite_grad", "skip_zero_advantage"):
+            check_bool(name, getattr(self, name))
+        check_int("logprob_chunk_size", self.logprob_chunk_size, 1, 1 << 24)
+        check_choice("role_weighting", self.role_weighting, ROLE_WEIGHTINGS)
+        check_int("max_nonfinite_updates", self.max_nonfinite_updates, 1, 1 << 20)
+        check_choice("packing", self.packing, PACKINGS)
 
     def check_registries(self) -> None:
-        """Raise KeyError if ``advantage`` or ``loss_agg_mode`` is not registered (checked when a trainer is
-        built, so estimators registered after the config was made are accepted)."""
-        if self.advantage not in list_advantages():
-            raise KeyError(
-                f"unknown advantage estimator {self.advantage!r}; known: {', '.join(list_advantages())}"
-            )
-        get_loss_agg(self.loss_agg_mode)
-        if self.loss_agg_mode not in list_loss_aggs():  # pragma: no cover - get_loss_agg raised already
-            raise KeyError(self.loss_agg_mode)
+        """:meth:`validate`, run when a trainer is built (``PolicyGradientTrainer``): the registries are looked up
+        then, so estimators registered after the config was made are accepted."""
+        self.validate()
 
     @property
     def resolved_kl_estimator(self) -> str:

@@ -41,7 +41,7 @@ import torch  # noqa: E402
 
 from agents.packing import prefix_shared_tokens, prompt_groups  # noqa: E402
 from agents.trainer import PolicyGradientTrainer  # noqa: E402
-from selfplay.config import load_preset, validate  # noqa: E402
+from selfplay.config import load_preset  # noqa: E402
 from selfplay.loop import SelfPlayLoop  # noqa: E402
 
 PHASES = ("generation", "sandbox", "update", "other")
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = load_preset(args.preset)
     cfg = dataclasses.replace(cfg, steps=args.steps, **({"model": args.model} if args.model else {}))
-    validate(cfg)
+    cfg.validate()
     report: dict = {"preset": args.preset, "model": cfg.model, "torch_threads": None, "steps": [], "members": {}}
     with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
         loop = SelfPlayLoop(cfg, Path(tmp) / "run")

@@ -62,6 +62,7 @@ from evaluation.math_check import extract_math_answer, is_equivalent
 from evaluation.progress import Bars, ResultLog, adapter_fingerprint, row_key
 from evaluation.prompting import MATH_TEMPLATES, PromptSpec, code_spec, math_spec, program_for
 from evaluation.scores import aggregate_rows, summarize_benchmark, write_results
+from populora_env.checks import ConfigError, check, check_choice, check_int, check_number
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +172,35 @@ class EvalConfig:
     restart: bool = False
     """Discard the partial results in the output directory instead of resuming from them."""
 
+    def validate(self) -> None:
+        """Every setting's value (names, ranges), before any work: a :class:`~populora_env.checks.ConfigError`
+        naming the field (``populora eval: error: --limit: must be >= 1, got 0`` on the command line)."""
+        _parsed("benchmarks", parse_benchmarks, self.benchmarks)
+        if self.limit is not None:
+            check_int("limit", self.limit, 1)
+        check_choice("budget_profile", self.budget_profile, ("auto", *BUDGET_PROFILES))
+        check(self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d{1,3}", self.device) is not None,
+              "device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        for name in ("max_new_tokens", "max_new_tokens_code", "max_new_tokens_math", "chunk_size", "max_model_len"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), 1)
+        _parsed("budgets", parse_budgets, self.budgets)
+        if self.samples_per_problem is not None:
+            check_int("samples_per_problem", self.samples_per_problem, 0)
+        if self.sampled_benchmarks.strip():
+            _parsed("sampled_benchmarks", parse_benchmarks, self.sampled_benchmarks)
+        check_number("sample_temperature", self.sample_temperature, low=0.0, high=100.0, low_open=True)
+        check_number("sample_top_p", self.sample_top_p, low=0.0, high=1.0, low_open=True)
+        check_int("batch_size", self.batch_size, 1)
+        check_int("workers", self.workers, 1)
+        check_int("threads", self.threads, 0)
+        check_choice("backend", self.backend, BACKENDS)
+        for name in ("math_template", "base_math_template"):
+            check_choice(name, getattr(self, name), ("auto", *MATH_TEMPLATES))
+        check_number("gpu_memory_utilization", self.gpu_memory_utilization, low=0.0, high=1.0, low_open=True)
+        if self.kv_cache_gib is not None:
+            check_number("kv_cache_gib", self.kv_cache_gib, low=0.0, high=1e6, low_open=True)
+
 
 def resolve_device(device: str) -> str:
     """``"auto"`` -> ``"cuda"`` when a GPU is available, else ``"cpu"``; other values as given."""
@@ -189,20 +219,19 @@ def resolve_profile(cfg: EvalConfig, device: str) -> str:
 
 
 def parse_budgets(spec: str | None) -> dict[str, int]:
-    """``"aime24=32768,humaneval+=4096"`` -> ``{canonical name: budget}``; a clear ValueError otherwise."""
+    """``"aime24=32768,humaneval+=4096"`` -> ``{canonical name: budget}``; a :class:`ConfigError` of field
+    ``budgets`` otherwise (an unknown benchmark name: the ``ValueError`` of :func:`canonical_name`)."""
     out: dict[str, int] = {}
     for item in (spec or "").split(","):
         if not item.strip():
             continue
         name, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"budgets: {item.strip()!r} is not NAME=N (e.g. aime24=32768)")
+        check(bool(sep), "budgets", f"{item.strip()!r} is not NAME=N (e.g. aime24=32768)")
         try:
             budget = int(value)
         except ValueError:
-            raise ValueError(f"budgets: {value.strip()!r} for {name.strip()!r} is not an integer") from None
-        if budget < 1:
-            raise ValueError(f"budgets: {name.strip()} must be >= 1, got {budget}")
+            raise ConfigError("budgets", f"{value.strip()!r} for {name.strip()!r} is not an integer") from None
+        check(budget >= 1, "budgets", f"{name.strip()} must be >= 1, got {budget}")
         out[canonical_name(name)] = budget
     return out
 
@@ -224,50 +253,15 @@ def resolve_samples(cfg: EvalConfig, profile: str) -> int:
     return DEFAULT_SAMPLES[profile] if cfg.samples_per_problem is None else cfg.samples_per_problem
 
 
-def check_config(cfg: EvalConfig) -> None:
-    """Every setting's value (names, ranges), before any work: a :class:`~populora_env.config.ConfigError`
-    naming the field (``populora eval: error: --limit: must be >= 1, got 0`` on the command line)."""
-    from populora_env.config import ConfigError
-
-    def check(ok: bool, name: str, reason: str) -> None:
-        if not ok:
-            raise ConfigError(name, reason)
-
-    def parsed(name: str, parse: Any, value: Any) -> None:
-        try:
-            parse(value)
-        except ConfigError:
-            raise
-        except ValueError as exc:
-            raise ConfigError(name, str(exc).removeprefix(f"{name}: ")) from exc
-
-    parsed("benchmarks", parse_benchmarks, cfg.benchmarks)
-    check(cfg.limit is None or cfg.limit >= 1, "limit", f"must be >= 1, got {cfg.limit}")
-    check(cfg.budget_profile in ("auto", *BUDGET_PROFILES), "budget_profile",
-          f"must be auto, gpu or cpu, got {cfg.budget_profile!r}")
-    check(cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"), "device",
-          f"must be auto, cpu or cuda[:N], got {cfg.device!r}")
-    for name in ("max_new_tokens", "max_new_tokens_code", "max_new_tokens_math", "chunk_size", "max_model_len"):
-        value = getattr(cfg, name)
-        check(value is None or value >= 1, name, f"must be >= 1, got {value}")
-    parsed("budgets", parse_budgets, cfg.budgets)
-    check(cfg.samples_per_problem is None or cfg.samples_per_problem >= 0, "samples_per_problem",
-          f"must be >= 0, got {cfg.samples_per_problem}")
-    if cfg.sampled_benchmarks.strip():
-        parsed("sampled_benchmarks", parse_benchmarks, cfg.sampled_benchmarks)
-    check(0.0 < cfg.sample_temperature <= 100.0, "sample_temperature",
-          f"must be in (0, 100], got {cfg.sample_temperature}")
-    check(0.0 < cfg.sample_top_p <= 1.0, "sample_top_p", f"must be in (0, 1], got {cfg.sample_top_p}")
-    check(cfg.batch_size >= 1, "batch_size", f"must be >= 1, got {cfg.batch_size}")
-    check(cfg.workers >= 1, "workers", f"must be >= 1, got {cfg.workers}")
-    check(cfg.threads >= 0, "threads", f"must be >= 0, got {cfg.threads}")
-    check(cfg.backend in BACKENDS, "backend", f"must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}")
-    for name in ("math_template", "base_math_template"):
-        check(getattr(cfg, name) in ("auto", *MATH_TEMPLATES), name, f"must be auto, r1 or chat, got "
-              f"{getattr(cfg, name)!r}")
-    check(0.0 < cfg.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
-          f"must be in (0, 1], got {cfg.gpu_memory_utilization}")
-    check(cfg.kv_cache_gib is None or cfg.kv_cache_gib > 0, "kv_cache_gib", f"must be > 0, got {cfg.kv_cache_gib}")
+def _parsed(name: str, parse: Any, value: Any) -> None:
+    """``parse(value)``; a ``ValueError`` of the parser (an unknown or offline-unavailable benchmark) becomes the
+    :class:`ConfigError` of field ``name`` with the parser's message as the reason."""
+    try:
+        parse(value)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(name, str(exc)) from None
 
 
 def sample_seed(seed: int, bench: str, index: int) -> int:
@@ -458,7 +452,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     ``<out_dir>/results.json``."""
     t_start = time.perf_counter()
     run_dir = Path(cfg.run_dir)
-    check_config(cfg)
+    cfg.validate()
     benchmarks = parse_benchmarks(cfg.benchmarks)  # raises for livecodebench / unknown names
     device = resolve_device(cfg.device)
     profile = resolve_profile(cfg, device)
@@ -763,5 +757,5 @@ def _record(
     return rec
 
 
-__all__ = ["EvalConfig", "check_config", "parse_budgets", "resolve_backend", "resolve_budgets", "resolve_profile",
+__all__ = ["EvalConfig", "parse_budgets", "resolve_backend", "resolve_budgets", "resolve_profile",
            "resolve_samples", "run_eval"]

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import torch
 
 from evolution.operators import FAMILIES, Operator, get_operator, list_operators
+from populora_env.checks import ConfigError, check, check_bool, check_int, check_number
 
 __all__ = ["PBTConfig", "PBTController", "PopulationLike", "event_seed"]
 
@@ -76,6 +77,35 @@ class PBTConfig:
     seed: int = 0
     """Seed of the per-replacement generators (combined with step, role and slot)."""
 
+    def validate(self) -> None:
+        """Check every setting (operators and their parameters against the registry); raise
+        :class:`~populora_env.checks.ConfigError` naming the first bad field."""
+        check_int("interval", self.interval, 1, 1 << 20)
+        check_number("cull_fraction", self.cull_fraction, low=0.0, high=0.5, low_open=True)
+        check(isinstance(self.operators, Mapping) and len(self.operators) > 0, "operators",
+              f"must name at least one family or operator, got {self.operators!r}")
+        for key, p in self.operators.items():
+            check_number(f"operators.{key}", p, low=0.0, high=1e12)
+        check(sum(self.operators.values()) > 0, "operators", f"probabilities sum to 0: {dict(self.operators)}")
+        check(len({key in FAMILIES for key in self.operators}) == 1, "operators",
+              f"mixes families and operator names: {sorted(self.operators)}; use one kind")
+        known = [op.name for op in list_operators()]
+        for key in self.operators:
+            check(key in FAMILIES or key in known, "operators",
+                  f"unknown operator {key!r} (families: {', '.join(FAMILIES)}; operators: {', '.join(known)})")
+        check(isinstance(self.operator_params, Mapping), "operator_params",
+              f"must be a mapping, got {self.operator_params!r}")
+        for name, params in self.operator_params.items():
+            check(name in known, f"operator_params.{name}", f"unknown operator (known: {', '.join(known)})")
+            try:
+                get_operator(name).resolve_params(params)
+            except ValueError as exc:  # an unknown parameter or a value of the wrong type, in the registry's words
+                raise ConfigError(f"operator_params.{name}", str(exc)) from None
+        if self.min_final_age is not None:
+            check_int("min_final_age", self.min_final_age, 0, 1 << 20)
+        check_bool("newborn_protection", self.newborn_protection)
+        check_int("seed", self.seed, 0, (1 << 63) - 1)
+
 
 def event_seed(seed: int, step: int, role: str, slot: str) -> int:
     """Stable 63-bit seed of one replacement from (run seed, step, role, slot) (SHA-256, not Python's ``hash``)."""
@@ -111,7 +141,7 @@ class PBTController:
         self.config = config
         self.lineage_path = None if lineage_path is None else Path(lineage_path)
         self.final_step = final_step
-        self._validate()
+        config.validate()
         self._candidates = self._operator_candidates()
         self.protected: dict[str, list[str]] = {}
         self.n_events = 0
@@ -119,32 +149,6 @@ class PBTController:
         self.last_step: int | None = None
 
     # ------------------------------------------------------------------------------------------ config
-
-    def _validate(self) -> None:
-        c = self.config
-        if not isinstance(c.interval, int) or c.interval < 1:
-            raise ValueError(f"pbt.interval must be an integer >= 1, got {c.interval!r}")
-        if c.min_final_age is not None and (not isinstance(c.min_final_age, int) or isinstance(c.min_final_age, bool)
-                                            or c.min_final_age < 0):
-            raise ValueError(f"pbt.min_final_age must be an integer >= 0 or null, got {c.min_final_age!r}")
-        if not 0.0 < c.cull_fraction <= 0.5:
-            raise ValueError(f"pbt.cull_fraction must be in (0, 0.5], got {c.cull_fraction!r}")
-        if not c.operators:
-            raise ValueError("pbt.operators is empty")
-        if any(float(p) < 0 or not math.isfinite(float(p)) for p in c.operators.values()):
-            raise ValueError(f"pbt.operators probabilities must be finite and >= 0, got {dict(c.operators)}")
-        if sum(float(p) for p in c.operators.values()) <= 0:
-            raise ValueError(f"pbt.operators probabilities sum to 0: {dict(c.operators)}")
-        kinds = {"family" if k in FAMILIES else "operator" for k in c.operators}
-        if len(kinds) > 1:
-            raise ValueError(
-                f"pbt.operators mixes families and operator names: {sorted(c.operators)}; use one kind"
-            )
-        for name in c.operators:
-            if name not in FAMILIES:
-                get_operator(name)  # raises with the known names
-        for name, params in c.operator_params.items():
-            get_operator(name).resolve_params(params)  # unknown operator / parameter -> clear error
 
     def _operator_candidates(self) -> list[tuple[Operator, float]]:
         """Every operator that can be drawn with its probability (sorted by name: a stable order for the RNG)."""

@@ -53,17 +53,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from populora_cli.errors import fail
+
 ARMS = {"population": "train", "baseline": "baseline"}
 """Arm -> the ``populora`` sub-command that runs it."""
 
 
 class CompareError(Exception):
     """A bad argument or state found before any run starts (exit 2)."""
-
-
-def _fail(message: str) -> int:
-    print(f"populora compare: error: {message}", file=sys.stderr)
-    return 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -142,7 +139,11 @@ def resolve(arm: str, preset: str, seed: int, extra: list[str]) -> dict[str, Any
                        capture_output=True, text=True, env=_child_env(1), timeout=600)
     if p.returncode != 0:
         lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
-        raise CompareError(f"the {arm} arm's configuration is refused: {lines[-1] if lines else p.returncode}")
+        line = lines[-1] if lines else f"exit status {p.returncode}"
+        own = f"populora {ARMS[arm]}: error: "  # the arm's command wrote the line with populora_cli.errors.fail
+        if line.startswith(own):  # the same line as compare's own: --field: reason, then the arm
+            raise CompareError(f"{line.removeprefix(own)} (the {arm} arm's configuration is refused)")
+        raise CompareError(f"the {arm} arm's configuration is refused: {line}")
     return json.loads(p.stdout)
 
 
@@ -348,46 +349,46 @@ def compare_main(argv: list[str]) -> int:
     from evaluation import stats
 
     if not stats.rliable_available():
-        return _fail(f"statistics over seeds need rliable, which is not installed: {stats.INSTALL_HINT}")
+        return fail("compare", f"statistics over seeds need rliable, which is not installed: {stats.INSTALL_HINT}")
     if args.tail < 1:
-        return _fail(f"--tail must be >= 1 (got {args.tail})")
+        return fail("compare", f"--tail must be >= 1 (got {args.tail})")
     if args.reps < 1:
-        return _fail(f"--reps must be >= 1 (got {args.reps})")
+        return fail("compare", f"--reps must be >= 1 (got {args.reps})")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
-        return _fail(f"--out {out} exists and is not a directory")
+        return fail("compare", f"--out {out} exists and is not a directory")
     common = {"tail": args.tail, "reps": args.reps, "seed": args.bootstrap_seed, "eval_score": args.eval_score}
     from evaluation.compare import compare_runs
 
     if args.from_dirs is not None:
         if args.preset or args.seeds is not None or extra:
-            return _fail("--from compares existing runs: it takes no --preset, --seeds or train flags")
+            return fail("compare", "--from compares existing runs: it takes no --preset, --seeds or train flags")
         missing = [d for d in args.from_dirs if not Path(d).is_dir()]
         if missing:
-            return _fail(f"--from: {', '.join(missing)} is not a directory")
+            return fail("compare", f"--from: {', '.join(missing)} is not a directory")
         out.mkdir(parents=True, exist_ok=True)
         files = compare_runs([Path(d) for d in args.from_dirs], out, **common)
         print(f"comparison written to {out / 'compare.md'} ({len(files)} files)")
         return 0
     if not args.preset:
-        return _fail("--preset is required (or --from RUN_DIR ...)")
+        return fail("compare", "--preset is required (or --from RUN_DIR ...)")
     if args.seeds is None or args.seeds < 1:
-        return _fail("--seeds N (N >= 1) is required")
+        return fail("compare", "--seeds N (N >= 1) is required")
     if args.first_seed < 0:
-        return _fail(f"--first-seed must be >= 0 (got {args.first_seed})")
+        return fail("compare", f"--first-seed must be >= 0 (got {args.first_seed})")
     if args.parallel < 1:
-        return _fail(f"--parallel must be >= 1 (got {args.parallel})")
+        return fail("compare", f"--parallel must be >= 1 (got {args.parallel})")
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = [a for a in arms if a not in ARMS]
     if not arms or unknown or len(set(arms)) != len(arms):
-        return _fail(f"--arms: choose from {', '.join(ARMS)} (got {args.arms!r})")
+        return fail("compare", f"--arms: choose from {', '.join(ARMS)} (got {args.arms!r})")
     if args.backend == "ray":
         from selfplay.distributed.config import RAY_INSTALL_HINT, ray_installed
 
         if not ray_installed():
-            return _fail(f"--backend ray needs Ray: {RAY_INSTALL_HINT}")
+            return fail("compare", f"--backend ray needs Ray: {RAY_INSTALL_HINT}")
     elif args.ray_address:
-        return _fail("--ray-address needs --backend ray")
+        return fail("compare", "--ray-address needs --backend ray")
     presets = {"population": args.preset, "baseline": args.baseline_preset or args.preset}
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     configs: dict[str, dict[str, Any]] = {}
@@ -404,12 +405,12 @@ def compare_main(argv: list[str]) -> int:
     try:  # every check before the cluster is joined and before any run starts
         jobs, _ = plan(out, arms, presets, seeds, extra, config_of, 1)
     except CompareError as e:
-        return _fail(str(e))
+        return fail("compare", str(e))
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         cores = _ray_init(args.ray_address) if args.backend == "ray" and jobs else _cores()
     except Exception as e:  # noqa: BLE001 - any failure to join or start the cluster is one line, exit 2
-        return _fail(f"--backend ray: cannot start or reach the Ray cluster: {type(e).__name__}: {e}")
+        return fail("compare", f"--backend ray: cannot start or reach the Ray cluster: {type(e).__name__}: {e}")
     threads = max(1, cores // args.parallel)
     jobs, skipped = plan(out, arms, presets, seeds, extra, config_of, threads)
     out.mkdir(parents=True, exist_ok=True)

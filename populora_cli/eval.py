@@ -24,14 +24,14 @@ stdout).
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 
 import tyro
 
 from evaluation.data import BenchmarkUnavailable, EvalDataError, parse_benchmarks
-from evaluation.runner import EvalConfig, check_config, run_eval
+from evaluation.runner import EvalConfig, run_eval
 from evaluation.samples import score_samples
+from populora_cli.errors import config_error, fail
 
 
 @dataclass
@@ -52,16 +52,11 @@ class SamplesArgs:
     """Write per-sample outcomes to this JSONL file (FILE.<benchmark> with several benchmarks)."""
 
 
-def _fail(message: str) -> int:
-    print(f"populora eval: error: {message}", file=sys.stderr)
-    return 2
-
-
 def _samples(argv: list[str]) -> int:
     args = tyro.cli(SamplesArgs, args=argv, prog="populora eval --samples")
     benches = parse_benchmarks(args.benchmark)
     if args.limit is not None and args.limit < 1:
-        return _fail(f"--limit: must be >= 1, got {args.limit}")
+        return fail("eval", f"--limit: must be >= 1, got {args.limit}")
     for bench in benches:
         results_path = args.results
         if results_path and len(benches) > 1:
@@ -79,23 +74,23 @@ def _samples(argv: list[str]) -> int:
 def eval_main(argv: list[str]) -> int:
     """Entry point of ``populora eval`` (see the module docstring); returns the exit status."""
     from evaluation.progress import SettingsMismatch
-    from populora_env.config import ConfigError
+    from populora_env.checks import ConfigError
 
     try:
         if any(a == "--samples" or a.startswith("--samples=") for a in argv):
             return _samples(argv)
         if not argv or all(a.startswith("-") for a in argv) and not any(a in ("-h", "--help") for a in argv):
-            return _fail("give a run directory (populora eval runs/<name>) or --samples FILE --benchmark NAME")
+            return fail("eval", "give a run directory (populora eval runs/<name>) or --samples FILE --benchmark NAME")
         cfg = tyro.cli(EvalConfig, args=argv, prog="populora eval", config=(tyro.conf.PositionalRequiredArgs, tyro.conf.PositionalMetavarFromFieldName),
                        description="Greedy pass@1 (and avg@k over sampled answers) of every member of a run (the "
                        "students as the headline rows), the base model and a baseline run, on offline code and "
                        "math benchmarks, with AZR's aggregate rows (docs/eval.md).")
-        check_config(cfg)  # refuse livecodebench / unknown names / bad values before loading anything
+        cfg.validate()  # refuse livecodebench / unknown names / bad values before loading anything
         results = run_eval(cfg)
     except ConfigError as exc:  # one line per bad value, as train's: --field: reason
-        return _fail(f"--{exc.field.replace('_', '-')}: {exc.reason}")
+        return config_error("eval", exc)
     except (BenchmarkUnavailable, EvalDataError, FileNotFoundError, SettingsMismatch, ValueError) as exc:
-        return _fail(str(exc))
+        return fail("eval", str(exc))
     out = cfg.out_dir or f"{cfg.run_dir}/eval"
     print(f"wrote {out}/results.json and {out}/results.md")
     for bench, rec in results["benchmarks"].items():

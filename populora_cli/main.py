@@ -13,7 +13,8 @@ Sub-commands::
     populora compare  --preset P --seeds N --out DIR [--backend local|ray] [--parallel K]  # arms over seeds
     populora compare  --from RUN_DIR [RUN_DIR ...] --out DIR
 
-A bad flag or config value exits with status 2 and a message naming the field, before any work starts.
+A bad flag or config value exits with status 2 and one line naming the field, before any work starts
+(``populora train: error: --trainer.lr: must be > 0, got -1``; populora_cli.errors).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import tyro
 
+from populora_cli.errors import config_error as _config_error
+from populora_cli.errors import fail as _fail
+
 if TYPE_CHECKING:
     from selfplay.resume import ResumePoint
 
@@ -40,15 +44,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 USAGE = __doc__ or ""
 COMMANDS = ("train", "baseline", "report", "eval", "evolve", "compare")
-
-
-def _fail(cmd: str, message: str) -> int:
-    print(f"populora {cmd}: error: {message}", file=sys.stderr)
-    return 2
-
-
-def _flag(field_name: str) -> str:
-    return "--" + field_name.replace("_", "-")
 
 
 # ----------------------------------------------------------------------------------- train/baseline
@@ -78,10 +73,6 @@ def _json_dict_rule() -> Any:
                                         str_from_instance=lambda x: [json.dumps(x)])
 
     return registry
-
-
-def _config_error(cmd: str, e: Any) -> int:
-    return _fail(cmd, f"{_flag(e.field)}: {e.reason}")
 
 
 def _take_overrides(argv: list[str]) -> tuple[list[str], list[str] | None]:
@@ -115,7 +106,6 @@ def _train(cmd: str, argv: list[str]) -> int:
         load_preset,
         read_config_json,
         to_dict,
-        validate,
     )
     from selfplay.config_changes import drop_retired
     from selfplay.plugins import PluginError, load_plugins, normalize_plugin
@@ -175,7 +165,7 @@ def _train(cmd: str, argv: list[str]) -> int:
     if cfg.name is None and cfg.run_dir is None and not known.resume:
         cfg = dataclasses.replace(cfg, name=f"{Path(cfg.preset).stem}-{arm}-s{cfg.seed}")
     try:
-        validate(cfg)
+        cfg.validate()
         if known.resume:  # the run's own configuration: a difference is refused (or recorded) before any work
             from selfplay.config_changes import check_changes
 

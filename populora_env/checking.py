@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from populora_env.checks import check_bool, check_int
 from populora_env.literals import (
     PLAIN_GUARD,
     PLAIN_HELPER,
@@ -43,7 +44,13 @@ from populora_env.literals import (
 from populora_env.parsing import extract_answer, parse_input_answer, parse_output_answer, parse_program_answer
 from populora_env.sandbox import ExecJob, ExecResult
 from populora_env.tasks import Task, TaskType
-from populora_env.validation import Reason, check_program, failure_reason
+from populora_env.validation import (
+    Reason,
+    check_program,
+    check_response_prefixes,
+    check_timeout,
+    failure_reason,
+)
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,14 @@ class CheckConfig:
     """An answer inside well-formed tags whose payload does not parse is a format error (reason ``format``);
     ``False`` (AZR) makes it a well-formatted wrong answer (reason ``parse_error``)."""
 
+    def validate(self) -> None:
+        """Check every setting; raise :class:`~populora_env.checks.ConfigError` naming the first bad one."""
+        for name in ("require_think", "lenient_answer_close", "unparseable_is_format_error"):
+            check_bool(name, getattr(self, name))
+        check_response_prefixes(self.response_prefix, self.response_prefixes)
+        check_int("max_program_chars", self.max_program_chars, 1)
+        check_timeout(self.timeout_s)
+
     def prefix_for(self, task_type: TaskType) -> str:
         """The response prefix of answers to ``task_type`` tasks (``response_prefixes`` by task-type value,
         else ``response_prefix``), prepended to the completion before the format check."""
@@ -90,6 +105,7 @@ class AnswerChecker:
     wrong or looping program costs one execution, not one per hidden pair)."""
 
     def __init__(self, config: CheckConfig) -> None:
+        config.validate()
         self.config = config
 
     def check(self, tasks: Sequence[Task], completions: Sequence[object], sandbox: Any) -> list[AttemptOutcome]:

@@ -7,19 +7,27 @@ command-line flag (``--env.samples-per-task 4``) and a Python caller all name th
 
 :meth:`EnvConfig.validate` checks every value, nested ones included (the TrueSkill parameters, the reward
 scheme's keyword arguments against its signature, finite and bounded time/memory limits, an upper bound on
-the number of agents), and raises :class:`ConfigError` naming the field before any work starts.
+the number of agents), and raises :class:`ConfigError` naming the field before any work starts. It is built
+from the ``check_*`` helpers of :mod:`populora_env.checks` (re-exported here), as every config's is.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from populora_env.checks import (
+    ConfigError,
+    check,
+    check_bool,
+    check_choice,
+    check_int,
+    check_number,
+    check_section,
+)
 from populora_env.matching import TrueSkillConfig
 from populora_env.tasks import TaskType
 
@@ -40,49 +48,6 @@ UNPARSEABLE_ANSWER = ("format", "wrong")
 VALIDATION_PROFILES = ("strict", "azr")
 #: Which hand-written seed tasks start the buffers (EnvConfig.hand_seeds; populora_env.seeds).
 HAND_SEEDS = ("all", "identity")
-
-
-class ConfigError(ValueError):
-    """A setting is invalid. ``field`` is its dotted name (``trueskill.beta``, ``env.timeout_s``)."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        self.field = field_name
-        self.reason = message
-        super().__init__(f"{field_name}: {message}")
-
-    def prefixed(self, prefix: str) -> ConfigError:
-        """The same error with ``prefix`` before the field name (``env.`` inside a run config)."""
-        return ConfigError(prefix + self.field, self.reason)
-
-
-def check(condition: bool, field_name: str, message: str) -> None:
-    """Raise :class:`ConfigError` for ``field_name`` unless ``condition`` holds."""
-    if not condition:
-        raise ConfigError(field_name, message)
-
-
-def check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
-    """``value`` as an int in ``[minimum, maximum]`` (bools are not ints here)."""
-    check(not isinstance(value, bool) and isinstance(value, numbers.Integral), name, f"must be an int, got {value!r}")
-    check(value >= minimum, name, f"must be >= {minimum}, got {value}")
-    if maximum is not None:
-        check(value <= maximum, name, f"must be <= {maximum}, got {value}")
-    return int(value)
-
-
-def check_number(name: str, value: Any, *, low: float, high: float, low_open: bool = False) -> float:
-    """``value`` as a finite float in ``[low, high]`` (``(low, high]`` with ``low_open``)."""
-    ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-    check(ok, name, f"must be a finite number, got {value!r}")
-    check(value > low if low_open else value >= low, name, f"must be {'>' if low_open else '>='} {low}, got {value}")
-    check(value <= high, name, f"must be <= {high}, got {value}")
-    return float(value)
-
-
-def check_bool(name: str, value: Any) -> bool:
-    """``value`` if it is a bool."""
-    check(isinstance(value, bool), name, f"must be a bool, got {value!r}")
-    return bool(value)
 
 
 @dataclass
@@ -197,12 +162,9 @@ class EnvConfig:
               f"must be <= buffer_cap ({self.buffer_cap}), got {self.seed_tasks}")
         for name in ("student_fill", "reject_duplicates", "require_think", "lenient_answer_close"):
             check_bool(name, getattr(self, name))
-        check(self.hand_seeds in HAND_SEEDS, "hand_seeds",
-              f"must be one of {', '.join(HAND_SEEDS)}, got {self.hand_seeds!r}")
-        check(self.validation in VALIDATION_PROFILES, "validation",
-              f"must be one of {', '.join(VALIDATION_PROFILES)}, got {self.validation!r}")
-        check(self.unparseable_answer in UNPARSEABLE_ANSWER, "unparseable_answer",
-              f"must be one of {', '.join(UNPARSEABLE_ANSWER)}, got {self.unparseable_answer!r}")
+        check_choice("hand_seeds", self.hand_seeds, HAND_SEEDS)
+        check_choice("validation", self.validation, VALIDATION_PROFILES)
+        check_choice("unparseable_answer", self.unparseable_answer, UNPARSEABLE_ANSWER)
         check_int("max_program_chars", self.max_program_chars, 16, MAX_CHARS)
         check_int("max_input_chars", self.max_input_chars, 1, MAX_CHARS)
         check_int("max_message_chars", self.max_message_chars, 0, MAX_CHARS)
@@ -210,19 +172,11 @@ class EnvConfig:
         check_number("timeout_s", self.timeout_s, low=0.0, high=MAX_TIMEOUT_S, low_open=True)
         check_int("memory_mb", self.memory_mb, 16, MAX_MEMORY_MB)
         check_int("sandbox_workers", self.sandbox_workers, 1, MAX_WORKERS)
-        self._validate_trueskill()
+        check(isinstance(self.trueskill, TrueSkillConfig), "trueskill",
+              f"must be a TrueSkillConfig, got {self.trueskill!r}")
+        check_section("trueskill.", self.trueskill)
         self._validate_prompts(prompt_set)
         self._validate_reward(reward_scheme)
-
-    def _validate_trueskill(self) -> None:
-        ts = self.trueskill
-        check(isinstance(ts, TrueSkillConfig), "trueskill", f"must be a TrueSkillConfig, got {ts!r}")
-        check_number("trueskill.mu", ts.mu, low=-1e6, high=1e6)
-        check_number("trueskill.sigma", ts.sigma, low=0.0, high=1e6, low_open=True)
-        check_number("trueskill.beta", ts.beta, low=0.0, high=1e6, low_open=True)
-        check_number("trueskill.tau", ts.tau, low=0.0, high=1e6)
-        check_number("trueskill.draw_probability", ts.draw_probability, low=0.0, high=1.0)
-        check(ts.draw_probability < 1.0, "trueskill.draw_probability", "must be < 1")
 
     def _validate_prompts(self, prompt_set: Any) -> None:
         from populora_env.prompts import get_prompt_set

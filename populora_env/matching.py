@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import trueskill
 
+from populora_env.checks import check_number
+
 PFSP_FLOOR = 1e-6
 
 
@@ -34,6 +36,14 @@ class TrueSkillConfig:
     beta: float = 25.0 / 6.0
     tau: float = 25.0 / 300.0
     draw_probability: float = 0.1
+
+    def validate(self) -> None:
+        """Check every parameter; raise :class:`~populora_env.checks.ConfigError` naming the first bad one."""
+        check_number("mu", self.mu, low=-1e6, high=1e6)
+        check_number("sigma", self.sigma, low=0.0, high=1e6, low_open=True)
+        check_number("beta", self.beta, low=0.0, high=1e6, low_open=True)
+        check_number("tau", self.tau, low=0.0, high=1e6)
+        check_number("draw_probability", self.draw_probability, low=0.0, high=1.0, high_open=True)
 
 
 def normal_cdf(x: float) -> float:
@@ -64,6 +74,7 @@ class Ratings:
 
     def __init__(self, agents: Sequence[str], config: TrueSkillConfig | None = None) -> None:
         self.config = config or TrueSkillConfig()
+        self.config.validate()
         c = self.config
         self.env = trueskill.TrueSkill(
             mu=c.mu, sigma=c.sigma, beta=c.beta, tau=c.tau, draw_probability=c.draw_probability

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from populora_env.checks import check, check_bool, check_choice, check_int, check_number
 from populora_env.literals import (
     NOT_LITERAL_MARKER,
     PLAIN_GUARD,
@@ -55,6 +56,7 @@ from populora_env.parsing import (
 )
 from populora_env.safety import check_safety
 from populora_env.sandbox import ExecJob, ExecResult
+from populora_env.sandbox.api import MAX_TIMEOUT_S
 from populora_env.tasks import Task, TaskType
 
 
@@ -77,6 +79,21 @@ class Reason(StrEnum):
     WRONG = "wrong"  # students only: ran fine, value differs
 
 
+def check_response_prefixes(prefix: Any, prefixes: Any) -> None:
+    """``response_prefix`` a string, ``response_prefixes`` a mapping of task-type values to strings."""
+    check(isinstance(prefix, str), "response_prefix", f"must be a string, got {prefix!r}")
+    check(isinstance(prefixes, Mapping) and all(t in {x.value for x in TaskType} and isinstance(v, str)
+                                                for t, v in prefixes.items()),
+          "response_prefixes", f"must map task types ({', '.join(t.value for t in TaskType)}) to strings, "
+          f"got {prefixes!r}")
+
+
+def check_timeout(timeout_s: Any) -> None:
+    """``timeout_s`` ``None`` (the sandbox's own limit) or a number of seconds the sandbox accepts."""
+    if timeout_s is not None:
+        check_number("timeout_s", timeout_s, low=0.0, high=MAX_TIMEOUT_S, low_open=True)
+
+
 @dataclass(frozen=True)
 class ValidationConfig:
     """Limits of proposal validation (see the module docstring)."""
@@ -94,6 +111,19 @@ class ValidationConfig:
     timeout_s: float | None = None
     profile: str = "strict"
     """'strict' or 'azr' (:data:`VALIDATION_PROFILES`; the 'azr' rules are at the end of this module)."""
+
+    def validate(self) -> None:
+        """Check every limit; raise :class:`~populora_env.checks.ConfigError` naming the first bad one."""
+        check_int("max_program_chars", self.max_program_chars, 1)
+        check_int("max_input_chars", self.max_input_chars, 1)
+        check_int("max_message_chars", self.max_message_chars, 0)
+        check_int("max_output_chars", self.max_output_chars, 1)
+        check_int("induction_inputs", self.induction_inputs, 2)
+        for name in ("reject_duplicates", "require_think", "lenient_answer_close"):
+            check_bool(name, getattr(self, name))
+        check_response_prefixes(self.response_prefix, self.response_prefixes)
+        check_timeout(self.timeout_s)
+        check_choice("profile", self.profile, VALIDATION_PROFILES)
 
     def prefix_for(self, task_type: TaskType) -> str:
         """The response prefix of proposals of ``task_type`` (``response_prefixes`` by task-type value, else
@@ -277,6 +307,7 @@ class ProposalValidator:
     """Validates a round's proposals with at most two batched sandbox calls (first runs, then second runs)."""
 
     def __init__(self, config: ValidationConfig) -> None:
+        config.validate()
         self.config = config
 
     def validate(

@@ -9,7 +9,9 @@ section as is. The other sections are the learner's own configs (:class:`agents.
 Every field has a docstring: ``populora train --help`` shows them. A preset is a JSON object with the same
 nesting as :class:`TrainConfig` (a shipped name, see :func:`list_presets`, or a path to a ``.json`` file);
 command-line flags override it; ``--resume RUN_DIR`` starts from the run's own ``config.json``.
-:func:`validate` checks every value before any work starts and raises :class:`ConfigError` naming the field.
+:meth:`TrainConfig.validate` checks every value before any work starts and raises :class:`ConfigError` naming the
+dotted field; each section checks its own fields (``validate()``, built from the ``check_*`` helpers of
+:mod:`populora_env.checks`) and the run config adds the section's prefix.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from typing import Any, Literal
 from agents.models import RANDOM_PREFIX, random_shapes
 from agents.trainer import TrainerConfig
 from evolution.pbt import PBTConfig
+from populora_env.checks import check_choice, check_section
 from populora_env.config import ConfigError, EnvConfig, check, check_int, check_number
-from selfplay.distributed.config import RayConfig, validate_ray
+from selfplay.distributed.config import RAY_INSTALL_HINT, RayConfig, ray_installed
 
 __all__ = [
     "ConfigError",
@@ -47,7 +50,6 @@ __all__ = [
     "preset_path",
     "read_config_json",
     "to_dict",
-    "validate",
 ]
 
 KNOWN_MODELS = ("smollm2-135m", "tiny-random")
@@ -78,6 +80,19 @@ class GenerationConfig:
     """Fraction of GPU memory vLLM may take (vLLM backend)."""
     vllm_max_model_len: int = 4096
     """Maximum sequence length of the vLLM engine (vLLM backend)."""
+
+    def validate(self) -> None:
+        """Check every setting; raise :class:`ConfigError` naming the first bad field."""
+        check_choice("backend", self.backend, ("hf", "vllm"))
+        check_int("teacher_max_new_tokens", self.teacher_max_new_tokens, 1, 1 << 20)
+        check_int("student_max_new_tokens", self.student_max_new_tokens, 1, 1 << 20)
+        check_number("temperature", self.temperature, low=0.0, high=100.0)
+        check_number("top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        check_int("batch_size", self.batch_size, 1, 1 << 20)
+        check_int("threads", self.threads, 0, 4096)
+        check_number("vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization, low=0.0, high=1.0,
+                     low_open=True)
+        check_int("vllm_max_model_len", self.vllm_max_model_len, 16, 1 << 24)
 
 
 @dataclass
@@ -137,13 +152,45 @@ class TrainConfig:
     (the `ray` section; pip install '.[ray]'). The loop, env, ratings, PBT and logging stay in this process."""
     ray: RayConfig = field(default_factory=RayConfig)
 
+    def validate(self) -> None:
+        """Check every value: the types of every field (:func:`check_types`), this config's own fields and
+        cross-section rules, and each section by its own ``validate()`` under its prefix (``env.``, ``trainer.``,
+        ...); raise :class:`ConfigError` naming the first bad dotted field. Plugins must already be imported
+        (their registered names are looked up here)."""
+        check_types(self)
+        check_int("steps", self.steps, 1)
+        check_int("seed", self.seed, 0, MAX_SEED)
+        check_int("threads", self.threads, 0, 4096)
+        problem = _model_problem(self.model)
+        check(problem is None, "model", problem or "")
+        check(self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d{1,3}", self.device) is not None,
+              "device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        check_int("rank", self.rank, 1, 4096)
+        check_number("alpha", self.alpha, low=0.0, high=1e6, low_open=True)
+        _check_target_modules(self.model, self.target_modules)
+        check_section("env.", self.env)
+        check_section("generation.", self.generation)
+        check(not (self.generation.backend == "vllm" and self.model.startswith(RANDOM_PREFIX)), "generation.backend",
+              f"vllm needs a model directory; {self.model!r} is built in memory: use --generation.backend hf")
+        check_section("trainer.", self.trainer)
+        check_section("pbt.", self.pbt)
+        check_int("checkpoint_every", self.checkpoint_every, 1)
+        check_int("keep_checkpoints", self.keep_checkpoints, 0)
+        check_int("log_samples", self.log_samples, 0)
+        check_choice("backend", self.backend, ("local", "ray"))
+        if self.backend == "ray":
+            check(ray_installed(), "backend", f"ray is not installed; {RAY_INSTALL_HINT}")
+            check_section("ray.", self.ray, self.env.num_teachers + self.env.num_students)
+        else:  # the local backend ignores the section's values but still checks them
+            check_section("ray.", self.ray)
+
 
 # ----------------------------------------------------------------------------------- dict <-> config
 
 
 INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
 """Every integer field fits in a signed 64-bit integer (what numpy, torch and the JSON readers of other tools
-accept); fields with narrower documented bounds are checked by :func:`validate`."""
+accept); fields with narrower documented bounds are checked by :meth:`TrainConfig.validate`."""
 MAX_CONFIG_BYTES = 1 << 20
 """Largest preset / ``config.json`` file read (a run configuration is a few kilobytes)."""
 MAX_CONFIG_DEPTH = 16
@@ -204,7 +251,6 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
     and typed values, nested dataclasses are objects of their own fields (unknown keys refused).
     """
     origin = typing.get_origin(tp)
-    expected = _type_name(tp)
     if tp is Any or tp is object:
         return value
     if dataclasses.is_dataclass(tp):
@@ -214,38 +260,13 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
             raise ConfigError(path, f"must be an object, got {_got(value)}")
         return from_dict(tp, value, prefix=path + ".")
     if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        for a in args:  # a value that already has one of the types keeps it (5 stays an int in float | int | str)
-            if _exact(a, value):
-                return value
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(a, value, path)
-            except ConfigError:
-                continue
-        raise ConfigError(path, f"must be {expected}, got {_got(value)}")
+        return _coerce_union(tp, value, path)
     if origin is Literal:
         if not _exact(tp, value):
-            raise ConfigError(path, f"must be {expected}, got {_got(value)}")
+            raise ConfigError(path, f"must be {_type_name(tp)}, got {_got(value)}")
         return value
-    if origin is tuple:
-        if not isinstance(value, list | tuple):
-            raise ConfigError(path, f"must be a list, got {_got(value)}")
-        args = typing.get_args(tp)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_coerce(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
-        if args:
-            if len(value) != len(args):
-                raise ConfigError(path, f"must be a list of {len(args)} values, got {_got(value)}")
-            return tuple(_coerce(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
-        return tuple(value)
-    if origin is list:
-        if not isinstance(value, list | tuple):
-            raise ConfigError(path, f"must be a list, got {_got(value)}")
-        (arg,) = typing.get_args(tp) or (Any,)
-        return [_coerce(arg, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin in (tuple, list):
+        return _coerce_sequence(tp, value, path)
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(path, f"must be an object, got {_got(value)}")
@@ -256,29 +277,68 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
                 raise ConfigError(path, f"keys must be strings, got {_got(k)}")
             out[k] = _coerce(val_t, v, f"{path}.{k}")
         return out
+    return _coerce_scalar(tp, value, path)
+
+
+def _coerce_union(tp: Any, value: Any, path: str) -> Any:
+    """A union: a value that already has one of the types keeps it (5 stays an int in ``float | int | str``),
+    else the first member type that takes it."""
+    args = typing.get_args(tp)
+    if any(_exact(a, value) for a in args):
+        return value
+    for a in args:
+        if a is type(None):
+            continue
+        try:
+            return _coerce(a, value, path)
+        except ConfigError:
+            continue
+    raise ConfigError(path, f"must be {_type_name(tp)}, got {_got(value)}")
+
+
+def _coerce_sequence(tp: Any, value: Any, path: str) -> tuple | list:
+    """``tuple[X, ...]``, ``tuple[X, Y]`` (that many values) or ``list[X]`` from a list."""
+    if not isinstance(value, list | tuple):
+        raise ConfigError(path, f"must be a list, got {_got(value)}")
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is list:
+        (arg,) = args or (Any,)
+        return [_coerce(arg, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if len(args) == 2 and args[1] is Ellipsis:
+        return tuple(_coerce(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
+    if args:
+        if len(value) != len(args):
+            raise ConfigError(path, f"must be a list of {len(args)} values, got {_got(value)}")
+        return tuple(_coerce(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
+    return tuple(value)
+
+
+def _coerce_scalar(tp: Any, value: Any, path: str) -> Any:
+    """A bool, int (signed 64-bit), finite float, string or path; other annotations pass the value through."""
+    bad = ConfigError(path, f"must be {_type_name(tp)}, got {_got(value)}")
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(path, f"must be {expected}, got {_got(value)}")
+            raise bad
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise ConfigError(path, f"must be {expected}, got {_got(value)}")
+            raise bad
         if not INT_MIN <= value <= INT_MAX:
             raise ConfigError(path, f"must be an int in the signed 64-bit range [{INT_MIN}, {INT_MAX}], got {value}")
         return int(value)
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise ConfigError(path, f"must be {expected}, got {_got(value)}")
+            raise bad
         if not math.isfinite(value):
             raise ConfigError(path, f"must be a finite number, got {value}")
-        return float(value) if not isinstance(value, numbers.Integral) else float(value)
+        return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(path, f"must be {expected}, got {_got(value)}")
+            raise bad
         return value
     if tp is Path:
         if not isinstance(value, str | os.PathLike):
-            raise ConfigError(path, f"must be {expected}, got {_got(value)}")
+            raise bad
         return Path(value)
     return value
 
@@ -290,11 +350,7 @@ def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
     unknown = sorted(set(data) - names)
     if unknown:
         raise ConfigError(prefix + unknown[0], f"unknown field (known: {', '.join(sorted(names))})")
-    kwargs = {k: _coerce(hints[k], v, prefix + k) for k, v in data.items()}
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as exc:  # a config class that checks itself on construction
-        raise ConfigError(prefix.rstrip(".") or cls.__name__, str(exc)) from None
+    return cls(**{k: _coerce(hints[k], v, prefix + k) for k, v in data.items()})
 
 
 def to_dict(cfg: Any) -> dict:
@@ -403,10 +459,6 @@ def _model_problem(model: str) -> str | None:
     return None  # a hub id: checked by load_base (fails with a clear message when offline)
 
 
-def _registered(name: str, value: str, names: list[str], kind: str) -> None:
-    check(value in names, name, f"unknown {kind} {value!r} (known: {', '.join(names)})")
-
-
 MAX_SEED = (1 << 63) - 1
 """Largest run / PBT seed: every RNG of a run takes it (torch, numpy's Generator, Python's ``random``; numpy's
 legacy global seed gets its low 32 bits)."""
@@ -463,62 +515,10 @@ def unknown_target_modules(model: str, targets: tuple[str, ...]) -> list[str]:
     return [t for t in targets if t.rsplit(".", 1)[-1] not in names]
 
 
-def validate(cfg: TrainConfig) -> None:
-    """Check every value; raise :class:`ConfigError` naming the first bad field (``env.*`` by the env's own
-    rules). Plugins must already be imported (their registered names are looked up here)."""
-    check_types(cfg)
-    check_int("steps", cfg.steps, 1)
-    check_int("seed", cfg.seed, 0, MAX_SEED)
-    check_int("pbt.seed", cfg.pbt.seed, 0, MAX_SEED)
-    check_int("threads", cfg.threads, 0, 4096)
-    problem = _model_problem(cfg.model)
-    check(problem is None, "model", problem or "")
-    check(cfg.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d{1,3}", cfg.device) is not None, "device",
-          f"must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
-    check_int("rank", cfg.rank, 1, 4096)
-    check_number("alpha", cfg.alpha, low=0.0, high=1e6, low_open=True)
-    check(len(cfg.target_modules) > 0, "target_modules", "must name at least one module")
-    check(len(set(cfg.target_modules)) == len(cfg.target_modules), "target_modules",
-          f"names a module twice: {list(cfg.target_modules)}")
-    unknown = unknown_target_modules(cfg.model, cfg.target_modules)
+def _check_target_modules(model: str, targets: tuple[str, ...]) -> None:
+    check(len(targets) > 0, "target_modules", "must name at least one module")
+    check(len(set(targets)) == len(targets), "target_modules", f"names a module twice: {list(targets)}")
+    unknown = unknown_target_modules(model, targets)
     check(not unknown, "target_modules",
-          f"{', '.join(map(repr, unknown))} not in model {cfg.model!r} (its modules: "
-          f"{', '.join(model_module_names(cfg.model) or [])})")
-    try:
-        cfg.env.validate()
-    except ConfigError as exc:
-        raise exc.prefixed("env.") from None
-    g = cfg.generation
-    check(g.backend in ("hf", "vllm"), "generation.backend", f"must be hf or vllm (got {g.backend!r})")
-    check(not (g.backend == "vllm" and cfg.model.startswith(RANDOM_PREFIX)), "generation.backend",
-          f"vllm needs a model directory; {cfg.model!r} is built in memory: use --generation.backend hf")
-    check_int("generation.teacher_max_new_tokens", g.teacher_max_new_tokens, 1, 1 << 20)
-    check_int("generation.student_max_new_tokens", g.student_max_new_tokens, 1, 1 << 20)
-    check_number("generation.temperature", g.temperature, low=0.0, high=100.0)
-    check_number("generation.top_p", g.top_p, low=0.0, high=1.0, low_open=True)
-    check_int("generation.batch_size", g.batch_size, 1, 1 << 20)
-    check_int("generation.threads", g.threads, 0, 4096)
-    check_number("generation.vllm_gpu_memory_utilization", g.vllm_gpu_memory_utilization, low=0.0, high=1.0,
-                 low_open=True)
-    check_int("generation.vllm_max_model_len", g.vllm_max_model_len, 16, 1 << 24)
-    t = cfg.trainer
-    from agents.advantages import list_advantages
-    from agents.losses import list_loss_aggs
-
-    _registered("trainer.advantage", t.advantage, list_advantages(), "advantage estimator")
-    _registered("trainer.loss_agg_mode", t.loss_agg_mode, list_loss_aggs(), "loss aggregation mode")
-    check_number("trainer.lr", t.lr, low=0.0, high=1.0, low_open=True)
-    check_int("trainer.max_nonfinite_updates", t.max_nonfinite_updates, 1, 1 << 20)
-    if cfg.evolution:  # the controller checks its own config (operators known, probabilities, interval, γ)
-        from evolution.pbt import PBTController
-
-        try:
-            PBTController(cfg.pbt, None)
-        except (ValueError, KeyError) as exc:
-            message = str(exc).strip("'\"")
-            head = message.split()[0] if message.startswith("pbt.") else "pbt.operators"
-            raise ConfigError(head, message.removeprefix(head).strip()) from None
-    check_int("checkpoint_every", cfg.checkpoint_every, 1)
-    check_int("keep_checkpoints", cfg.keep_checkpoints, 0)
-    check_int("log_samples", cfg.log_samples, 0)
-    validate_ray(cfg.ray, cfg.backend, cfg.env.num_teachers + cfg.env.num_students)
+          f"{', '.join(map(repr, unknown))} not in model {model!r} (its modules: "
+          f"{', '.join(model_module_names(model) or [])})")

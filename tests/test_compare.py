@@ -152,6 +152,18 @@ def test_bad_arguments_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert not (tmp_path / "o").exists()
 
 
+def test_a_bad_train_flag_gives_train_s_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The arm's own refusal (``populora train --dry-run`` in a subprocess) reads as compare's line, the same
+    ``--field: reason`` as train's, the arm after it."""
+    preset = tiny_preset(tmp_path / "tiny.json")
+    assert _compare_in_process("--preset", str(preset), "--seeds", "1", "--arms", "population",
+                               "--out", str(tmp_path / "o"), "--", "--trainer.lr", "-1") == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert lines == ["populora compare: error: --trainer.lr: must be > 0, got -1 "
+                     "(the population arm's configuration is refused)"]
+    assert not (tmp_path / "o").exists()
+
+
 def test_refused_preset_and_foreign_run_dir_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "o"
     assert _compare_in_process("--preset", "no-such-preset", "--seeds", "1", "--out", str(out)) == 2

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from populora_env.checks import check, check_int, check_number
 from populora_env.literals import literal_value
 
 #: Every status an :class:`ExecResult` can carry.
@@ -81,19 +82,19 @@ class Limits:
     tmp_mb: int = 64
     max_files: int = 10_000
 
-    def __post_init__(self) -> None:
-        _check_seconds("Limits.timeout_s", self.timeout_s, optional=False)
-        _check_seconds("Limits.cpu_s", self.cpu_s, optional=True)
+    def __post_init__(self) -> None:  # a bad Limits is refused when built: it is also built per job by the host
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every limit; raise :class:`~populora_env.checks.ConfigError` (a ``ValueError``) naming it."""
+        check_number("timeout_s", self.timeout_s, low=0.0, high=MAX_TIMEOUT_S, low_open=True)
+        if self.cpu_s is not None:
+            check_number("cpu_s", self.cpu_s, low=0.0, high=MAX_TIMEOUT_S, low_open=True)
         for name, top in MAX_LIMITS.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"Limits.{name} must be an int, got {type(value).__name__}")
-            if not 1 <= value <= top:
-                raise ValueError(f"Limits.{name} must be >= 1 and <= {top}, got {value!r}")
-        if self.memory_mb < 16:
-            raise ValueError(f"Limits.memory_mb must be >= 16, got {self.memory_mb!r}")
-        if self.max_open_files < 8:
-            raise ValueError("Limits.max_open_files must be >= 8 (the job needs its standard streams)")
+            check_int(name, getattr(self, name), 1, top)
+        check_int("memory_mb", self.memory_mb, 16)
+        check(self.max_open_files >= 8, "max_open_files",
+              f"must be >= 8 (the job needs its standard streams), got {self.max_open_files}")
 
 
 @dataclass(frozen=True)

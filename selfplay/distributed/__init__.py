@@ -19,6 +19,6 @@ import os
 # loopback cluster (tests, one machine) cannot be reached.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-from selfplay.distributed.config import RAY_INSTALL_HINT, RayConfig, ray_installed, validate_ray
+from selfplay.distributed.config import RAY_INSTALL_HINT, RayConfig, ray_installed
 
-__all__ = ["RAY_INSTALL_HINT", "RayConfig", "ray_installed", "validate_ray"]
+__all__ = ["RAY_INSTALL_HINT", "RayConfig", "ray_installed"]

@@ -1,8 +1,9 @@
 """The ``ray`` section of the run config (``--backend ray``) and its static checks.
 
 Nothing here imports Ray: the section must be readable (presets, ``--dry-run``, ``--help``) where Ray is not
-installed. :func:`validate_ray` is called by :func:`selfplay.config.validate`; the checks that need the cluster
-(resources, the run directory on every node) are :func:`selfplay.distributed.cluster.preflight`.
+installed. :meth:`RayConfig.validate` is called by :meth:`selfplay.config.TrainConfig.validate` (with the
+``ray.`` prefix); the checks that need the cluster (resources, the run directory on every node) are
+:func:`selfplay.distributed.cluster.preflight`.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Literal
 
-from populora_env.config import ConfigError, check, check_int, check_number
+from populora_env.checks import check, check_choice, check_int, check_number
 
-__all__ = ["RAY_INSTALL_HINT", "RayConfig", "ray_installed", "validate_ray"]
+__all__ = ["RAY_INSTALL_HINT", "RayConfig", "ray_installed"]
 
 RAY_INSTALL_HINT = "pip install -c constraints.txt '.[ray]' (or: bash scripts/install.sh --ray)"
 
@@ -62,6 +63,38 @@ class RayConfig:
     placement_timeout_s: float = 120.0
     """How long reserving the actors' resources (placement groups) and starting them may take."""
 
+    def validate(self, max_members: int | None = None) -> None:
+        """Static checks of the section (no cluster needed); raise :class:`ConfigError` naming the field.
+
+        Args:
+            max_members: with ``--backend ray``, an upper bound of the population size (teachers + students):
+                shards beyond it are refused. ``None`` (the local backend): the values are checked, not their fit.
+        """
+        check(self.address is None or (isinstance(self.address, str) and self.address.strip() != ""), "address",
+              "must be 'auto', HOST:PORT or unset")
+        check_int("trainers", self.trainers, 1, 4096)
+        check_int("engines", self.engines, 1, 4096)
+        check_choice("engine_adapters", self.engine_adapters, ("all", "shard"))
+        check_int("sandbox_workers_per_node", self.sandbox_workers_per_node, 1, 4096)
+        check_int("sandbox_nodes", self.sandbox_nodes, 0, 1 << 16)
+        check_choice("sandbox_require", self.sandbox_require, ("strong", "any"))
+        check_number("sandbox_deadline_s", self.sandbox_deadline_s, low=0.0, high=1e6)
+        check_int("sandbox_chunk", self.sandbox_chunk, 0, 1 << 20)
+        for name in ("trainer_cpus", "engine_cpus"):
+            check_number(name, getattr(self, name), low=0.0, high=4096.0, low_open=True)
+        for name in ("trainer_gpus", "engine_gpus"):
+            check_number(name, getattr(self, name), low=0.0, high=64.0)
+        check_int("sync_rollouts", self.sync_rollouts, 1, 1 << 16)
+        check_number("init_timeout_s", self.init_timeout_s, low=0.0, high=3600.0, low_open=True)
+        check_number("placement_timeout_s", self.placement_timeout_s, low=0.0, high=3600.0, low_open=True)
+        if max_members is None:
+            return
+        check(self.trainers <= max_members, "trainers",
+              f"{self.trainers} trainer shards for at most {max_members} members: every shard needs a member")
+        if self.engine_adapters == "shard":
+            check(self.engines >= self.trainers, "engines",
+                  f"engine_adapters=shard needs an engine per shard ({self.trainers}), got {self.engines}")
+
 
 def ray_installed() -> bool:
     """Whether ``import ray`` can work (without importing it)."""
@@ -69,42 +102,3 @@ def ray_installed() -> bool:
         return importlib.util.find_spec("ray") is not None
     except (ImportError, ValueError):
         return False
-
-
-def validate_ray(ray: RayConfig, backend: str, max_members: int) -> None:
-    """Static checks of the ``ray`` section (no cluster needed); raise :class:`ConfigError` naming the field.
-
-    Args:
-        ray: the section.
-        backend: the run's ``backend`` ('local' ignores the section's values but still checks them).
-        max_members: an upper bound of the population size (teachers + students); shards beyond it are refused.
-    """
-    check(backend in ("local", "ray"), "backend", f"must be local or ray (got {backend!r})")
-    check(ray.address is None or (isinstance(ray.address, str) and ray.address.strip() != ""), "ray.address",
-          "must be 'auto', HOST:PORT or unset")
-    check_int("ray.trainers", ray.trainers, 1, 4096)
-    check_int("ray.engines", ray.engines, 1, 4096)
-    check(ray.engine_adapters in ("all", "shard"), "ray.engine_adapters",
-          f"must be all or shard (got {ray.engine_adapters!r})")
-    check_int("ray.sandbox_workers_per_node", ray.sandbox_workers_per_node, 1, 4096)
-    check_int("ray.sandbox_nodes", ray.sandbox_nodes, 0, 1 << 16)
-    check(ray.sandbox_require in ("strong", "any"), "ray.sandbox_require",
-          f"must be strong or any (got {ray.sandbox_require!r})")
-    check_number("ray.sandbox_deadline_s", ray.sandbox_deadline_s, low=0.0, high=1e6)
-    check_int("ray.sandbox_chunk", ray.sandbox_chunk, 0, 1 << 20)
-    for name in ("trainer_cpus", "engine_cpus"):
-        check_number(f"ray.{name}", getattr(ray, name), low=0.0, high=4096.0, low_open=True)
-    for name in ("trainer_gpus", "engine_gpus"):
-        check_number(f"ray.{name}", getattr(ray, name), low=0.0, high=64.0)
-    check_int("ray.sync_rollouts", ray.sync_rollouts, 1, 1 << 16)
-    check_number("ray.init_timeout_s", ray.init_timeout_s, low=0.0, high=3600.0, low_open=True)
-    check_number("ray.placement_timeout_s", ray.placement_timeout_s, low=0.0, high=3600.0, low_open=True)
-    if backend != "ray":
-        return
-    if not ray_installed():
-        raise ConfigError("backend", f"ray is not installed; {RAY_INSTALL_HINT}")
-    check(ray.trainers <= max_members, "ray.trainers",
-          f"{ray.trainers} trainer shards for at most {max_members} members: every shard needs a member")
-    if ray.engine_adapters == "shard":
-        check(ray.engines >= ray.trainers, "ray.engines",
-              f"engine_adapters=shard needs an engine per shard ({ray.trainers}), got {ray.engines}")

@@ -85,8 +85,8 @@ def test_groups_and_errors():
         pack_prefix_shared([[1], []], [[2], [3]])
     with pytest.raises(ValueError, match="2 prompts for 1"):
         pack_prefix_shared([[1], [2]], [[3]])
-    with pytest.raises(ValueError, match="packing must be one of prefix, none"):
-        TrainerConfig(packing="trie")
+    with pytest.raises(ValueError, match="packing: must be one of prefix, none"):
+        TrainerConfig(packing="trie").validate()
 
 
 # ------------------------------------------------------------------------------------ equal gradients

@@ -63,18 +63,25 @@ def grads_of(population, config: TrainerConfig, rollouts, monkeypatch, member="m
 
 
 def test_config_validation_and_registry_errors(population):
-    with pytest.raises(ValueError, match="micro_batch_size"):
-        TrainerConfig(micro_batch_size=0)
-    with pytest.raises(ValueError, match="kl_mode"):
-        TrainerConfig(kl_mode="sometimes")
-    with pytest.raises(ValueError, match="no effect"):
-        TrainerConfig(kl_coef=0.1)
-    with pytest.raises(ValueError, match="clip_eps_low"):
-        TrainerConfig(clip_eps_low=1.5)
+    from populora_env.checks import ConfigError
+
+    for bad, field, reason in [
+        ({"micro_batch_size": 0}, "micro_batch_size", "must be >= 1, got 0"),
+        ({"kl_mode": "sometimes"}, "kl_mode", "must be one of off, reward, loss, got 'sometimes'"),
+        ({"kl_coef": 0.1}, "kl_coef", "0.1 has no effect with kl_mode 'off'; set kl_mode"),
+        ({"clip_eps_low": 1.5}, "clip_eps_low", "must be < 1, got 1.5"),
+        ({"lr": -1.0}, "lr", "must be > 0, got -1"),
+    ]:
+        config = TrainerConfig(**bad)  # built as given (tyro and presets build it): validate() refuses it
+        with pytest.raises(ConfigError) as info:
+            config.validate()
+        assert (info.value.field, info.value.reason) == (field, reason)
     pop = population()
-    with pytest.raises(KeyError, match="known: dr_grpo, grpo"):
+    with pytest.raises(ConfigError, match="micro_batch_size"):  # a trainer refuses a bad config when built
+        PolicyGradientTrainer(pop, TrainerConfig(micro_batch_size=0))
+    with pytest.raises(ConfigError, match="known: dr_grpo, grpo"):
         PolicyGradientTrainer(pop, TrainerConfig(advantage="ppo"))
-    with pytest.raises(KeyError, match="known: seq-mean-token-mean"):
+    with pytest.raises(ConfigError, match="known: seq-mean-token-mean"):
         PolicyGradientTrainer(pop, TrainerConfig(loss_agg_mode="sum"))
     with pytest.raises(KeyError, match="no member"):
         PolicyGradientTrainer(pop).update("zz", make_rollouts())

@@ -10,9 +10,9 @@ import pytest
 from agents.generation.base import Completion
 from agents.rollout import Rollout
 from populora_env.config import ConfigError
-from selfplay.config import TrainConfig, validate
+from selfplay.config import TrainConfig
 from selfplay.distributed.cluster import fit_demands, split_members, visibility_problems
-from selfplay.distributed.config import RayConfig, validate_ray
+from selfplay.distributed.config import RayConfig
 
 pytestmark = pytest.mark.ray
 
@@ -115,21 +115,23 @@ def test_generation_plan_is_the_hf_backends():
 
 def test_ray_section_checks():
     rc = RayConfig()
-    validate_ray(rc, "local", 4)
+    rc.validate()
+    rc.validate(4)
     for field, value, needle in [("trainers", 0, "ray.trainers"), ("engines", 0, "ray.engines"),
                                  ("sandbox_workers_per_node", 0, "ray.sandbox_workers_per_node"),
                                  ("trainer_cpus", 0.0, "ray.trainer_cpus"), ("sync_rollouts", 0, "ray.sync_rollouts"),
                                  ("engine_adapters", "some", "ray.engine_adapters"),
                                  ("sandbox_require", "weak", "ray.sandbox_require")]:
-        with pytest.raises(ConfigError) as e:
-            validate_ray(dataclasses.replace(rc, **{field: value}), "local", 4)
-        assert e.value.field == needle
+        with pytest.raises(ConfigError) as e:  # the section names its own fields; the run config adds "ray."
+            dataclasses.replace(rc, **{field: value}).validate()
+        assert "ray." + e.value.field == needle
+    dataclasses.replace(rc, trainers=5).validate()
     with pytest.raises(ConfigError) as e:
-        validate_ray(dataclasses.replace(rc, trainers=5), "ray", 4)
-    assert e.value.field == "ray.trainers" and "every shard needs a member" in e.value.reason
+        dataclasses.replace(rc, trainers=5).validate(4)
+    assert e.value.field == "trainers" and "every shard needs a member" in e.value.reason
     with pytest.raises(ConfigError) as e:
-        validate_ray(dataclasses.replace(rc, trainers=2, engines=1, engine_adapters="shard"), "ray", 4)
-    assert e.value.field == "ray.engines"
+        dataclasses.replace(rc, trainers=2, engines=1, engine_adapters="shard").validate(4)
+    assert e.value.field == "engines"
     with pytest.raises(ConfigError) as e:
-        validate(dataclasses.replace(TrainConfig(model="tiny-random"), backend="cluster"))
+        dataclasses.replace(TrainConfig(model="tiny-random"), backend="cluster").validate()
     assert e.value.field == "backend"

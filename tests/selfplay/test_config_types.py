@@ -23,7 +23,6 @@ from selfplay.config import (
     from_dict,
     load_preset,
     to_dict,
-    validate,
 )
 from tests.selfplay.conftest import populora
 
@@ -183,8 +182,8 @@ def test_preset_files_have_depth_and_size_limits(tmp_path: Path, capsys) -> None
 
 def test_validate_checks_values_set_from_python() -> None:
     cfg = TrainConfig(model="tiny-random")
-    validate(cfg)
+    cfg.validate()
     for bad, field in [({"evolution": "yes"}, "evolution"), ({"rank": True}, "rank"), ({"steps": 3.0}, "steps")]:
         with pytest.raises(ConfigError) as info:
-            validate(dataclasses.replace(cfg, **bad))
+            dataclasses.replace(cfg, **bad).validate()
         assert info.value.field == field

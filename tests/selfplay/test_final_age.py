@@ -8,7 +8,7 @@ from pathlib import Path
 
 from evolution.pbt import PBTConfig
 from populora_env.config import EnvConfig
-from selfplay.config import GenerationConfig, TrainConfig, validate
+from selfplay.config import GenerationConfig, TrainConfig
 
 
 def test_ten_step_run_ends_with_no_member_younger_than_the_interval(tmp_path: Path) -> None:
@@ -22,7 +22,7 @@ def test_ten_step_run_ends_with_no_member_younger_than_the_interval(tmp_path: Pa
                       generation=GenerationConfig(teacher_max_new_tokens=8, student_max_new_tokens=6,
                                                   temperature=1.0),
                       checkpoint_every=5, keep_checkpoints=1)
-    validate(cfg)
+    cfg.validate()
     train(cfg)
     records = [json.loads(line) for line in (run / "lineage.jsonl").read_text().splitlines()]
     assert records and {r["step"] for r in records} == {5}  # it did evolve, and not at the last step (10)

@@ -13,7 +13,7 @@ import pytest
 
 from baselines.azr import azr_config
 from populora_cli.main import ARMS, main
-from selfplay.config import list_presets, load_preset, to_dict, validate
+from selfplay.config import list_presets, load_preset, to_dict
 from tests.selfplay.conftest import REPO
 
 CONFIGS = REPO / "configs"
@@ -35,7 +35,7 @@ def test_every_preset_file_ships() -> None:
 @pytest.mark.parametrize("name", list_presets())
 def test_preset_loads_validates_and_applies_every_value(name: str) -> None:
     cfg = load_preset(name)
-    validate(cfg)
+    cfg.validate()
     assert cfg.preset == name
     raw = {k: v for k, v in json.loads((CONFIGS / f"{name}.json").read_text()).items() if not k.startswith("_")}
     loaded = to_dict(cfg)

@@ -185,12 +185,12 @@ class CopyingGenerator:
 def test_culled_members_are_refreshed_in_the_generator_and_their_ratings_reset(tmp_path: Path) -> None:
     import tyro
 
-    from selfplay.config import load_preset, validate
+    from selfplay.config import load_preset
     from selfplay.loop import SelfPlayLoop
 
     cfg = tyro.cli(TrainConfig, default=load_preset("cpu-smoke"), args=[a for a in REF_ARGS if a != "--no-progress"])
     cfg = dataclasses.replace(cfg, progress=False)
-    validate(cfg)
+    cfg.validate()
     threads = torch.get_num_threads()
     loop = SelfPlayLoop(cfg, tmp_path)
     loop.setup()

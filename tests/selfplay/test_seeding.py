@@ -164,7 +164,7 @@ def test_seed_before_training_runs_once_per_run_directory(sandbox: Sandbox, tmp_
 def test_tiny_random_run_seeds_once_warns_and_trains(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """End to end with the real base model (tiny-random never writes a valid proposal): the seeding stage
     spends its budget, warns naming the types, and the run trains; a resumed run does not seed again."""
-    from selfplay.config import GenerationConfig, validate
+    from selfplay.config import GenerationConfig
     from selfplay.run import train
 
     run = tmp_path / "seeded"
@@ -174,7 +174,7 @@ def test_tiny_random_run_seeds_once_warns_and_trains(tmp_path: Path, caplog: pyt
                       generation=GenerationConfig(teacher_max_new_tokens=12, student_max_new_tokens=8,
                                                   temperature=1.0),
                       checkpoint_every=1, evolution=False)
-    validate(cfg)
+    cfg.validate()
     with caplog.at_level(logging.INFO, logger="selfplay.seeding"):
         train(cfg)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "selfplay.seeding"]
@@ -196,14 +196,14 @@ def test_tiny_random_run_seeds_once_warns_and_trains(tmp_path: Path, caplog: pyt
 
 
 def test_seed_tasks_is_validated() -> None:
-    from selfplay.config import ConfigError, validate
+    from selfplay.config import ConfigError
 
     for fields, message in [({"seed_tasks": 5000, "buffer_cap": 100}, "env.seed_tasks: must be <= buffer_cap (100)"),
                             ({"seed_tasks": -1}, "env.seed_tasks: must be >= 0, got -1"),
                             ({"seed_max_proposals": 1.5}, "env.seed_max_proposals: must be an int")]:
         cfg = TrainConfig(model="tiny-random", env=EnvConfig(**fields))
         with pytest.raises(ConfigError, match=re.escape(message)):
-            validate(cfg)
+            cfg.validate()
 
 
 def _buffers_bytes(env: Any) -> bytes:
