@@ -83,6 +83,13 @@ COVERED: dict[str, Cover] = {
          "tests/test_compare.py::test_plan_threads_and_commands"),
         "six SmolLM2 runs (~2 h) are too long for the suite: compare end to end on tiny-random (killed, "
         "resumed, idempotent) and its plan with --parallel threads; cpu-compare's arms resolve here (dry-run)"),
+    ".venv/bin/populora compare --preset paper-4t4s --baseline-preset azr-baseline --seeds 3 --out runs/paper-compare "
+    "-- --model /models/Qwen2.5-Coder-7B": Cover(
+        ("tests/test_compare.py::test_compare_end_to_end_killed_resumed_idempotent",
+         "tests/selfplay/test_arms.py::test_gpu_recipe_and_its_baseline_differ_only_by_arm"),
+        "needs a GPU and a 7B model (about 100 GPU-hours): its flags are checked against --help and both GPU "
+        "arms resolve here (--dry-run, the model path replaced by an existing folder); compare itself runs end to "
+        "end on tiny-random"),
     ".venv/bin/populora train --plugins my_scheme.py --preset my.json --model tiny-random --steps 1": Cover(
         ("tests/selfplay/test_plugins.py::test_readme_plugin_example_runs_and_the_scheme_gets_its_kwargs",),
         "runs exactly the README's plugin example (its my_scheme.py, my.json and command)"),
