@@ -181,11 +181,6 @@ class TrainerConfig:
         check_int("max_nonfinite_updates", self.max_nonfinite_updates, 1, 1 << 20)
         check_choice("packing", self.packing, PACKINGS)
 
-    def check_registries(self) -> None:
-        """:meth:`validate`, run when a trainer is built (``PolicyGradientTrainer``): the registries are looked up
-        then, so estimators registered after the config was made are accepted."""
-        self.validate()
-
     @property
     def resolved_kl_estimator(self) -> str:
         """The KL estimator in use: ``kl_estimator``, or k1 (reward) / k3 (loss) by default."""
@@ -247,7 +242,7 @@ class PolicyGradientTrainer:
     def __init__(self, population, config: TrainerConfig | None = None) -> None:
         self.population = population
         self.config = config if config is not None else TrainerConfig()
-        self.config.check_registries()
+        self.config.validate()  # registries looked up now: estimators registered after the config was made count
         self._advantage = get_advantage(self.config.advantage)
         self.forward_tokens = 0
         """Token slots processed by the decoder's forward passes so far (padding included)."""
