@@ -1,4 +1,7 @@
-"""Hugging Face ``generate`` backend: mixed-adapter batches in one ``generate`` call, on any device.
+"""Hugging Face backend: mixed-adapter batches in one prefill + decode loop (or one HF ``generate`` call), on any
+device. The loop (:mod:`agents.generation.decode`, ``engine="loop"``, the default) prefills each unique prompt
+once, unpadded, drops finished rows and decodes with transposed weights on CPU; ``engine="generate"`` is the
+previous path.
 
 Rows of one batch may use different population members (and ``None`` = the base with adapters disabled).
 By default the per-row adapters are applied by :meth:`LoRAPopulation.mixed` (two small matmuls per LoRA module
@@ -22,7 +25,9 @@ Guarantees:
   unpadded prompt ids (chat template and response prefix applied, :func:`encode_prompt`).
 * Sample ``k`` of a request with ``seed=s`` draws from a generator seeded with a hash of ``(s, k)``, so it
   does not depend on the other requests in the call, their order or ``batch_size``, up to float rounding of
-  batched matmuls (which can flip a draw or an argmax between near-equal tokens). Requests with
+  batched matmuls (which can flip a draw or an argmax between near-equal tokens; with the default
+  ``transposed_decode`` the decode matmuls' sums do depend on the batch size, so a row's tokens can depend on
+  its chunk, still identically run to run). Requests with
   ``seed=None`` take seeds from the backend's own RNG (seeded by ``seed=`` at construction): the same
   sequence of calls on a fresh backend gives the same outputs. Greedy (``temperature == 0``) is seed-free.
 """
