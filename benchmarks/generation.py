@@ -39,11 +39,11 @@ the same machine load:
   floor      the memory-bandwidth floor of a decode step: the time to read the fp32 weights once (a sum over a
              tensor of their size), median of 7, at 1 and 2 threads;
   new        the loop's generator (:class:`HFGenerator` defaults: its own prefill + decode loop with prompts
-             prefilled once per unique prompt, unpadded prefill, finished rows dropped, transposed decode
+             prefilled once per unique prompt (a padded batch), finished rows dropped, transposed decode
              weights; candidate-only top-p sampler) at ``--threads`` (default 1) threads;
   today      the previous default path (``engine="generate"``: HF ``generate``, preallocated KV cache, the same
              sampler); identical tokens and the largest log-prob difference vs ``new`` are printed;
-  no-LEVER   (``--ablations``) ``new`` with one lever at today's setting: share, unpad, drop, transp;
+  no-/with-LEVER (``--ablations``) ``new`` with one lever flipped: no-share, with-unpad, no-drop, no-transp;
   hf         plain HF ``generate`` of the base (adapters disabled, its own top-p sampling, ``min_new_tokens`` =
              the budget so it runs as many steps; ``--skip-hf``);
   bf16       ``new`` on a bfloat16 copy of the base (samples differ: a different model numerically);
@@ -79,6 +79,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from agents.generation import GenerationRequest, HFGenerator  # noqa: E402
+from agents.generation.decode import LoopOptions  # noqa: E402
 from agents.models import load_base  # noqa: E402
 from agents.population import LoRAPopulation, randomize_member  # noqa: E402
 
@@ -384,7 +385,9 @@ def throughput(args) -> None:
     levers = ("share_prompts", "unpadded_prefill", "drop_finished", "transposed_decode")
     short = {"share_prompts": "share", "unpadded_prefill": "unpad", "drop_finished": "drop",
              "transposed_decode": "transp"}
-    ablations = {f"no-{short[k]}": HFGenerator(pop, tok, batch_size=64, **{k: False}) for k in levers} \
+    defaults = LoopOptions()
+    ablations = {f"{'no' if getattr(defaults, k) else 'with'}-{short[k]}":
+                 HFGenerator(pop, tok, batch_size=64, **{k: not getattr(defaults, k)}) for k in levers} \
         if args.ablations else {}
     new_gen.generate(_requests(tok, names, 2, 4, args.prompt_tokens, 0))  # warm-up
     gen16 = clock16 = None
@@ -440,7 +443,7 @@ def throughput(args) -> None:
                  if "hf" in res else "")
               + (f"; bf16/fp32 decode step {res['bf16']['step'] / new_r['step']:.2f}" if "bf16" in res else ""))
         for name in ablations:
-            print(f"  lever {name[3:]:<8} (today's setting alone, the rest new): wall {res[name]['wall'] / new_r['wall']:.2f}x "
+            print(f"  {name:<11} (this lever flipped, the rest new): wall {res[name]['wall'] / new_r['wall']:.2f}x "
                   f"new's, prefill {res[name]['prefill'] / max(new_r['prefill'], 1e-9):.2f}x, decode "
                   f"{res[name]['decode'] / max(new_r['decode'], 1e-9):.2f}x, median step "
                   f"{res[name]['step'] / new_r['step']:.2f}x")

@@ -49,10 +49,11 @@ __all__ = ["LoopOptions", "loop_supported", "run_loop"]
 
 @dataclass(frozen=True)
 class LoopOptions:
-    """The loop's levers (module docstring); all on by default, all off = ``generate``'s computation."""
+    """The loop's levers (module docstring); all off = ``generate``'s computation. ``unpadded_prefill`` is off by
+    default (one padded batch measured faster on the main job's similar-length prompts), the others on."""
 
     share_prompts: bool = True
-    unpadded_prefill: bool = True
+    unpadded_prefill: bool = False
     drop_finished: bool = True
     transposed_decode: bool = True
 

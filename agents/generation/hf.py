@@ -1,6 +1,6 @@
 """Hugging Face backend: mixed-adapter batches in one prefill + decode loop (or one HF ``generate`` call), on any
 device. The loop (:mod:`agents.generation.decode`, ``engine="loop"``, the default) prefills each unique prompt
-once, unpadded, drops finished rows and decodes with transposed weights on CPU; ``engine="generate"`` is the
+once (optionally unpadded), drops finished rows and decodes with transposed weights on CPU; ``engine="generate"`` is the
 previous path.
 
 Rows of one batch may use different population members (and ``None`` = the base with adapters disabled).
@@ -304,7 +304,9 @@ class HFGenerator:
             ``lora_impl="fused"`` and full-attention cache layers; otherwise ``generate`` is used.
         share_prompts: (loop) prefill each unique (adapter, prompt) once and copy its keys/values to its
             ``n`` samples' rows.
-        unpadded_prefill: (loop) prefill each unique prompt alone, without left padding.
+        unpadded_prefill: (loop) prefill each unique prompt alone, without left padding. Off by default: on the
+            main job's prompts (lengths within ~15 % of each other) one padded batch was faster than a forward
+            per prompt (prefill 40 vs 50 s, benchmarks/generation.py --throughput, loaded machine).
         drop_finished: (loop) rows that finished leave the decode batch.
         transposed_decode: (loop, CPU) decode with the frozen base weights stored transposed
             (:mod:`agents.generation.layout`).
@@ -323,7 +325,7 @@ class HFGenerator:
         kv_cache: Literal["preallocated", "dynamic", "static"] = "preallocated",
         engine: Literal["loop", "generate"] = "loop",
         share_prompts: bool = True,
-        unpadded_prefill: bool = True,
+        unpadded_prefill: bool = False,
         drop_finished: bool = True,
         transposed_decode: bool = True,
     ) -> None:

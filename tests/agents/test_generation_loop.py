@@ -51,7 +51,7 @@ def test_loop_with_levers_off_is_generate_bit_for_bit(pop, tiny_tokenizer, tempe
 def test_each_lever_keeps_greedy_tokens_and_logits_within_tolerance(pop, tiny_tokenizer, lever):
     reqs = _requests(0.0)
     ref = HFGenerator(pop, tiny_tokenizer, engine="generate").generate(reqs)
-    kwargs = {} if lever == "all" else OFF | {lever: True}
+    kwargs = dict.fromkeys(LEVERS, True) if lever == "all" else OFF | {lever: True}
     out = HFGenerator(pop, tiny_tokenizer, **kwargs).generate(reqs)
     assert _key(out) == _key(ref)
     for a, b in zip(out, ref, strict=True):
@@ -114,7 +114,7 @@ def test_levers_change_the_work_done(pop, tiny_tokenizer):
     assert sorted({s[1] for s in shapes.prefill()}) == widths
     shapes.shapes.clear()
     HFGenerator(pop, tiny_tokenizer).generate(reqs)
-    assert len(shapes.prefill()) == 4  # unique prompts, each alone
+    assert [s[0] for s in shapes.prefill()] == [4]  # the defaults: unique prompts, one padded batch
     decode = shapes.decode()
     assert decode[0] == 8 and decode[-1] == 2 and decode == sorted(decode, reverse=True)  # finished rows leave
     shapes.hook.remove()
@@ -146,7 +146,8 @@ def test_bad_engine_is_refused(pop, tiny_tokenizer):
 
 def test_peft_lora_impl_falls_back_to_generate(pop, tiny_tokenizer):
     assert HFGenerator(pop, tiny_tokenizer, lora_impl="peft").engine == "generate"
-    assert HFGenerator(pop, tiny_tokenizer).engine == "loop"
+    gen = HFGenerator(pop, tiny_tokenizer)
+    assert gen.engine == "loop" and not gen.loop_options.unpadded_prefill
 
 
 @pytest.mark.slow
