@@ -49,13 +49,14 @@ __all__ = ["LoopOptions", "loop_supported", "run_loop"]
 
 @dataclass(frozen=True)
 class LoopOptions:
-    """The loop's levers (module docstring); all off = ``generate``'s computation. ``unpadded_prefill`` is off by
-    default (one padded batch measured faster on the main job's similar-length prompts), the others on."""
+    """The loop's levers (module docstring); all off = ``generate``'s computation. ``share_prompts`` and
+    ``drop_finished`` are on by default; ``unpadded_prefill`` (one padded batch measured faster on the main job's
+    similar-length prompts) and ``transposed_decode`` (no whole-step gain measured) off."""
 
     share_prompts: bool = True
     unpadded_prefill: bool = False
     drop_finished: bool = True
-    transposed_decode: bool = True
+    transposed_decode: bool = False
 
 
 class _RowsLayer(DynamicLayer):

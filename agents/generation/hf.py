@@ -1,6 +1,6 @@
 """Hugging Face backend: mixed-adapter batches in one prefill + decode loop (or one HF ``generate`` call), on any
 device. The loop (:mod:`agents.generation.decode`, ``engine="loop"``, the default) prefills each unique prompt
-once (optionally unpadded), drops finished rows and decodes with transposed weights on CPU; ``engine="generate"`` is the
+once (optionally unpadded, optionally decoding with transposed weights on CPU) and drops finished rows; ``engine="generate"`` is the
 previous path.
 
 Rows of one batch may use different population members (and ``None`` = the base with adapters disabled).
@@ -25,7 +25,7 @@ Guarantees:
   unpadded prompt ids (chat template and response prefix applied, :func:`encode_prompt`).
 * Sample ``k`` of a request with ``seed=s`` draws from a generator seeded with a hash of ``(s, k)``, so it
   does not depend on the other requests in the call, their order or ``batch_size``, up to float rounding of
-  batched matmuls (which can flip a draw or an argmax between near-equal tokens; with the default
+  batched matmuls (which can flip a draw or an argmax between near-equal tokens; with
   ``transposed_decode`` the decode matmuls' sums do depend on the batch size, so a row's tokens can depend on
   its chunk, still identically run to run). Requests with
   ``seed=None`` take seeds from the backend's own RNG (seeded by ``seed=`` at construction): the same
@@ -309,7 +309,9 @@ class HFGenerator:
             per prompt (prefill 40 vs 50 s, benchmarks/generation.py --throughput, loaded machine).
         drop_finished: (loop) rows that finished leave the decode batch.
         transposed_decode: (loop, CPU) decode with the frozen base weights stored transposed
-            (:mod:`agents.generation.layout`).
+            (:mod:`agents.generation.layout`). Off by default: 1.7-2.4x faster single matmuls did not make whole
+            decode steps faster (median step 313 vs 296 ms, students 16x80, benchmarks/generation.py
+            --throughput), and it makes a row's sums depend on the batch size.
         With the loop and the four levers off, tokens and log-probs are those of ``engine="generate"`` bit for
         bit; each lever reorders some float sums (:mod:`agents.generation.decode`).
     """
@@ -327,7 +329,7 @@ class HFGenerator:
         share_prompts: bool = True,
         unpadded_prefill: bool = False,
         drop_finished: bool = True,
-        transposed_decode: bool = True,
+        transposed_decode: bool = False,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
