@@ -39,11 +39,11 @@ the same machine load:
   floor      the memory-bandwidth floor of a decode step: the time to read the fp32 weights once (a sum over a
              tensor of their size), median of 7, at 1 and 2 threads;
   new        the loop's generator (:class:`HFGenerator` defaults: its own prefill + decode loop with prompts
-             prefilled once per unique prompt (a padded batch), finished rows dropped, transposed decode
-             weights; candidate-only top-p sampler) at ``--threads`` (default 1) threads;
+             prefilled once per unique prompt (a padded batch), finished rows dropped; candidate-only top-p
+             sampler) at ``--threads`` (default 1) threads;
   today      the previous default path (``engine="generate"``: HF ``generate``, preallocated KV cache, the same
              sampler); identical tokens and the largest log-prob difference vs ``new`` are printed;
-  no-/with-LEVER (``--ablations``) ``new`` with one lever flipped: no-share, with-unpad, no-drop, no-transp;
+  no-/with-LEVER (``--ablations``) ``new`` with one lever flipped: no-share, with-unpad, no-drop, with-transp;
   hf         plain HF ``generate`` of the base (adapters disabled, its own top-p sampling, ``min_new_tokens`` =
              the budget so it runs as many steps; ``--skip-hf``);
   bf16       ``new`` on a bfloat16 copy of the base (samples differ: a different model numerically);
