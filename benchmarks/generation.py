@@ -363,7 +363,7 @@ def throughput(args) -> None:
     pop = population(base)
     clock = _StepClock(pop.model.base_model.model)
     workloads = _workloads(args.workloads)
-    new_gen = HFGenerator(pop, tok, batch_size=64)
+    new_gen = HFGenerator(pop, tok, batch_size=64, engine="loop")
     print(f"model {args.model}: fp32 weights {nbytes / 1e9:.3f} GB, {args.adapters} adapters, OMP_WAIT_POLICY="
           f"{policy}, cores {os.cpu_count()}, load average {os.getloadavg()[0]:.1f} at start, setup "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
@@ -387,14 +387,14 @@ def throughput(args) -> None:
              "transposed_decode": "transp"}
     defaults = LoopOptions()
     ablations = {f"{'no' if getattr(defaults, k) else 'with'}-{short[k]}":
-                 HFGenerator(pop, tok, batch_size=64, **{k: not getattr(defaults, k)}) for k in levers} \
+                 HFGenerator(pop, tok, batch_size=64, engine="loop", **{k: not getattr(defaults, k)}) for k in levers} \
         if args.ablations else {}
     new_gen.generate(_requests(tok, names, 2, 4, args.prompt_tokens, 0))  # warm-up
     gen16 = clock16 = None
     if base_bf16 is not None:
         pop16 = population(base_bf16)
         clock16 = _StepClock(pop16.model.base_model.model)
-        gen16 = HFGenerator(pop16, tok, batch_size=64)
+        gen16 = HFGenerator(pop16, tok, batch_size=64, engine="loop")
         gen16.generate(_requests(tok, names, 2, 4, args.prompt_tokens, 0))
     summary = {"floor_ms": {t: v * 1e3 for t, v in floor.items()}, "threads": threads, "policy": policy}
     for rows, new, n in workloads:

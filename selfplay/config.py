@@ -76,6 +76,10 @@ class GenerationConfig:
     """torch CPU threads during generation (HF backend; 0 = torch's default). Decoding is memory-bound; the
     populora command sets OMP_WAIT_POLICY=PASSIVE so that idle OpenMP threads sleep instead of spinning. On a
     shared 2-core machine two threads were not faster than one (benchmarks/generation.py --throughput)."""
+    hf_engine: Literal["generate", "loop"] = "generate"
+    """HF backend: 'generate' (one Hugging Face generate call per batch) or 'loop' (the backend's own loop: each
+    unique prompt prefilled once, finished rows dropped; agents.generation.decode). 'loop' gives the same greedy
+    tokens but reorders float sums, so sampled tokens can differ; not the default until measured quietly."""
     vllm_gpu_memory_utilization: float = 0.6
     """Fraction of GPU memory vLLM may take (vLLM backend)."""
     vllm_max_model_len: int = 4096
@@ -84,6 +88,7 @@ class GenerationConfig:
     def validate(self) -> None:
         """Check every setting; raise :class:`ConfigError` naming the first bad field."""
         check_choice("backend", self.backend, ("hf", "vllm"))
+        check_choice("hf_engine", self.hf_engine, ("generate", "loop"))
         check_int("teacher_max_new_tokens", self.teacher_max_new_tokens, 1, 1 << 20)
         check_int("student_max_new_tokens", self.student_max_new_tokens, 1, 1 << 20)
         check_number("temperature", self.temperature, low=0.0, high=100.0)

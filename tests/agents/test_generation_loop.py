@@ -41,7 +41,7 @@ def _key(out):
 def test_loop_with_levers_off_is_generate_bit_for_bit(pop, tiny_tokenizer, temperature):
     reqs = _requests(temperature)
     ref = HFGenerator(pop, tiny_tokenizer, engine="generate").generate(reqs)
-    out = HFGenerator(pop, tiny_tokenizer, **OFF).generate(reqs)
+    out = HFGenerator(pop, tiny_tokenizer, engine="loop", **OFF).generate(reqs)
     assert _key(out) == _key(ref)
     assert [c.logprobs for c in out] == [c.logprobs for c in ref]
     assert {c.finish_reason for c in ref} == {"length"} and len({len(c.token_ids) for c in ref}) == 4
@@ -52,7 +52,7 @@ def test_each_lever_keeps_greedy_tokens_and_logits_within_tolerance(pop, tiny_to
     reqs = _requests(0.0)
     ref = HFGenerator(pop, tiny_tokenizer, engine="generate").generate(reqs)
     kwargs = dict.fromkeys(LEVERS, True) if lever == "all" else OFF | {lever: True}
-    out = HFGenerator(pop, tiny_tokenizer, **kwargs).generate(reqs)
+    out = HFGenerator(pop, tiny_tokenizer, engine="loop", **kwargs).generate(reqs)
     assert _key(out) == _key(ref)
     for a, b in zip(out, ref, strict=True):
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) <= LOGPROB_TOL
@@ -60,8 +60,8 @@ def test_each_lever_keeps_greedy_tokens_and_logits_within_tolerance(pop, tiny_to
 
 def test_sampling_is_seeded_and_reproducible(pop, tiny_tokenizer):
     reqs = _requests(0.8)
-    first = HFGenerator(pop, tiny_tokenizer).generate(reqs)
-    again = HFGenerator(pop, tiny_tokenizer).generate(reqs)
+    first = HFGenerator(pop, tiny_tokenizer, engine="loop").generate(reqs)
+    again = HFGenerator(pop, tiny_tokenizer, engine="loop").generate(reqs)
     assert _key(first) == _key(again) and [c.logprobs for c in first] == [c.logprobs for c in again]
     # the n samples of one prompt share its prefill but draw from their own generators
     assert len({tuple(c.token_ids) for c in first if c.request_index == 0}) == 2
@@ -76,7 +76,7 @@ def test_stop_strings_end_rows_as_with_generate(pop, tiny_tokenizer):
     assert stop.strip()
     reqs = _requests(0.0, stop=(stop,))
     ref = HFGenerator(pop, tiny_tokenizer, engine="generate").generate(reqs)
-    out = HFGenerator(pop, tiny_tokenizer).generate(reqs)
+    out = HFGenerator(pop, tiny_tokenizer, engine="loop").generate(reqs)
     assert _key(out) == _key(ref)
     assert any(c.extra.get("stop") == stop for c in out)
 
@@ -100,20 +100,20 @@ class _Shapes:
 def test_levers_change_the_work_done(pop, tiny_tokenizer):
     reqs = _requests(0.0)  # 4 prompts x 2 samples, budgets 6, 9, 12, 15
     shapes = _Shapes(pop)
-    HFGenerator(pop, tiny_tokenizer, **OFF).generate(reqs)
+    HFGenerator(pop, tiny_tokenizer, engine="loop", **OFF).generate(reqs)
     assert len(shapes.prefill()) == 1 and shapes.prefill()[0][0] == 8  # one padded batch of every row
     assert set(shapes.decode()) == {8}  # every row until the last finishes
     shapes.shapes.clear()
-    HFGenerator(pop, tiny_tokenizer, **OFF | {"share_prompts": True}).generate(reqs)
+    HFGenerator(pop, tiny_tokenizer, engine="loop", **OFF | {"share_prompts": True}).generate(reqs)
     assert [s[0] for s in shapes.prefill()] == [4]  # once per unique prompt
     shapes.shapes.clear()
-    HFGenerator(pop, tiny_tokenizer, **OFF | {"unpadded_prefill": True}).generate(reqs)
+    HFGenerator(pop, tiny_tokenizer, engine="loop", **OFF | {"unpadded_prefill": True}).generate(reqs)
     # each row's prompt alone, at its own length (no padding)
-    widths = sorted({len(HFGenerator(pop, tiny_tokenizer).encode_prompt(r)) for r in reqs})
+    widths = sorted({len(HFGenerator(pop, tiny_tokenizer, engine="loop").encode_prompt(r)) for r in reqs})
     assert all(s[0] == 1 for s in shapes.prefill()) and len(shapes.prefill()) == 8
     assert sorted({s[1] for s in shapes.prefill()}) == widths
     shapes.shapes.clear()
-    HFGenerator(pop, tiny_tokenizer).generate(reqs)
+    HFGenerator(pop, tiny_tokenizer, engine="loop").generate(reqs)
     assert [s[0] for s in shapes.prefill()] == [4]  # the defaults: unique prompts, one padded batch
     decode = shapes.decode()
     assert decode[0] == 8 and decode[-1] == 2 and decode == sorted(decode, reverse=True)  # finished rows leave
@@ -145,8 +145,9 @@ def test_bad_engine_is_refused(pop, tiny_tokenizer):
 
 
 def test_peft_lora_impl_falls_back_to_generate(pop, tiny_tokenizer):
-    assert HFGenerator(pop, tiny_tokenizer, lora_impl="peft").engine == "generate"
-    gen = HFGenerator(pop, tiny_tokenizer)
+    assert HFGenerator(pop, tiny_tokenizer, lora_impl="peft", engine="loop").engine == "generate"
+    assert HFGenerator(pop, tiny_tokenizer).engine == "generate"  # the default until measured on a quiet machine
+    gen = HFGenerator(pop, tiny_tokenizer, engine="loop")
     assert gen.engine == "loop" and not gen.loop_options.unpadded_prefill
 
 
@@ -164,7 +165,7 @@ def test_smollm2_greedy_tokens_identical_on_a_short_prompt_set():
     reqs = [GenerationRequest(a, p, max_new_tokens=24, temperature=0.0, n=2 if i % 2 else 1)
             for i, (a, p) in enumerate(zip(["m0", "m1", None, "m1"], PROMPTS, strict=True))]
     ref = HFGenerator(pop, tok, engine="generate").generate(reqs)
-    out = HFGenerator(pop, tok).generate(reqs)
+    out = HFGenerator(pop, tok, engine="loop").generate(reqs)
     assert _key(out) == _key(ref)
     for a, b in zip(out, ref, strict=True):
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) <= LOGPROB_TOL

@@ -224,3 +224,28 @@ def test_culled_members_are_refreshed_in_the_generator_and_their_ratings_reset(t
     finally:
         loop.env.close()
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("engine", ["generate", "loop"])
+def test_generation_hf_engine_reaches_the_generator_and_a_step_runs(tmp_path: Path, engine: str) -> None:
+    """``generation.hf_engine`` picks the HF backend's path for the run (``generate`` by default), and a step plays
+    through either one."""
+    import tyro
+
+    from selfplay.config import load_preset
+    from selfplay.loop import SelfPlayLoop
+
+    args = [a for a in REF_ARGS if a != "--no-progress"] + ["--generation.hf-engine", engine]
+    cfg = dataclasses.replace(tyro.cli(TrainConfig, default=load_preset("cpu-smoke"), args=args), progress=False)
+    cfg.validate()
+    assert TrainConfig().generation.hf_engine == "generate"
+    threads = torch.get_num_threads()
+    loop = SelfPlayLoop(cfg, tmp_path)
+    loop.setup()
+    try:
+        assert loop.generator.engine == engine
+        record = loop.train_step()
+        assert sorted(record.member_metrics) == sorted(loop.population.names)
+    finally:
+        loop.env.close()
+        torch.set_num_threads(threads)
