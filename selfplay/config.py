@@ -76,10 +76,10 @@ class GenerationConfig:
     """torch CPU threads during generation (HF backend; 0 = torch's default). Decoding is memory-bound; the
     populora command sets OMP_WAIT_POLICY=PASSIVE so that idle OpenMP threads sleep instead of spinning. On a
     shared 2-core machine two threads were not faster than one (benchmarks/generation.py --throughput)."""
-    hf_engine: Literal["generate", "loop"] = "generate"
-    """HF backend: 'generate' (one Hugging Face generate call per batch) or 'loop' (the backend's own loop: each
-    unique prompt prefilled once, finished rows dropped; agents.generation.decode). 'loop' gives the same greedy
-    tokens but reorders float sums, so sampled tokens can differ; not the default until measured quietly."""
+    hf_engine: Literal["loop", "generate"] = "loop"
+    """HF backend: 'loop' (the backend's own loop: each unique prompt prefilled once, finished rows leave the
+    batch; agents.generation.decode) or 'generate' (one Hugging Face generate call per batch, the previous path).
+    Same greedy tokens; the loop reorders some float sums, so a sampled token can differ."""
     vllm_gpu_memory_utilization: float = 0.6
     """Fraction of GPU memory vLLM may take (vLLM backend)."""
     vllm_max_model_len: int = 4096

@@ -228,7 +228,7 @@ def test_culled_members_are_refreshed_in_the_generator_and_their_ratings_reset(t
 
 @pytest.mark.parametrize("engine", ["generate", "loop"])
 def test_generation_hf_engine_reaches_the_generator_and_a_step_runs(tmp_path: Path, engine: str) -> None:
-    """``generation.hf_engine`` picks the HF backend's path for the run (``generate`` by default), and a step plays
+    """``generation.hf_engine`` picks the HF backend's path for the run (``loop`` by default), and a step plays
     through either one."""
     import tyro
 
@@ -238,7 +238,7 @@ def test_generation_hf_engine_reaches_the_generator_and_a_step_runs(tmp_path: Pa
     args = [a for a in REF_ARGS if a != "--no-progress"] + ["--generation.hf-engine", engine]
     cfg = dataclasses.replace(tyro.cli(TrainConfig, default=load_preset("cpu-smoke"), args=args), progress=False)
     cfg.validate()
-    assert TrainConfig().generation.hf_engine == "generate"
+    assert TrainConfig().generation.hf_engine == "loop"
     threads = torch.get_num_threads()
     loop = SelfPlayLoop(cfg, tmp_path)
     loop.setup()
