@@ -41,10 +41,25 @@ from agents.generation.layout import transposed_weights
 from agents.generation.sampling import SAMPLERS
 
 if TYPE_CHECKING:
-    from agents.generation.hf import _Row
     from agents.population import LoRAPopulation
 
 __all__ = ["LoopOptions", "loop_supported", "run_loop"]
+
+
+@dataclass
+class _Row:
+    """One sample to generate: which request and sample it is, its adapter, prompt ids and sampling settings (both
+    HF engines read it; defined here so that ``hf`` imports ``decode`` and not the reverse)."""
+
+    request_index: int
+    sample_index: int
+    adapter: str | None
+    prompt_ids: list[int]
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+    stop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -41,14 +41,13 @@ import hashlib
 import random
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from agents.generation.base import Completion, GenerationRequest
-from agents.generation.decode import LoopOptions, loop_supported, run_loop
+from agents.generation.decode import LoopOptions, _Row, loop_supported, run_loop
 from agents.generation.sampling import SAMPLERS
 from agents.population import BASE_ADAPTER, LoRAPopulation
 from populora_env.prompts import with_prefix
@@ -120,19 +119,6 @@ def row_seed(seed: int, sample_index: int) -> int:
     """The generator seed of sample ``sample_index`` of a request with ``seed``."""
     digest = hashlib.sha256(f"populora-sample:{seed}:{sample_index}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
-
-
-@dataclass
-class _Row:
-    request_index: int
-    sample_index: int
-    adapter: str | None
-    prompt_ids: list[int]
-    max_new_tokens: int
-    temperature: float
-    top_p: float
-    seed: int
-    stop: tuple[str, ...] = ()
 
 
 class _RowSampler:
