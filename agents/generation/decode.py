@@ -136,8 +136,9 @@ def _padded(prompts: Sequence[list[int]], pad: int) -> tuple[torch.Tensor, torch
 
 
 class _Sampler:
-    """Chooses each active row's next token exactly as ``hf._RowSampler`` does (raw-logit log-prob at
-    temperature 1; the row's temperature, top-p and generator for sampled rows; argmax for greedy ones)."""
+    """Chooses each active row's next token (both engines: ``hf._RowSampler`` calls it with every row): the
+    raw-logit log-prob at temperature 1; the row's temperature, top-p and its own generator (one uniform per
+    row, so a row's draws never depend on other rows) for sampled rows; argmax for greedy ones."""
 
     def __init__(self, rows: Sequence[_Row], device: torch.device, sampler: str) -> None:
         self.rows = rows

@@ -47,7 +47,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from agents.generation.base import Completion, GenerationRequest
-from agents.generation.decode import LoopOptions, _Row, loop_supported, run_loop
+from agents.generation.decode import LoopOptions, _Row, _Sampler, loop_supported, run_loop
 from agents.generation.sampling import SAMPLERS
 from agents.population import BASE_ADAPTER, LoRAPopulation
 from populora_env.prompts import with_prefix
@@ -125,28 +125,15 @@ class _RowSampler:
     """Logits processor choosing each row's next token; records tokens and unscaled log-probs."""
 
     def __init__(self, rows: Sequence[_Row], device: torch.device, sampler: str = "topk") -> None:
-        self.rows = rows
-        self.sample = SAMPLERS[sampler]
-        self.generators = [torch.Generator(device=device).manual_seed(r.seed) for r in rows]
-        self.sampled = [i for i, r in enumerate(rows) if r.temperature > 0]
+        self.choose = _Sampler(rows, device, sampler)  # the loop's own token choice: one rule for both engines
+        self.every_row = range(len(rows))
         self.tokens: list[torch.Tensor] = []
         self.logprobs: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        logits = scores.float()
-        logp = torch.log_softmax(logits, dim=-1)
-        choice = logits.argmax(dim=-1)
-        if self.sampled:
-            idx = torch.tensor(self.sampled, device=logits.device)
-            temps = torch.tensor([self.rows[i].temperature for i in self.sampled], device=logits.device)
-            top_ps = torch.tensor([self.rows[i].top_p for i in self.sampled], device=logits.device)
-            probs = torch.softmax(logits[idx] / temps[:, None], dim=-1)
-            # one uniform per row from that row's own generator: a row's draws never depend on other rows
-            u = torch.cat([torch.rand(1, generator=self.generators[i], device=logits.device)
-                           for i in self.sampled])
-            choice[idx] = self.sample(probs, top_ps, u)
+        choice, logprob = self.choose(scores, self.every_row)
         self.tokens.append(choice)
-        self.logprobs.append(logp.gather(1, choice[:, None]).squeeze(1))
+        self.logprobs.append(logprob)
         forced = torch.full_like(scores, float("-inf"))
         forced.scatter_(1, choice[:, None], 0.0)
         return forced
