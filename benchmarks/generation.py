@@ -43,7 +43,8 @@ the same machine load:
              sampler) at ``--threads`` (default 1) threads;
   today      the previous default path (``engine="generate"``: HF ``generate``, preallocated KV cache, the same
              sampler); identical tokens and the largest log-prob difference vs ``new`` are printed;
-  no-/with-LEVER (``--ablations``) ``new`` with one lever flipped: no-share, with-unpad, no-drop, with-transp;
+  no-/with-LEVER (``--ablations``) ``new`` with one lever flipped: no-share, with-unpad, no-drop, with-transp,
+             no-fused;
   hf         plain HF ``generate`` of the base (adapters disabled, its own top-p sampling, ``min_new_tokens`` =
              the budget so it runs as many steps; ``--skip-hf``);
   bf16       ``new`` on a bfloat16 copy of the base (samples differ: a different model numerically);
@@ -207,27 +208,57 @@ def _vllm_python(choice: str | None) -> str:
 
 
 class _StepClock:
-    """Forward hooks on the HF model: the wall time of each forward; forwards of more than one position are
-    prefill (one per chunk with ``generate``, one per unique prompt with the loop's unpadded prefill), the
-    others decode steps."""
+    """The wall time of each forward: forward hooks on the HF model (``engine="generate"``) and a wrapper around
+    the loop's forward (``agents.generation.decode._Forward``, which serves decode steps through the fused step
+    when ``fused_decode`` is on); forwards of more than one position are prefill (one per chunk with
+    ``generate``, one per unique prompt with the loop's unpadded prefill), the others decode steps."""
 
     def __init__(self, model) -> None:
+        from agents.generation import decode
+
         self.times: list[list] = []
+        self.inside = False
 
         def pre(module, args, kwargs):
-            ids = kwargs.get("input_ids", args[0] if args else None)
-            self.times.append([ids.shape[1] if ids is not None else 1, time.perf_counter()])
+            if not self.inside:
+                ids = kwargs.get("input_ids", args[0] if args else None)
+                self.times.append([ids.shape[1] if ids is not None else 1, time.perf_counter()])
 
-        self._hooks = [
-            model.register_forward_pre_hook(pre, with_kwargs=True),
-            model.register_forward_hook(lambda *a, **k: self.times[-1].append(time.perf_counter()),
-                                        with_kwargs=True),
-        ]
+        def post(*a, **k):
+            if not self.inside:
+                self.times[-1].append(time.perf_counter())
+
+        self._hooks = [model.register_forward_pre_hook(pre, with_kwargs=True),
+                       model.register_forward_hook(post, with_kwargs=True)]
+        if not getattr(decode._Forward.__call__, "_clocked", False):
+            plain = decode._Forward.__call__
+
+            def call(fwd, ids, *args):
+                clock = _StepClock.active
+                if clock is None or fwd.model is not clock.model:
+                    return plain(fwd, ids, *args)
+                clock.inside = True
+                start = time.perf_counter()
+                try:
+                    return plain(fwd, ids, *args)
+                finally:
+                    clock.inside = False
+                    clock.times.append([ids.shape[1], start, time.perf_counter()])
+
+            call._clocked = True
+            decode._Forward.__call__ = call
+        self.model = model
+
+    active: _StepClock | None = None
 
     def run(self, fn) -> dict:
         self.times.clear()
+        _StepClock.active = self
         start = time.perf_counter()
-        out = fn()
+        try:
+            out = fn()
+        finally:
+            _StepClock.active = None
         wall = time.perf_counter() - start
         steps = [b - a for n, a, b in self.times if n == 1]
         return {"wall": wall, "prefill": sum(b - a for n, a, b in self.times if n > 1),
@@ -382,9 +413,9 @@ def throughput(args) -> None:
           f"2 threads ({nbytes / floor[1] / 1e9:.1f} / {nbytes / floor[2] / 1e9:.1f} GB/s)", flush=True)
     torch.set_num_threads(threads)
     today_gen = HFGenerator(pop, tok, batch_size=64, engine="generate")  # the previous default path
-    levers = ("share_prompts", "unpadded_prefill", "drop_finished", "transposed_decode")
+    levers = ("share_prompts", "unpadded_prefill", "drop_finished", "transposed_decode", "fused_decode")
     short = {"share_prompts": "share", "unpadded_prefill": "unpad", "drop_finished": "drop",
-             "transposed_decode": "transp"}
+             "transposed_decode": "transp", "fused_decode": "fused"}
     defaults = LoopOptions()
     ablations = {f"{'no' if getattr(defaults, k) else 'with'}-{short[k]}":
                  HFGenerator(pop, tok, batch_size=64, engine="loop", **{k: not getattr(defaults, k)}) for k in levers} \

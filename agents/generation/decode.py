@@ -1,4 +1,4 @@
-"""The HF backend's own prefill + decode loop (``HFGenerator(engine="loop")``, the default), with four levers.
+"""The HF backend's own prefill + decode loop (``HFGenerator(engine="loop")``, the default), with five levers.
 
 HF ``generate`` prefills every row of a chunk in one left-padded batch and decodes every row until the last one
 finishes. This loop calls the model's forward itself, so that:
@@ -14,8 +14,11 @@ finishes. This loop calls the model's forward itself, so that:
   sampling work.
 * ``transposed_decode``: decode steps run with the frozen base weights stored transposed
   (:mod:`agents.generation.layout`: MKL's small-batch GEMM is ~2x faster in that layout on this CPU).
+* ``fused_decode``: decode steps of Llama-family models on CPU run through :class:`agents.generation.fused.
+  FusedDecoder` (stacked, transposed projections; LoRA per row in one low-rank product per module group;
+  attention of one query by two batched matmuls) instead of HF's forward; the prefill stays HF's.
 
-With the four off, the loop computes what ``generate`` computes (the same padded prefill with the same mask and
+With the five off, the loop computes what ``generate`` computes (the same padded prefill with the same mask and
 position ids, ``logits_to_keep=1``, every row fed the pad token after it finishes, the same sampler calls):
 the same tokens and log-probs, bit for bit (``tests/agents/test_generation_loop.py``). Each lever changes the
 shapes of some matmuls (one row instead of ``n``; a prompt alone instead of a padded batch; fewer rows; another
@@ -37,6 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from agents.generation.fused import FusedDecoder, fused_decoder, fused_unsupported
 from agents.generation.layout import transposed_weights
 from agents.generation.sampling import SAMPLERS
 
@@ -64,14 +68,16 @@ class _Row:
 
 @dataclass(frozen=True)
 class LoopOptions:
-    """The loop's levers (module docstring); all off = ``generate``'s computation. ``share_prompts`` and
-    ``drop_finished`` are on by default; ``unpadded_prefill`` (one padded batch measured faster on the main job's
-    similar-length prompts) and ``transposed_decode`` (no whole-step gain measured) off."""
+    """The loop's levers (module docstring); all off = ``generate``'s computation. ``share_prompts``,
+    ``drop_finished`` and ``fused_decode`` are on by default; ``unpadded_prefill`` (one padded batch measured
+    faster on the main job's similar-length prompts) and ``transposed_decode`` (subsumed by ``fused_decode``,
+    which stores its own weights transposed) off."""
 
     share_prompts: bool = True
     unpadded_prefill: bool = False
     drop_finished: bool = True
     transposed_decode: bool = False
+    fused_decode: bool = True
 
 
 class _RowsLayer(DynamicLayer):
@@ -108,7 +114,8 @@ def loop_supported(population: LoRAPopulation) -> bool:
 
 
 class _Forward:
-    """One forward of the causal LM (the PEFT-injected HF model) returning the last position's logits."""
+    """One forward of the causal LM (the PEFT-injected HF model) returning the last position's logits; decode
+    steps (one position) go through the fused step when one is given (:meth:`use_fused`)."""
 
     def __init__(self, population: LoRAPopulation) -> None:
         self.model = population.model.base_model.model
@@ -116,8 +123,21 @@ class _Forward:
         # transformers 5.2x names the cache argument ``cache``; older 5.x ``past_key_values``
         self.cache_kw = "cache" if "cache" in params else "past_key_values"
         self.device = next(self.model.parameters()).device
+        self.fused: FusedDecoder | None = None
+
+    def use_fused(self) -> None:
+        """Serve decode steps with :class:`FusedDecoder` where it covers the model (else keep HF's forward)."""
+        if fused_unsupported(self.model) is None:
+            self.fused = fused_decoder(self.model)
+
+    def bind(self) -> None:
+        """The rows' members changed (a new ``LoRAPopulation.mixed`` block): the fused step re-reads them."""
+        if self.fused is not None:
+            self.fused.bind()
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor | None, pos: torch.Tensor, cache) -> torch.Tensor:
+        if self.fused is not None and ids.shape[1] == 1 and mask is not None:
+            return self.fused.step(ids[:, 0], pos[:, 0], mask, cache.layers)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
                          **{self.cache_kw: cache})
         return out.logits[:, -1]
@@ -225,6 +245,8 @@ def run_loop(population: LoRAPopulation, tokenizer, rows: Sequence[_Row], stop_i
     tokens: list[list[int]] = [[] for _ in rows]
     logprobs: list[list[float]] = [[] for _ in rows]
     logits, layers, mask = _prefill(fwd, population, rows, pad, width + budget, opts)
+    if opts.fused_decode and budget > 1:
+        fwd.use_fused()
     cache = DynamicCache(config=fwd.model.config)
     cache.layers = layers
     mask = torch.cat([mask, mask.new_ones((len(rows), budget))], dim=1).to(fwd.device)
@@ -236,6 +258,7 @@ def run_loop(population: LoRAPopulation, tokenizer, rows: Sequence[_Row], stop_i
             stack.enter_context(transposed_weights(fwd.model))
         adapters = stack.enter_context(ExitStack())
         adapters.enter_context(population.mixed([rows[i].adapter for i in active]))
+        fwd.bind()
         for step in range(budget):
             choice, lp = choose(logits, active)
             toks, lps = choice.tolist(), lp.tolist()
@@ -260,6 +283,7 @@ def run_loop(population: LoRAPopulation, tokenizer, rows: Sequence[_Row], stop_i
                 feed = [feed[j] for j in keep]
                 adapters.close()
                 adapters.enter_context(population.mixed([rows[i].adapter for i in active]))
+                fwd.bind()
             length = width + step + 1
             ids = torch.tensor(feed, device=fwd.device)[:, None]
             logits = fwd(ids, mask[:, :length], pos[:, None] + step, cache)

@@ -29,7 +29,7 @@ Guarantees:
 * Sample ``k`` of a request with ``seed=s`` draws from a generator seeded with a hash of ``(s, k)``, so it
   does not depend on the other requests in the call, their order or ``batch_size``, up to float rounding of
   batched matmuls (which can flip a draw or an argmax between near-equal tokens; with
-  ``transposed_decode`` the decode matmuls' sums do depend on the batch size, so a row's tokens can depend on
+  ``transposed_decode`` or ``fused_decode`` the decode matmuls' sums can depend on the batch size, so a row's tokens can depend on
   its chunk, still identically run to run). Requests with
   ``seed=None`` take seeds from the backend's own RNG (seeded by ``seed=`` at construction): the same
   sequence of calls on a fresh backend gives the same outputs. Greedy (``temperature == 0``) is seed-free.
@@ -288,7 +288,9 @@ class HFGenerator:
             (:mod:`agents.generation.layout`). Off by default: 1.7-2.4x faster single matmuls did not make whole
             decode steps faster (median step 313 vs 296 ms, students 16x80, benchmarks/generation.py
             --throughput), and it makes a row's sums depend on the batch size.
-        With the loop and the four levers off, tokens and log-probs are those of ``engine="generate"`` bit for
+        fused_decode: (loop, CPU, Llama/Qwen2) decode steps through :class:`agents.generation.fused.FusedDecoder`
+            instead of HF's forward (other models keep HF's forward).
+        With the loop and the five levers off, tokens and log-probs are those of ``engine="generate"`` bit for
         bit; each lever reorders some float sums (:mod:`agents.generation.decode`).
     """
 
@@ -306,6 +308,7 @@ class HFGenerator:
         unpadded_prefill: bool = False,
         drop_finished: bool = True,
         transposed_decode: bool = False,
+        fused_decode: bool = True,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -326,7 +329,8 @@ class HFGenerator:
         self.sampler = sampler
         self.kv_cache = kv_cache
         self.loop_options = LoopOptions(share_prompts=share_prompts, unpadded_prefill=unpadded_prefill,
-                                        drop_finished=drop_finished, transposed_decode=transposed_decode)
+                                        drop_finished=drop_finished, transposed_decode=transposed_decode,
+                                        fused_decode=fused_decode)
         self.engine = engine if engine == "generate" or (lora_impl == "fused" and loop_supported(population)) \
             else "generate"
         self._rng = random.Random(seed)

@@ -129,11 +129,11 @@ def test_sampling_is_seeded_per_request(pop3, tiny_tokenizer):
     assert gen.generate(requests) == first  # same requests + seeds -> same outputs
     assert len({tuple(c.token_ids) for c in first[:3]}) == 3  # the n samples differ
     # independent of the other requests, their order and the batch size -- in the native weight layout, whose
-    # small-batch matmuls give each row the same sums whatever the batch size; the decode loop's optional
-    # transposed layout does not: there a row's tokens can depend on its chunk (float rounding; still the
-    # same run to run, as asserted above)
-    batched = HFGenerator(pop3, tiny_tokenizer, transposed_decode=False).generate(requests)
-    alone = HFGenerator(pop3, tiny_tokenizer, batch_size=1, transposed_decode=False).generate(
+    # small-batch matmuls give each row the same sums whatever the batch size; the decode loop's transposed
+    # layouts (transposed_decode, and fused_decode, the default) do not: there a row's tokens can depend on its
+    # chunk (float rounding; still the same run to run, as asserted above)
+    batched = HFGenerator(pop3, tiny_tokenizer, transposed_decode=False, fused_decode=False).generate(requests)
+    alone = HFGenerator(pop3, tiny_tokenizer, batch_size=1, transposed_decode=False, fused_decode=False).generate(
         [requests[1], requests[0]])
     assert [c.token_ids for c in alone] == [c.token_ids for c in batched[3:] + batched[:3]]
     other_seed = gen.generate(

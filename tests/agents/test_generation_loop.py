@@ -14,7 +14,7 @@ PROMPTS = [
     "Reverse a string in Python, please, and explain each step carefully.",
     "hi",
 ]
-LEVERS = ("share_prompts", "unpadded_prefill", "drop_finished", "transposed_decode")
+LEVERS = ("share_prompts", "unpadded_prefill", "drop_finished", "transposed_decode", "fused_decode")
 OFF = dict.fromkeys(LEVERS, False)
 # float tolerance of the log-probs when a lever changes matmul shapes or the weight layout (observed ~3e-6)
 LOGPROB_TOL = 1e-4
@@ -113,7 +113,7 @@ def test_levers_change_the_work_done(pop, tiny_tokenizer):
     assert all(s[0] == 1 for s in shapes.prefill()) and len(shapes.prefill()) == 8
     assert sorted({s[1] for s in shapes.prefill()}) == widths
     shapes.shapes.clear()
-    HFGenerator(pop, tiny_tokenizer, engine="loop").generate(reqs)
+    HFGenerator(pop, tiny_tokenizer, engine="loop", fused_decode=False).generate(reqs)
     assert [s[0] for s in shapes.prefill()] == [4]  # the defaults: unique prompts, one padded batch
     decode = shapes.decode()
     assert decode[0] == 8 and decode[-1] == 2 and decode == sorted(decode, reverse=True)  # finished rows leave

@@ -1,0 +1,250 @@
+"""A lean decode step for Llama-family models on CPU: the decode loop's ``fused_decode`` lever (the default).
+
+A decode step feeds one new token per row. On this project's CPU, HF's forward of SmolLM2-135M for 8 rows took
+~170 ms at one thread against ~51 ms to read the fp32 weights once (``benchmarks/generation.py --throughput``):
+its GEMMs run with the weight as a transposed right operand, a layout in which MKL's small-M kernels are ~2x
+slower than with the weight stored ``[in, out]``, and the rest is several hundred small operations (seven linear
+modules per layer, each with its LoRA, norms, rotary, flash attention built for long queries). This module
+computes the same function of the same weights with fewer, larger operations. Per layer, for the rows' hidden
+states ``x`` (``[B, d_model]``):
+
+* **norms** as HF computes them: ``RMSNorm(x) = w * (x * rsqrt(mean(x^2) + eps))`` in float32;
+* **projections**: ``[q | k | v] = h [W_q; W_k; W_v]^T + b`` is one matmul against the stacked weights stored
+  transposed and contiguous, and ``[gate | up] = h [W_gate; W_up]^T`` another; ``o`` and ``down`` alone;
+* **LoRA, one member per row**, as :meth:`agents.population.LoRAPopulation.mixed` defines it: for modules ``G``
+  that share an input ``h``, ``delta_G = ((h A_G^T) * M) B_G`` where ``A_G`` stacks the used members' ``A`` of
+  every module in ``G`` (``[sum_m P r, d_in]``), ``M`` keeps for row ``i`` only its member's ``r`` columns times
+  that member's scaling, and ``B_G`` is block-diagonal (module ``m``'s ``B^T`` in its rows and output columns):
+  each block is added to its module's output columns in place (``addmm_``), so the zero blocks are never read;
+* **rotary embeddings** from the model's own rotary module (so any rope scaling it implements), applied to ``q``
+  and ``k`` as ``x cos + rotate_half(x) sin``; the new key and value are written into the loop's cache;
+* **attention of one query per row** by two batched matmuls over the GQA groups (``g = H / H_kv`` query heads
+  share a key/value head): ``s = q_g K^T / sqrt(d_head) + bias`` (``bias`` = -inf at left padding),
+  ``p = softmax(s)`` in float32, ``o = p V``;
+* ``x <- x + o W_o^T``, then ``x <- x + down(silu(gate) * up)``; after the last layer the final norm and the LM
+  head (stored transposed) give the logits.
+
+The values are those of HF's forward up to the order of float sums (stacked GEMMs, the weight layout, the
+attention kernel): the tests hold the logits within a stated tolerance of HF's and greedy tokens equal; a
+sampled token can flip between near-equal candidates, as with the loop's other levers. Models it does not
+cover (another architecture, an activation other than SiLU, a device other than the CPU) fall back to HF's
+forward (:func:`fused_unsupported` says why).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["FusedDecoder", "fused_decoder", "fused_unsupported"]
+
+_ARCHS = ("llama", "qwen2")
+_ATTN = ("q_proj", "k_proj", "v_proj")
+_MLP = ("gate_proj", "up_proj")
+
+
+def fused_unsupported(model: nn.Module) -> str | None:
+    """Why the fused step cannot serve this HF causal LM (``None``: it can)."""
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "model_type", None) not in _ARCHS:
+        return f"architecture {getattr(cfg, 'model_type', None)!r} (fused decode covers {', '.join(_ARCHS)})"
+    if getattr(cfg, "hidden_act", None) != "silu":
+        return f"activation {cfg.hidden_act!r} (fused decode covers silu)"
+    if getattr(cfg, "pretraining_tp", 1) != 1:
+        return "pretraining_tp > 1"
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        return f"device {device.type} (fused decode is a CPU path)"
+    return None
+
+
+def _base(module: nn.Module) -> nn.Linear:
+    """The frozen ``nn.Linear`` of a (possibly PEFT-wrapped) projection."""
+    return getattr(module, "base_layer", module)
+
+
+def _stack_t(modules: Sequence[nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[W_1; W_2; ...]^T`` contiguous (``[in, sum out]``) and the stacked bias (zeros where a module has none;
+    ``None`` if none has one)."""
+    weights = [_base(m).weight.detach() for m in modules]
+    stacked = torch.cat(weights, dim=0).t().contiguous()
+    biases = [_base(m).bias for m in modules]
+    if all(b is None for b in biases):
+        return stacked, None
+    return stacked, torch.cat([b.detach() if b is not None else w.new_zeros(w.shape[0])
+                               for b, w in zip(biases, weights, strict=True)])
+
+
+@dataclass
+class _Lora:
+    """One module group's LoRA for the bound rows: ``low = (h @ a_t) * mask``, then each module's block of
+    ``low`` times its ``B^T`` added to its columns of the output (the block-diagonal ``B_G`` of the module
+    docstring, without reading its zero blocks)."""
+
+    a_t: torch.Tensor  # [d_in, sum P r]
+    mask: torch.Tensor  # [rows, sum P r]
+    blocks: list[tuple[int, int, int, int, torch.Tensor]]  # (low from, low to, out from, out to, B^T)
+
+    def add_to(self, out: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        low = (h.to(self.a_t.dtype) @ self.a_t).mul_(self.mask)
+        for lo, hi, c0, c1, b_t in self.blocks:
+            if out.dtype == b_t.dtype:
+                out[:, c0:c1].addmm_(low[:, lo:hi], b_t)
+            else:
+                out[:, c0:c1] += (low[:, lo:hi] @ b_t).to(out.dtype)
+        return out
+
+
+def _group_lora(modules: Sequence[nn.Module]) -> _Lora | None:
+    """The group's LoRA as patched by ``LoRAPopulation.mixed`` (``None``: no member adapter is in use). Raises
+    ``RuntimeError`` for a PEFT LoRA module with an active adapter that ``mixed`` did not patch."""
+    a_rows: list[torch.Tensor] = []
+    masks: list[torch.Tensor] = []
+    blocks: list[tuple[int, int, int, int, torch.Tensor]] = []
+    width = col = 0
+    for m in modules:
+        out = _base(m).out_features
+        patched = m.__dict__.get("forward")
+        if patched is not None and hasattr(patched, "a_cat"):
+            a_rows.append(patched.a_cat)
+            masks.append(patched.mask.reshape(patched.mask.shape[0], -1))
+            n = patched.a_cat.shape[0]
+            blocks.append((width, width + n, col, col + out, patched.b_cat.t().contiguous()))
+            width += n
+        elif hasattr(m, "lora_A") and not getattr(m, "disable_adapters", True) and not getattr(m, "merged", False):
+            raise RuntimeError("fused decode runs inside LoRAPopulation.mixed() (or with adapters disabled)")
+        col += out
+    if not a_rows:
+        return None
+    return _Lora(torch.cat(a_rows, dim=0).t().contiguous(), torch.cat(masks, dim=1), blocks)
+
+
+class _Layer:
+    """One decoder layer's stacked, transposed weights and its modules (for the LoRA bound per row set)."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        self.attn_modules = [getattr(attn, n) for n in _ATTN]
+        self.mlp_modules = [getattr(mlp, n) for n in _MLP]
+        self.o_module, self.down_module = attn.o_proj, mlp.down_proj
+        self.qkv_t, self.qkv_b = _stack_t(self.attn_modules)
+        self.o_t, self.o_b = _stack_t([self.o_module])
+        self.gu_t, self.gu_b = _stack_t(self.mlp_modules)
+        self.down_t, self.down_b = _stack_t([self.down_module])
+        self.ln1 = layer.input_layernorm
+        self.ln2 = layer.post_attention_layernorm
+        self.scaling = float(attn.scaling)
+        self.head_dim = int(attn.head_dim)
+        self.lora: dict[str, _Lora | None] = {}
+
+    def bind(self) -> None:
+        self.lora = {"qkv": _group_lora(self.attn_modules), "o": _group_lora([self.o_module]),
+                     "gu": _group_lora(self.mlp_modules), "down": _group_lora([self.down_module])}
+
+    def project(self, name: str, h: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None
+                ) -> torch.Tensor:
+        out = torch.addmm(bias, h, weight_t) if bias is not None else h @ weight_t
+        lora = self.lora.get(name)
+        return lora.add_to(out, h) if lora is not None else out
+
+
+def _rms(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """HF's RMSNorm: float32 statistics, the weight applied in the input's dtype."""
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
+    x32 = x.float()
+    return norm.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class FusedDecoder:
+    """The fused decode step of one HF Llama/Qwen2 causal LM (module docstring). It copies the frozen base
+    weights into the stacked, transposed layout (the base's size again in memory while it lives; get it through
+    :func:`fused_decoder`, which keeps one per model while its base weights are unchanged). :meth:`bind` it after
+    every entry into ``LoRAPopulation.mixed`` (the rows' members), then call :meth:`step` for each decode step."""
+
+    def __init__(self, model: nn.Module) -> None:
+        why = fused_unsupported(model)
+        if why is not None:
+            raise ValueError(f"fused decode cannot serve this model: {why}")
+        inner = model.model
+        with torch.no_grad():
+            self.layers = [_Layer(layer) for layer in inner.layers]
+            self.head_t, self.head_b = _stack_t([model.lm_head])
+        self.embed = inner.embed_tokens
+        self.norm = inner.norm
+        self.rotary = inner.rotary_emb
+        self.kv_heads = int(model.config.num_key_value_heads)
+        self.heads = int(model.config.num_attention_heads)
+        self.signature = _signature(model)
+
+    def bind(self) -> None:
+        """Read the LoRA of the rows now bound by ``LoRAPopulation.mixed`` (or none, with adapters disabled)."""
+        for layer in self.layers:
+            layer.bind()
+
+    @torch.no_grad()
+    def step(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache_layers: Sequence) -> torch.Tensor:
+        """Logits ``[B, vocab]`` of one new token per row: ``ids`` ``[B]``, their positions ``pos`` ``[B]``, the
+        2-D attention mask ``[B, length]`` over the cache after this token (1 = attend), and the loop's cache
+        layers (``update(k, v)`` appends one position and returns the filled keys and values)."""
+        x = self.embed(ids)
+        rows, d = x.shape[0], self.layers[0].head_dim
+        cos, sin = self.rotary(x[:, None, :], pos[:, None])
+        cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # [B, 1, 1, d]: over heads
+        bias = torch.zeros(mask.shape, dtype=torch.float32, device=x.device).masked_fill_(mask == 0, float("-inf"))
+        bias = bias[:, None, None, :]
+        nq, nkv = self.heads * d, self.kv_heads * d
+        for layer, cache in zip(self.layers, cache_layers, strict=True):
+            h = _rms(layer.ln1, x)
+            qkv = layer.project("qkv", h, layer.qkv_t, layer.qkv_b)
+            q = _rotate(qkv[:, None, :nq].view(rows, 1, self.heads, d), cos, sin)
+            k = _rotate(qkv[:, None, nq:nq + nkv].view(rows, 1, self.kv_heads, d), cos, sin)
+            v = qkv[:, nq + nkv:].view(rows, self.kv_heads, 1, d)
+            keys, values = cache.update(k.transpose(1, 2), v)  # [B, H_kv, length, d]
+            qg = q.view(rows, self.kv_heads, self.heads // self.kv_heads, d)
+            scores = torch.matmul(qg, keys.transpose(-1, -2)).float().mul_(layer.scaling).add_(bias)
+            attn = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
+            x = x + layer.project("o", attn.reshape(rows, nq), layer.o_t, layer.o_b)
+            h = _rms(layer.ln2, x)
+            gu = layer.project("gu", h, layer.gu_t, layer.gu_b)
+            half = gu.shape[-1] // 2
+            act = F.silu(gu[:, :half]).mul_(gu[:, half:])
+            x = x + layer.project("down", act, layer.down_t, layer.down_b)
+        h = _rms(self.norm, x)
+        return torch.addmm(self.head_b, h, self.head_t) if self.head_b is not None else h @ self.head_t
+
+
+def _signature(model: nn.Module) -> tuple:
+    """Identity, storage and in-place version of every base weight and bias the fused layout copies (the
+    projections of every layer and the LM head): a decoder built from other values than the model's current
+    ones is rebuilt."""
+    modules = [model.lm_head]
+    for layer in model.model.layers:
+        modules += [getattr(layer.self_attn, n) for n in (*_ATTN, "o_proj")]
+        modules += [getattr(layer.mlp, n) for n in (*_MLP, "down_proj")]
+    tensors = [t for m in modules for t in (_base(m).weight, _base(m).bias) if t is not None]
+    return tuple((id(t), t.data_ptr(), t._version) for t in tensors)
+
+
+_DECODERS: weakref.WeakKeyDictionary[nn.Module, FusedDecoder] = weakref.WeakKeyDictionary()
+
+
+def fused_decoder(model: nn.Module) -> FusedDecoder:
+    """The model's fused decoder, built on first use and kept (one per model) while the model's frozen weights
+    are the same tensors with the same values (:func:`_signature`); rebuilt otherwise. Copying the layout costs
+    ~0.5 s for SmolLM2-135M on one core, once instead of at every generation call."""
+    decoder = _DECODERS.get(model)
+    if decoder is None or decoder.signature != _signature(model):
+        _DECODERS.pop(model, None)
+        decoder = FusedDecoder(model)
+        _DECODERS[model] = decoder
+    return decoder
