@@ -33,7 +33,7 @@ from typing import Any, Literal
 from agents.models import RANDOM_PREFIX, random_shapes
 from agents.trainer import TrainerConfig
 from evolution.pbt import PBTConfig
-from populora_env.checks import check_choice, check_section
+from populora_env.checks import check_bool, check_choice, check_section
 from populora_env.config import ConfigError, EnvConfig, check, check_int, check_number
 from selfplay.distributed.config import RAY_INSTALL_HINT, RayConfig, ray_installed
 
@@ -72,14 +72,21 @@ class GenerationConfig:
     """Nucleus sampling threshold."""
     batch_size: int = 32
     """Rows per generate call (HF backend)."""
-    threads: int = 1
-    """torch CPU threads during generation (HF backend; 0 = torch's default). Decoding is memory-bound; the
-    populora command sets OMP_WAIT_POLICY=PASSIVE so that idle OpenMP threads sleep instead of spinning. On a
-    shared 2-core machine two threads were not faster than one (benchmarks/generation.py --throughput)."""
+    threads: int = 2
+    """torch CPU threads during generation (HF backend; 0 = torch's default, every core). The populora command
+    sets OMP_WAIT_POLICY=PASSIVE so that idle OpenMP threads sleep instead of spinning. Measured on 2 cores
+    (benchmarks/generation.py --throughput, 8 rows): quiet, 2 threads took prefill 0.58x and the decode step
+    0.83x of 1 thread's; with one core kept busy, 1.18x and 1.34x (set 1 on a shared machine). A fixed count
+    rather than every core: log-probs differ in the last bits between thread counts, so the same count gives
+    the same values on machines with more cores."""
     hf_engine: Literal["loop", "generate"] = "loop"
     """HF backend: 'loop' (the backend's own loop: each unique prompt prefilled once, finished rows leave the
     batch; agents.generation.decode) or 'generate' (one Hugging Face generate call per batch, the previous path).
     Same greedy tokens; the loop reorders some float sums, so a sampled token can differ."""
+    fused_decode: bool = True
+    """HF backend, 'loop' engine, CPU, Llama/Qwen2 models: decode steps through agents.generation.fused (stacked,
+    transposed projections, LoRA per row, attention of one query by two matmuls) instead of Hugging Face's
+    forward; false = HF's forward (logits within 1e-4, greedy tokens equal; a sampled token can differ)."""
     vllm_gpu_memory_utilization: float = 0.6
     """Fraction of GPU memory vLLM may take (vLLM backend)."""
     vllm_max_model_len: int = 4096
@@ -95,6 +102,7 @@ class GenerationConfig:
         check_number("top_p", self.top_p, low=0.0, high=1.0, low_open=True)
         check_int("batch_size", self.batch_size, 1, 1 << 20)
         check_int("threads", self.threads, 0, 4096)
+        check_bool("fused_decode", self.fused_decode)
         check_number("vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization, low=0.0, high=1.0,
                      low_open=True)
         check_int("vllm_max_model_len", self.vllm_max_model_len, 16, 1 << 24)
