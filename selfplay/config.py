@@ -84,7 +84,7 @@ class GenerationConfig:
     batch; agents.generation.decode) or 'generate' (one Hugging Face generate call per batch, the previous path).
     Same greedy tokens; the loop reorders some float sums, so a sampled token can differ."""
     fused_decode: bool = True
-    """HF backend, 'loop' engine, CPU, Llama/Qwen2 models: decode steps through agents.generation.fused (stacked,
+    """HF backend, 'loop' engine, CPU, float32 Llama/Qwen2 models: decode steps through agents.generation.fused (stacked,
     transposed projections, LoRA per row, attention of one query by two matmuls) instead of Hugging Face's
     forward; false = HF's forward (logits within 1e-4, greedy tokens equal; a sampled token can differ)."""
     vllm_gpu_memory_utilization: float = 0.6

@@ -288,7 +288,7 @@ class HFGenerator:
             (:mod:`agents.generation.layout`). Off by default: 1.7-2.4x faster single matmuls did not make whole
             decode steps faster (median step 313 vs 296 ms, students 16x80, benchmarks/generation.py
             --throughput), and it makes a row's sums depend on the batch size.
-        fused_decode: (loop, CPU, Llama/Qwen2) decode steps through :class:`agents.generation.fused.FusedDecoder`
+        fused_decode: (loop, CPU, float32 Llama/Qwen2) decode steps through :class:`agents.generation.fused.FusedDecoder`
             instead of HF's forward (other models keep HF's forward).
         With the loop and the five levers off, tokens and log-probs are those of ``engine="generate"`` bit for
         bit; each lever reorders some float sums (:mod:`agents.generation.decode`).

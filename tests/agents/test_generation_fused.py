@@ -162,6 +162,9 @@ def test_unsupported_models_keep_hf_forward_bit_for_bit(population, tiny_tokeniz
     assert _key(fallback) == _key(plain) and [c.logprobs for c in fallback] == [c.logprobs for c in plain]
     with pytest.raises(ValueError, match="activation 'gelu'"):
         FusedDecoder(model)
+    half = copy.deepcopy(pop.model.base_model.model).to(torch.bfloat16)
+    half.config.hidden_act = "silu"
+    assert "dtype bfloat16" in fused_unsupported(half)
     bad = copy.copy(model.config)
     bad.model_type = "gpt2"
     assert "architecture 'gpt2'" in fused_unsupported(type("M", (), {"config": bad})())
