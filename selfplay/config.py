@@ -92,6 +92,14 @@ class GenerationConfig:
     vllm_max_model_len: int = 4096
     """Maximum sequence length of the vLLM engine (vLLM backend)."""
 
+    def generator_kwargs(self, model: str) -> dict[str, Any]:
+        """The keyword arguments of ``agents.generation.make_generator`` for this backend (the local loop and
+        the Ray engines build their generator from the same settings); ``model`` is the run's model path."""
+        if self.backend == "hf":
+            return {"batch_size": self.batch_size, "engine": self.hf_engine, "fused_decode": self.fused_decode}
+        return {"model_path": model, "gpu_memory_utilization": self.vllm_gpu_memory_utilization,
+                "max_model_len": self.vllm_max_model_len}
+
     def validate(self) -> None:
         """Check every setting; raise :class:`ConfigError` naming the first bad field."""
         check_choice("backend", self.backend, ("hf", "vllm"))

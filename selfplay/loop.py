@@ -125,11 +125,8 @@ class SelfPlayLoop:
             self.population = LoRAPopulation(base, self.mapping.members, rank=cfg.rank, alpha=cfg.alpha,
                                              target_modules=cfg.target_modules, seed=cfg.seed)
             g = cfg.generation
-            gen_kw: dict[str, Any] = {"batch_size": g.batch_size, "engine": g.hf_engine,
-                                      "fused_decode": g.fused_decode} if g.backend == "hf" else {
-                "model_path": cfg.model, "gpu_memory_utilization": g.vllm_gpu_memory_utilization,
-                "max_model_len": g.vllm_max_model_len}
-            self.generator = make_generator(g.backend, self.population, self.tokenizer, **gen_kw)
+            self.generator = make_generator(g.backend, self.population, self.tokenizer,
+                                            **g.generator_kwargs(cfg.model))
             self.trainer = PolicyGradientTrainer(self.population, cfg.trainer)
         evolve = cfg.evolution and any(len(ms) >= 2 for ms in self.mapping.roles.values())
         pbt_cfg = dataclasses.replace(cfg.pbt, seed=cfg.seed + cfg.pbt.seed)  # one seed drives the run

@@ -66,10 +66,7 @@ class Engine:
                                          target_modules=cfg.target_modules, seed=cfg.seed)
         g = cfg.generation
         self.backend = g.backend
-        kw: dict[str, Any] = {"batch_size": g.batch_size, "engine": g.hf_engine} if g.backend == "hf" else {
-            "model_path": cfg.model, "gpu_memory_utilization": g.vllm_gpu_memory_utilization,
-            "max_model_len": g.vllm_max_model_len}
-        self.generator = make_generator(g.backend, self.population, tokenizer, **kw)
+        self.generator = make_generator(g.backend, self.population, tokenizer, **g.generator_kwargs(cfg.model))
         self.versions = {m: 0 for m in members}
         self._plan: tuple[int, list, list[list[int]]] | None = None
 
