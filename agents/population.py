@@ -48,7 +48,7 @@ BASE_ADAPTER = "__base__"  # the row label PEFT uses for "adapters disabled" in 
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*$")
 
-__all__ = ["DEFAULT_TARGET_MODULES", "LoRAPopulation", "member_seed", "randomize_member"]
+__all__ = ["DEFAULT_TARGET_MODULES", "LoRAPopulation", "member_seed", "mixed_factors", "randomize_member"]
 
 
 def member_seed(seed: int, name: str) -> int:
@@ -622,3 +622,19 @@ class _MixedForward:
         h = torch.nn.functional.linear(x.to(self.a_cat.dtype), self.a_cat)
         mask = self.mask if h.dim() == 3 else self.mask.view(self.mask.shape[0], -1)
         return result + torch.nn.functional.linear(h * mask, self.b_cat).to(result.dtype)
+
+
+def mixed_factors(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """What :meth:`LoRAPopulation.mixed` bound to one LoRA module: ``(A_cat [P*r, in], B_cat [out, P*r],
+    mask [rows, P*r])`` (its forward adds ``((x A_cat^T) * mask) B_cat^T`` to the base output), or ``None``
+    where no member adapter is applied: a plain module, or adapters disabled or merged. Raises
+    ``RuntimeError`` for a LoRA module with an active adapter that ``mixed`` did not patch (outside ``mixed``,
+    a caller reading the factors would silently drop that adapter)."""
+    patched = module.__dict__.get("forward")
+    if isinstance(patched, _MixedForward):
+        return patched.a_cat, patched.b_cat, patched.mask.reshape(patched.mask.shape[0], -1)
+    if hasattr(module, "lora_A") and not getattr(module, "disable_adapters", True) \
+            and not getattr(module, "merged", False):
+        raise RuntimeError("an active LoRA adapter outside LoRAPopulation.mixed(): read the factors inside "
+                           "LoRAPopulation.mixed() (or with adapters disabled)")
+    return None

@@ -41,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agents.population import mixed_factors
+
 __all__ = ["FusedDecoder", "fused_decoder", "fused_unsupported"]
 
 _ARCHS = ("llama", "qwen2")
@@ -104,45 +106,47 @@ class _Lora:
 
 
 def _group_lora(modules: Sequence[nn.Module]) -> _Lora | None:
-    """The group's LoRA as patched by ``LoRAPopulation.mixed`` (``None``: no member adapter is in use). Raises
-    ``RuntimeError`` for a PEFT LoRA module with an active adapter that ``mixed`` did not patch."""
+    """The group's LoRA as bound by ``LoRAPopulation.mixed`` (``None``: no member adapter is in use; raises
+    ``RuntimeError`` for an active adapter outside ``mixed``, :func:`agents.population.mixed_factors`)."""
     a_rows: list[torch.Tensor] = []
     masks: list[torch.Tensor] = []
     blocks: list[tuple[int, int, int, int, torch.Tensor]] = []
     width = col = 0
     for m in modules:
         out = _base(m).out_features
-        patched = m.__dict__.get("forward")
-        if patched is not None and hasattr(patched, "a_cat"):
-            a_rows.append(patched.a_cat)
-            masks.append(patched.mask.reshape(patched.mask.shape[0], -1))
-            n = patched.a_cat.shape[0]
-            blocks.append((width, width + n, col, col + out, patched.b_cat.t().contiguous()))
-            width += n
-        elif hasattr(m, "lora_A") and not getattr(m, "disable_adapters", True) and not getattr(m, "merged", False):
-            raise RuntimeError("fused decode runs inside LoRAPopulation.mixed() (or with adapters disabled)")
+        factors = mixed_factors(m)
+        if factors is not None:
+            a_cat, b_cat, mask = factors
+            a_rows.append(a_cat)
+            masks.append(mask)
+            blocks.append((width, width + a_cat.shape[0], col, col + out, b_cat.t().contiguous()))
+            width += a_cat.shape[0]
         col += out
     if not a_rows:
         return None
     return _Lora(torch.cat(a_rows, dim=0).t().contiguous(), torch.cat(masks, dim=1), blocks)
 
 
+def _projections(layer: nn.Module) -> tuple[list[nn.Module], nn.Module, list[nn.Module], nn.Module]:
+    """A decoder layer's projections as the fused step groups them: ``[q, k, v]``, ``o``, ``[gate, up]``,
+    ``down``."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return [getattr(attn, n) for n in _ATTN], attn.o_proj, [getattr(mlp, n) for n in _MLP], mlp.down_proj
+
+
 class _Layer:
     """One decoder layer's stacked, transposed weights and its modules (for the LoRA bound per row set)."""
 
     def __init__(self, layer: nn.Module) -> None:
-        attn, mlp = layer.self_attn, layer.mlp
-        self.attn_modules = [getattr(attn, n) for n in _ATTN]
-        self.mlp_modules = [getattr(mlp, n) for n in _MLP]
-        self.o_module, self.down_module = attn.o_proj, mlp.down_proj
+        self.attn_modules, self.o_module, self.mlp_modules, self.down_module = _projections(layer)
         self.qkv_t, self.qkv_b = _stack_t(self.attn_modules)
         self.o_t, self.o_b = _stack_t([self.o_module])
         self.gu_t, self.gu_b = _stack_t(self.mlp_modules)
         self.down_t, self.down_b = _stack_t([self.down_module])
         self.ln1 = layer.input_layernorm
         self.ln2 = layer.post_attention_layernorm
-        self.scaling = float(attn.scaling)
-        self.head_dim = int(attn.head_dim)
+        self.scaling = float(layer.self_attn.scaling)
+        self.head_dim = int(layer.self_attn.head_dim)
         self.lora: dict[str, _Lora | None] = {}
 
     def bind(self) -> None:
@@ -233,8 +237,8 @@ def _signature(model: nn.Module) -> tuple:
     ones is rebuilt."""
     modules = [model.lm_head]
     for layer in model.model.layers:
-        modules += [getattr(layer.self_attn, n) for n in (*_ATTN, "o_proj")]
-        modules += [getattr(layer.mlp, n) for n in (*_MLP, "down_proj")]
+        qkv, o, gate_up, down = _projections(layer)
+        modules += [*qkv, o, *gate_up, down]
     tensors = [t for m in modules for t in (_base(m).weight, _base(m).bias) if t is not None]
     return tuple((id(t), t.data_ptr(), t._version) for t in tensors)
 

@@ -1,7 +1,8 @@
 """Hugging Face backend: mixed-adapter batches in one prefill + decode loop (or one HF ``generate`` call), on any
 device. ``engine="loop"`` (the default; a run's ``generation.hf_engine``) is the backend's own loop
-(:mod:`agents.generation.decode`): it prefills each unique prompt once (optionally unpadded, optionally decoding
-with transposed weights on CPU) and drops finished rows; ``engine="generate"`` is one HF ``generate`` call per
+(:mod:`agents.generation.decode`): it prefills each unique prompt once (optionally unpadded), drops finished rows
+and, for float32 Llama/Qwen2 models on CPU, runs its decode steps through :mod:`agents.generation.fused`;
+``engine="generate"`` is one HF ``generate`` call per
 batch (the previous path). On the main job (quiet 2 cores, 3 steps side by side) the loop's generation took 0.73x
 the time of ``generate``'s, with byte-identical adapters and equal logged values; its levers reorder some float
 sums, so a sampled token may flip where two candidates are within rounding of each other.
@@ -28,9 +29,9 @@ Guarantees:
   unpadded prompt ids (chat template and response prefix applied, :func:`encode_prompt`).
 * Sample ``k`` of a request with ``seed=s`` draws from a generator seeded with a hash of ``(s, k)``, so it
   does not depend on the other requests in the call, their order or ``batch_size``, up to float rounding of
-  batched matmuls (which can flip a draw or an argmax between near-equal tokens; with
-  ``transposed_decode`` or ``fused_decode`` the decode matmuls' sums can depend on the batch size, so a row's tokens can depend on
-  its chunk, still identically run to run). Requests with
+  batched matmuls (which can flip a draw or an argmax between near-equal tokens; with ``transposed_decode`` or
+  ``fused_decode`` the decode matmuls' sums can depend on the batch size, so a row's tokens can depend on its
+  chunk, still identically run to run). Requests with
   ``seed=None`` take seeds from the backend's own RNG (seeded by ``seed=`` at construction): the same
   sequence of calls on a fresh backend gives the same outputs. Greedy (``temperature == 0``) is seed-free.
 """
@@ -276,7 +277,7 @@ class HFGenerator:
             option for ablations, not a default). ``torch.compile`` stays off in every case. Used by
             ``engine="generate"`` only (the loop has its own preallocated, row-selectable cache).
         engine: ``"loop"`` (default): the backend's own prefill + decode loop (:mod:`agents.generation.decode`)
-            with the four levers below (a run's ``generation.hf_engine``); ``"generate"``: HF ``generate``. The loop needs
+            with the five levers below (a run's ``generation.hf_engine``); ``"generate"``: HF ``generate``. The loop needs
             ``lora_impl="fused"`` and full-attention cache layers; otherwise ``generate`` is used.
         share_prompts: (loop) prefill each unique (adapter, prompt) once and copy its keys/values to its
             ``n`` samples' rows.
@@ -288,8 +289,8 @@ class HFGenerator:
             (:mod:`agents.generation.layout`). Off by default: 1.7-2.4x faster single matmuls did not make whole
             decode steps faster (median step 313 vs 296 ms, students 16x80, benchmarks/generation.py
             --throughput), and it makes a row's sums depend on the batch size.
-        fused_decode: (loop, CPU, float32 Llama/Qwen2) decode steps through :class:`agents.generation.fused.FusedDecoder`
-            instead of HF's forward (other models keep HF's forward).
+        fused_decode: (loop, CPU, float32 Llama/Qwen2) decode steps through
+            :class:`agents.generation.fused.FusedDecoder` instead of HF's forward (other models keep HF's forward).
         With the loop and the five levers off, tokens and log-probs are those of ``engine="generate"`` bit for
         bit; each lever reorders some float sums (:mod:`agents.generation.decode`).
     """
