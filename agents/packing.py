@@ -59,6 +59,14 @@ class PackedRows:
             predicted by column ``completion_start + t - 1``).
         tokens: ``R * L``, the token slots the forward pass processes (padding included).
         real_tokens: the non-padding tokens among them.
+        blocks: per packed row, its query blocks ``(start, end, ancestors)`` in column order, covering the
+            row's real tokens: the tokens of columns ``start .. end-1`` see the columns of every
+            ``(a, b)`` range in ``ancestors`` and, causally, their own block (column ``q`` sees ``start .. q``).
+            The same visibility as ``attention_mask`` in a form that costs no ``L x L`` work
+            (``agents.tree_attention``); a row's columns from ``pad_start[r]`` on are padding.
+        pad_start: ``[R]`` list, the first padding column of each row (``L`` when the row is full).
+        prompt_ranges: per rollout, the column ranges (in its row, in position order) holding its prompt's
+            tokens: the key/value columns a decode cache of that prompt gathers (``agents.generation``).
     """
 
     input_ids: Tensor
@@ -69,6 +77,9 @@ class PackedRows:
     completion_start: Tensor
     tokens: int
     real_tokens: int
+    blocks: list[list[tuple[int, int, tuple[tuple[int, int], ...]]]]
+    pad_start: list[int]
+    prompt_ranges: list[tuple[tuple[int, int], ...]]
 
     def predictor_index(self, b_idx: Tensor, t_idx: Tensor) -> tuple[Tensor, Tensor]:
         """``(rows, cols)`` of the hidden states that predict completion token ``t_idx`` of rollout ``b_idx``."""
@@ -180,6 +191,21 @@ def pack_prefix_shared(
     plast = [0] * n
     cstart = [0] * n
     real = 0
+    blocks: list[list[tuple[int, int, tuple[tuple[int, int], ...]]]] = [[] for _ in range(R)]
+    pad_start = [L] * R
+    prompt_ranges: list[tuple[tuple[int, int], ...]] = [()] * n
+
+    def add_block(r: int, start: int, end: int, anc: tuple[tuple[int, int], ...]) -> None:
+        """Append a query block; a block that continues the previous one below it (its ancestors are the
+        previous block's plus the previous block itself) merges into it: one causal run, same visibility."""
+        if end <= start:
+            return
+        if blocks[r]:
+            s0, e0, a0 = blocks[r][-1]
+            if e0 == start and anc == (*a0, (s0, e0)):
+                blocks[r][-1] = (s0, end, a0)
+                return
+        blocks[r].append((start, end, anc))
 
     def new_node(parent: int) -> int:
         parents.append(parent)
@@ -187,26 +213,31 @@ def pack_prefix_shared(
 
     for r, segs in enumerate(rows):
         col = 0
-        stack = [(trees[s], -1) for s in reversed(segs)]
+        stack: list[tuple[_Node, int, tuple[tuple[int, int], ...]]] = [(trees[s], -1, ()) for s in reversed(segs)]
         while stack:  # depth-first; every token's column is fixed here, order is free (the mask decides)
-            node, parent = stack.pop()
+            node, parent, anc = stack.pop()
             nid = new_node(parent)
             k = len(node.tokens)
             ids[r, col : col + k] = torch.tensor(node.tokens, dtype=torch.long)
             pos[r, col : col + k] = torch.arange(node.start, node.start + k)
             node_of[r, col : col + k] = nid
+            add_block(r, col, col + k, anc)
+            path = (*anc, (col, col + k))  # what a token below this node sees above it
             last, P = col + k - 1, node.start + k
             col += k
             for i in node.ends:  # each completion: a leaf under the node its prompt ends in
                 c = completions[i]
                 row_of[i], plast[i], cstart[i] = r, last, col
+                prompt_ranges[i] = path
                 if c:
                     ids[r, col : col + len(c)] = torch.tensor(list(c), dtype=torch.long)
                     pos[r, col : col + len(c)] = torch.arange(P, P + len(c))
                     node_of[r, col : col + len(c)] = new_node(nid)
+                    add_block(r, col, col + len(c), path)
                 col += len(c)
-            stack.extend((child, nid) for child in reversed(node.children))
+            stack.extend((child, nid, path) for child in reversed(node.children))
         real += col
+        pad_start[r] = col
 
     # ancestor-or-self relation between nodes, plus one row/column for padding (related to nothing)
     N = len(parents)
@@ -230,4 +261,7 @@ def pack_prefix_shared(
         completion_start=torch.tensor(cstart, dtype=torch.long, device=device),
         tokens=R * L,
         real_tokens=real,
+        blocks=blocks,
+        pad_start=pad_start,
+        prompt_ranges=prompt_ranges,
     )

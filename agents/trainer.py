@@ -20,7 +20,10 @@ aggregated, minus ``entropy_coef`` * entropy, plus ``kl_coef`` * KL (KL-as-loss 
 Behaviour log-probs (the rho denominator): with one optimizer step per batch (``epochs == 1`` and one
 mini-batch) the policy being trained IS the policy that sampled (on-policy), so the trainer uses the detached
 log-probs of the same forward pass: rho == 1, clipping inert, exactly AZR's update. With several steps it
-computes the log-probs of the policy before the first step in a no-grad pass. ``use_behaviour_logprobs=True``
+needs the log-probs of the policy before the first step: the first mini-batch's come from its own first
+forward pass (detached: nothing has stepped yet, so rho == 1 there exactly), every other mini-batch's from a
+no-grad pass before the first step, laid out as that mini-batch's steps lay it out (the same micro-batches);
+with the KL-in-reward term, which needs them for the advantages, all of them come from that no-grad pass. ``use_behaviour_logprobs=True``
 uses ``Rollout.logprobs`` (the generator's, e.g. vLLM's) instead, which also corrects generator/trainer
 numerical mismatch.
 
@@ -44,6 +47,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Hashable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -56,13 +60,15 @@ from agents.losses import KL_ESTIMATORS, kl_penalty, list_loss_aggs, policy_loss
 from agents.nonfinite import finite_update
 from agents.packing import pack_prefix_shared
 from agents.rollout import Rollout
+from agents.tree_attention import TREE_ATTENTION, tree_attention
 from agents.weighting import ROLE_WEIGHTINGS, role_loss_weights
 from populora_env.checks import check, check_bool, check_choice, check_int, check_number, shown
 
-__all__ = ["TrainerConfig", "PolicyGradientTrainer", "KL_MODES", "PACKINGS"]
+__all__ = ["TrainerConfig", "PolicyGradientTrainer", "KL_MODES", "PACKINGS", "PACKED_ATTENTIONS"]
 
 KL_MODES = ("off", "reward", "loss")
 PACKINGS = ("prefix", "none")
+PACKED_ATTENTIONS = ("tree", "mask")
 
 
 @dataclass
@@ -131,6 +137,11 @@ class TrainerConfig:
     summation order). "none": one right-padded row per rollout (the layout before packing; for equality
     tests and ablations). Models whose attention takes no 4D mask (flash-attention kernels) use "none"
     whatever this says."""
+    packed_attention: Literal["tree", "mask"] = "tree"
+    """How the prefix-shared layout's attention runs. "tree": per query block over its ancestor columns only
+    (``agents.tree_attention``: the pairs the tree mask forbids are never computed); "mask": one dense SDPA
+    call with the L x L additive mask (the computation before tree attention; for equality tests and
+    ablations). The same values up to float summation order."""
     skip_zero_advantage: bool = True
     """When every advantage of the batch is zero and the loss has no other term (entropy_coef == 0,
     kl_mode == "off"), the gradient is exactly zero: skip the forward/backward passes and step the optimizer
@@ -180,6 +191,7 @@ class TrainerConfig:
         check_choice("role_weighting", self.role_weighting, ROLE_WEIGHTINGS)
         check_int("max_nonfinite_updates", self.max_nonfinite_updates, 1, 1 << 20)
         check_choice("packing", self.packing, PACKINGS)
+        check_choice("packed_attention", self.packed_attention, PACKED_ATTENTIONS)
 
     @property
     def resolved_kl_estimator(self) -> str:
@@ -209,6 +221,7 @@ class _Targets:
 
     adv: Tensor  # [B, Tc] advantages, zero on padding
     old_lp: Tensor | None  # [B, Tc] behaviour log-probs; None: each forward's own, detached (on-policy)
+    old_pending: set[int]  # rows of old_lp that their first grad forward fills (the first mini-batch's)
     ref_lp: Tensor | None  # [B, Tc] log-probs of the base (adapters disabled); None with kl_mode == "off"
     role_w: Tensor | None  # [B, Tc] per-token loss weights of a mixed-role batch; None: plain aggregation
     role_rows: dict[str, Tensor]  # role -> [B] float indicator of its rows (empty without meta roles)
@@ -257,12 +270,21 @@ class PolicyGradientTrainer:
     def _device(self) -> torch.device:
         return next(self.population.model.parameters()).device
 
-    def _hidden(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor | None = None) -> Tensor:
+    def _hidden(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor | None = None,
+                **kwargs) -> Tensor:
+        """The decoder's last hidden states; ``kwargs`` go to the decoder's forward (and from there to every
+        attention call: the tree blocks of a packed layout)."""
         lm = self._causal_lm
         backbone = lm.get_decoder() if hasattr(lm, "get_decoder") else lm.model
-        kwargs = {} if position_ids is None else {"position_ids": position_ids}
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids
         out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs)
         return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+    @property
+    def _tree(self) -> bool:
+        """Packed forwards run :mod:`agents.tree_attention` (``packed_attention == "tree"``)."""
+        return self.packs_prefix and self.config.packed_attention == "tree"
 
     @property
     def packs_prefix(self) -> bool:
@@ -271,7 +293,7 @@ class PolicyGradientTrainer:
         if self.config.packing != "prefix":
             return False
         impl = getattr(getattr(self._causal_lm, "config", None), "_attn_implementation", None)
-        return impl in (None, "eager", "sdpa")
+        return impl in (None, "eager", "sdpa", TREE_ATTENTION)
 
     def _logits(self, h: Tensor) -> Tensor:
         lm = self._causal_lm
@@ -321,7 +343,8 @@ class PolicyGradientTrainer:
                 dtype=self._dtype,
                 device=device,
             )
-            hidden = self._hidden(packed.input_ids, packed.attention_mask, packed.position_ids)
+            tree = {"tree_blocks": packed.blocks, "tree_pad_start": packed.pad_start} if self._tree else {}
+            hidden = self._hidden(packed.input_ids, packed.attention_mask, packed.position_ids, **tree)
             h_sel = hidden[packed.predictor_index(b_idx, t_idx)]
             self.forward_tokens += packed.tokens
         else:
@@ -372,9 +395,14 @@ class PolicyGradientTrainer:
         return [order[k : k + mb] for k in range(0, len(order), mb)]
 
     @torch.no_grad()
-    def _logprobs_no_grad(self, batch: _Batch, reference: bool) -> Tensor:
+    def _logprobs_no_grad(self, batch: _Batch, reference: bool, minis: Sequence[Sequence[int]] | None = None
+                          ) -> Tensor:
+        """Log-probs of ``batch`` without grad: of the base (``reference``) or the active member; over the
+        whole batch's micro-batches, or over those of each mini-batch in ``minis`` (rows outside stay 0)."""
         out = torch.zeros_like(batch.mask)
-        for rows in self._micro_batches(batch):
+        micros = [m for rows in minis for m in self._micro_batches(batch, rows)] if minis is not None else (
+            self._micro_batches(batch))
+        for rows in micros:
             if reference:
                 with self.population.disabled():
                     lp, _ = self._forward(batch, rows)
@@ -428,8 +456,10 @@ class PolicyGradientTrainer:
         if cfg.gradient_checkpointing and not _checkpointing_on(self._causal_lm):
             _enable_checkpointing(self._causal_lm)
         model.train()
+        # tree attention for the whole update: checkpointing's recomputation in backward runs it too
+        attention = tree_attention(self._causal_lm) if self._tree else nullcontext()
         try:
-            with self.population.activate(member):
+            with self.population.activate(member), attention:
                 metrics = self._update(member, rollouts, batch, rewards, groups)
         finally:
             model.train(was_training)
@@ -513,13 +543,13 @@ class PolicyGradientTrainer:
         if self._skips_zero_advantage:
             adv = self._advantages(rollouts, batch, rewards, groups, token_rewards=None)
             zero_gradient = not bool((adv != 0).any())
-        old_lp, ref_lp = self._fixed_logprobs(rollouts, batch, n_steps, zero_gradient)
+        old_lp, pending, ref_lp = self._fixed_logprobs(rollouts, batch, n_steps, mini, zero_gradient)
         if adv is None:
             token_rewards = self._kl_token_rewards(batch, old_lp, ref_lp)
             adv = self._advantages(rollouts, batch, rewards, groups, token_rewards=token_rewards)
         role_w = role_loss_weights(_roles(rollouts), batch.mask, cfg.role_weighting, cfg.loss_agg_mode, mini)
         norm_len = float(cfg.norm_len or batch.mask.shape[1])
-        return _Targets(adv, old_lp, ref_lp, role_w, _role_rows(rollouts), norm_len)
+        return _Targets(adv, old_lp, pending, ref_lp, role_w, _role_rows(rollouts), norm_len)
 
     def _advantages(
         self,
@@ -543,19 +573,25 @@ class PolicyGradientTrainer:
         return adv.to(torch.float32) * batch.mask
 
     def _fixed_logprobs(
-        self, rollouts: list[Rollout], batch: _Batch, n_steps: int, zero_gradient: bool
-    ) -> tuple[Tensor | None, Tensor | None]:
-        """``(old_lp, ref_lp)``, ``[B, Tc]`` each or None: the behaviour log-probs (the ratio denominator;
-        None: on-policy, each forward's own detached log-probs) and the reference (base) log-probs (None
-        with ``kl_mode == "off"``)."""
+        self, rollouts: list[Rollout], batch: _Batch, n_steps: int, mini: int, zero_gradient: bool
+    ) -> tuple[Tensor | None, set[int], Tensor | None]:
+        """``(old_lp, pending, ref_lp)``: the behaviour log-probs ``[B, Tc]`` (the ratio denominator; None:
+        on-policy, each forward's own detached log-probs), the rows of ``old_lp`` left for the first mini-batch's
+        own forward to fill (module docstring), and the reference (base) log-probs (None with
+        ``kl_mode == "off"``)."""
         cfg = self.config
         old_lp: Tensor | None = None
+        pending: set[int] = set()
         if cfg.use_behaviour_logprobs:
             old_lp = self._behaviour_logprobs(rollouts, batch)
-        elif (n_steps > 1 or cfg.kl_mode == "reward") and not zero_gradient:
+        elif cfg.kl_mode == "reward" and not zero_gradient:  # the advantages need every row's now
             old_lp = self._logprobs_no_grad(batch, reference=False)
+        elif n_steps > 1 and not zero_gradient:
+            minis = [list(range(s, min(batch.size, s + mini))) for s in range(0, batch.size, mini)]
+            pending = set(minis[0])
+            old_lp = self._logprobs_no_grad(batch, reference=False, minis=minis[1:])
         ref_lp = self._logprobs_no_grad(batch, reference=True) if cfg.kl_mode != "off" else None
-        return old_lp, ref_lp
+        return old_lp, pending, ref_lp
 
     def _kl_token_rewards(self, batch: _Batch, old_lp: Tensor | None, ref_lp: Tensor | None) -> Tensor | None:
         """The KL-in-reward term ``-beta * KL_est(lp_behaviour - lp_ref)`` per token (``kl_mode == "reward"``),
@@ -617,6 +653,12 @@ class PolicyGradientTrainer:
         device = self._device
         kl_loss = cfg.kl_mode == "loss"
         lp, ent = self._forward(batch, rows, ent_grad=cfg.entropy_coef != 0.0)
+        fresh = [j for j, i in enumerate(rows) if i in targets.old_pending]
+        if fresh:  # the first forward of the first mini-batch: its log-probs ARE the pre-step policy's
+            assert targets.old_lp is not None
+            now = [rows[j] for j in fresh]
+            targets.old_lp[now] = lp.detach()[fresh].to(targets.old_lp.device)
+            targets.old_pending.difference_update(now)
         m = batch.mask[rows].to(device)
         ref_lp = None if targets.ref_lp is None else targets.ref_lp[rows].to(device)
         out = policy_loss(

@@ -1,0 +1,138 @@
+"""Tree attention over the prefix-shared packed layout (``agents.tree_attention``, ``PackedRows.blocks``,
+``TrainerConfig.packed_attention``): the blocks describe exactly the tree mask, the attention equals SDPA
+with that mask (values and gradients), and the trainer runs it by default with the mask's gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import agents.tree_attention as ta
+from agents.packing import pack_prefix_shared
+from agents.trainer import PolicyGradientTrainer, TrainerConfig
+from tests.agents.test_packing import assert_close_grads, shared_rollouts
+from tests.agents.test_trainer import grads_of
+
+
+def visibility(packed) -> torch.Tensor:
+    """``[R, L, L]`` bool: what the blocks (and padding's self-only rule) let each query column see."""
+    R, L = packed.input_ids.shape
+    seen = torch.zeros(R, L, L, dtype=torch.bool)
+    for r, blocks in enumerate(packed.blocks):
+        for s, e, anc in blocks:
+            for a, b in anc:
+                seen[r, s:e, a:b] = True
+            seen[r, s:e, s:e] = torch.ones(e - s, e - s, dtype=torch.bool).tril()
+        for c in range(packed.pad_start[r], L):
+            seen[r, c, c] = True
+    return seen
+
+
+@st.composite
+def rollout_sets(draw):
+    """Prompts drawn from a few stems (so prefixes are shared at several depths), repeated prompts, empty and
+    non-empty completions."""
+    tok = st.integers(0, 6)
+    stems = draw(st.lists(st.lists(tok, min_size=1, max_size=5), min_size=1, max_size=3))
+    prompts, completions = [], []
+    for _ in range(draw(st.integers(1, 7))):
+        stem = draw(st.sampled_from(stems))
+        prompts.append(stem + draw(st.lists(tok, max_size=4)))
+        completions.append(draw(st.lists(tok, max_size=4)))
+    return prompts, completions
+
+
+@settings(max_examples=150, deadline=None)
+@given(rollout_sets())
+def test_blocks_describe_exactly_the_tree_mask(case):
+    prompts, completions = case
+    packed = pack_prefix_shared(prompts, completions)
+    assert torch.equal(visibility(packed), packed.attention_mask[:, 0] == 0)
+    for r, blocks in enumerate(packed.blocks):  # blocks tile the real columns in order, then padding
+        ends = [0] + [e for _, e, _ in blocks]
+        assert [s for s, _, _ in blocks] == ends[:-1] and ends[-1] == packed.pad_start[r]
+    for i, p in enumerate(prompts):  # a prompt's ranges hold its tokens at positions 0..len-1
+        r = int(packed.row[i])
+        cols = [c for a, b in packed.prompt_ranges[i] for c in range(a, b)]
+        assert packed.input_ids[r, cols].tolist() == p
+        assert packed.position_ids[r, cols].tolist() == list(range(len(p)))
+        assert cols[-1] == int(packed.prompt_last[i])
+
+
+def test_blocks_merge_a_node_with_the_run_that_continues_it():
+    """One prompt with two completions: the prompt and its first completion are one causal block; the
+    second completion sees the prompt only."""
+    packed = pack_prefix_shared([[1, 2, 3], [1, 2, 3]], [[4, 5], [6]])
+    assert packed.blocks == [[(0, 5, ()), (5, 6, ((0, 3),))]]
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (3, 3)])
+def test_tree_attention_equals_sdpa_with_the_tree_mask(heads, kv_heads):
+    rollouts = shared_rollouts(n_prompts=5, attempts=2, seed=4)
+    long_one = ([7] * 30, [8] * 5)  # a tree longer than the others: rows end in padding
+    packed = pack_prefix_shared([r.prompt_ids for r in rollouts] + [long_one[0]],
+                                [r.completion_ids for r in rollouts] + [long_one[1]])
+    R, L = packed.input_ids.shape
+    assert R > 1 and min(packed.pad_start) < L  # several rows, padding covered
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(R, h, L, 8, generator=g, requires_grad=True) for h in (heads, kv_heads, kv_heads))
+    module = torch.nn.Module()
+    module.num_key_value_groups = heads // kv_heads
+    dense, _ = ta.tree_attention_forward(module, q, k, v, packed.attention_mask, scaling=0.3)
+    tree, _ = ta.tree_attention_forward(module, q, k, v, packed.attention_mask, scaling=0.3,
+                                        tree_blocks=packed.blocks, tree_pad_start=packed.pad_start)
+    torch.testing.assert_close(tree, dense, atol=1e-5, rtol=1e-5)
+    w = torch.randn(dense.shape, generator=g)
+    grads_dense = torch.autograd.grad((dense * w).sum(), (q, k, v))
+    grads_tree = torch.autograd.grad((tree * w).sum(), (q, k, v))
+    for a, b in zip(grads_tree, grads_dense, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    expanded = k.repeat_interleave(heads // kv_heads, 1), v.repeat_interleave(heads // kv_heads, 1)
+    by_hand = F.scaled_dot_product_attention(q, *expanded, attn_mask=packed.attention_mask, scale=0.3)
+    torch.testing.assert_close(dense, by_hand.transpose(1, 2), atol=1e-6, rtol=1e-6)  # the fallback is SDPA's
+
+
+def test_blocks_that_do_not_cover_the_row_are_refused():
+    q = torch.zeros(1, 2, 6, 4)
+    with pytest.raises(ValueError, match="cover 4 of its 6 columns"):
+        ta.tree_attention_forward(torch.nn.Module(), q, q, q, None, tree_blocks=[[(0, 4, ())]])
+
+
+@pytest.mark.parametrize("extra", [{}, {"gradient_checkpointing": True, "micro_batch_size": 4},
+                                   {"mini_batch_size": 4, "epochs": 2}], ids=["default", "checkpointing", "mini"])
+def test_trainer_runs_tree_attention_with_the_masks_gradient(population, monkeypatch, extra):
+    calls = {"tree": 0, "plain": 0}
+    real = ta.tree_attention_forward
+
+    def spy(*args, tree_blocks=None, **kwargs):
+        calls["plain" if tree_blocks is None else "tree"] += 1
+        return real(*args, tree_blocks=tree_blocks, **kwargs)
+
+    monkeypatch.setattr(ta, "tree_attention_forward", spy)
+    monkeypatch.setitem(ta.AttentionInterface._global_mapping, ta.TREE_ATTENTION, spy)
+    rollouts = shared_rollouts()
+    gt, mt = grads_of(population, TrainerConfig(**extra), rollouts, monkeypatch)
+    assert calls["tree"] > 0 and calls["plain"] == 0, calls
+    calls.update(tree=0, plain=0)
+    gm, mm = grads_of(population, TrainerConfig(packed_attention="mask", **extra), rollouts, monkeypatch)
+    assert calls == {"tree": 0, "plain": 0}  # "mask": transformers' own SDPA, never this function
+    assert_close_grads(gt, gm)
+    assert mt["loss"] == pytest.approx(mm["loss"], rel=1e-5, abs=1e-6)
+
+
+def test_the_models_attention_is_restored_after_an_update(population):
+    pop = population(nonzero_std=0.5)
+    config = pop.model.base_model.model.config
+    before = config._attn_implementation
+    PolicyGradientTrainer(pop).update("ma", shared_rollouts())
+    assert before in ("sdpa", "eager") and config._attn_implementation == before
+
+
+def test_packed_attention_is_validated():
+    from populora_env.checks import ConfigError
+
+    with pytest.raises(ConfigError, match="packed_attention: must be one of tree, mask"):
+        TrainerConfig(packed_attention="flash").validate()
