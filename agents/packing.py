@@ -35,7 +35,7 @@ their gradient; a cache from sampling carries neither.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -152,8 +152,13 @@ def pack_prefix_shared(
     *,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
+    groups: Sequence[Hashable] | None = None,
 ) -> PackedRows:
     """Pack rollouts ``(prompts[i], completions[i])`` prefix-shared and unpadded (module docstring).
+
+    ``groups``: rollouts of different groups never share a node or a row (the generation's prefill packs the
+    prompts of several adapters at once: a row runs under one adapter, and equal tokens under different
+    adapters have different keys and values). Rows are the groups' rows in order of first appearance.
 
     Raises:
         ValueError: lengths differ or a prompt is empty (its first completion token would have no predictor).
@@ -164,22 +169,35 @@ def pack_prefix_shared(
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise ValueError(f"rollout {i} has an empty prompt: its first token would have no context")
-    trees = _radix(prompts, list(range(n)), 0) if n else []
+    if groups is not None and len(groups) != n:
+        raise ValueError(f"{len(groups)} groups for {n} rollouts")
+    members: dict[Hashable, list[int]] = {}
+    for i in range(n):
+        members.setdefault(None if groups is None else groups[i], []).append(i)
+    trees: list[_Node] = []
+    tree_group: list[int] = []
+    for g, idxs in enumerate(members.values()):
+        for t in _radix(prompts, idxs, 0):
+            trees.append(t)
+            tree_group.append(g)
     seg_len = [_tree_tokens(t, completions) for t in trees]
     capacity = max(seg_len) if seg_len else 1
 
-    # first-fit decreasing (stable: equal lengths keep their order, so the layout is deterministic)
+    # first-fit decreasing within each group (stable: equal lengths keep their order, so the layout is
+    # deterministic)
     rows: list[list[int]] = []  # tree indices per row
     free: list[int] = []
-    for s in sorted(range(len(trees)), key=lambda s: -seg_len[s]):
-        for r, room in enumerate(free):
-            if seg_len[s] <= room:
-                rows[r].append(s)
-                free[r] -= seg_len[s]
-                break
-        else:
-            rows.append([s])
-            free.append(capacity - seg_len[s])
+    for g in range(len(members)):
+        first = len(rows)
+        for s in sorted((s for s in range(len(trees)) if tree_group[s] == g), key=lambda s: -seg_len[s]):
+            for r in range(first, len(rows)):
+                if seg_len[s] <= free[r]:
+                    rows[r].append(s)
+                    free[r] -= seg_len[s]
+                    break
+            else:
+                rows.append([s])
+                free.append(capacity - seg_len[s])
     R = max(1, len(rows))
     L = max(1, max((capacity - f for f in free), default=1))
 

@@ -1,4 +1,4 @@
-"""The HF backend's own prefill + decode loop (``HFGenerator(engine="loop")``, the default), with five levers.
+"""The HF backend's own prefill + decode loop (``HFGenerator(engine="loop")``, the default), with six levers.
 
 HF ``generate`` prefills every row of a chunk in one left-padded batch and decodes every row until the last one
 finishes. This loop calls the model's forward itself, so that:
@@ -9,6 +9,12 @@ finishes. This loop calls the model's forward itself, so that:
 * ``unpadded_prefill``: each unique prompt is prefilled alone, without padding (no compute on left padding,
   no padding mask); its keys/values are written at the right end of its rows in the left-padded decode cache,
   at the same positions a padded prefill gives them (position ids ``0 .. len-1``).
+* ``tree_prefill``: the unique prompts of each adapter are prefilled as the radix tree of their tokens
+  (:func:`agents.packing.pack_prefix_shared`, grouped by adapter): a prefix that several prompts share (the
+  role's instructions, a task's statement) is computed once, trees are packed into rows without padding, and
+  :mod:`agents.tree_attention` lets each token see exactly its own prompt's earlier tokens at their own
+  positions. Each row's decode cache then gathers its prompt's columns (``PackedRows.prompt_ranges``) and
+  holds what a prefill of that prompt alone holds, up to float summation order.
 * ``drop_finished``: a row that emitted EOS, completed a stop string or reached its budget leaves the decode
   batch (its cache rows, mask row and adapter row are dropped), so it stops costing attention, LoRA and
   sampling work.
@@ -18,7 +24,7 @@ finishes. This loop calls the model's forward itself, so that:
   FusedDecoder` (stacked, transposed projections; LoRA per row in one low-rank product per module group;
   attention of one query by two batched matmuls) instead of HF's forward; the prefill stays HF's.
 
-With the five off, the loop computes what ``generate`` computes (the same padded prefill with the same mask and
+With the six off, the loop computes what ``generate`` computes (the same padded prefill with the same mask and
 position ids, ``logits_to_keep=1``, every row fed the pad token after it finishes, the same sampler calls):
 the same tokens and log-probs, bit for bit (``tests/agents/test_generation_loop.py``). Each lever changes the
 shapes of some matmuls (one row instead of ``n``; a prompt alone instead of a padded batch; fewer rows; another
@@ -43,6 +49,8 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from agents.generation.fused import FusedDecoder, fused_decoder, fused_unsupported
 from agents.generation.layout import transposed_weights
 from agents.generation.sampling import SAMPLERS
+from agents.packing import pack_prefix_shared
+from agents.tree_attention import tree_attention
 
 if TYPE_CHECKING:
     from agents.population import LoRAPopulation
@@ -69,12 +77,14 @@ class _Row:
 @dataclass(frozen=True)
 class LoopOptions:
     """The loop's levers (module docstring); all off = ``generate``'s computation. ``share_prompts``,
-    ``drop_finished`` and ``fused_decode`` are on by default; ``unpadded_prefill`` (one padded batch measured
+    ``tree_prefill``, ``drop_finished`` and ``fused_decode`` are on by default (``tree_prefill`` takes
+    precedence over ``unpadded_prefill``, and shares equal prompts whatever ``share_prompts`` says); ``unpadded_prefill`` (one padded batch measured
     faster on the main job's similar-length prompts) and ``transposed_decode`` (subsumed by ``fused_decode``,
     which stores its own weights transposed) off."""
 
     share_prompts: bool = True
     unpadded_prefill: bool = False
+    tree_prefill: bool = True
     drop_finished: bool = True
     transposed_decode: bool = False
     fused_decode: bool = True
@@ -199,6 +209,8 @@ def _prefill(fwd: _Forward, population: LoRAPopulation, rows: Sequence[_Row], pa
     _, mask, _ = _padded([r.prompt_ids for r in rows], pad)
     own = torch.tensor(owner, device=fwd.device)
     layers: list[_RowsLayer] = []
+    if opts.tree_prefill:
+        return _tree_prefill(fwd, population, rows, uniques, owner, capacity) + (mask,)
     if not opts.unpadded_prefill:
         ids, umask, pos = _padded([rows[i].prompt_ids for i in uniques], pad)
         cache = DynamicCache(config=fwd.model.config)
@@ -229,6 +241,46 @@ def _prefill(fwd: _Forward, population: LoRAPopulation, rows: Sequence[_Row], pa
             vb[r, :, width - n:width, :] = caches[u].layers[li].values[0]
         layers.append(_RowsLayer(kb, vb, width))
     return torch.cat(firsts).index_select(0, own), layers, mask
+
+
+def _tree_prefill(fwd: _Forward, population: LoRAPopulation, rows: Sequence[_Row], uniques: Sequence[int],
+                  owner: Sequence[int], capacity: int) -> tuple[torch.Tensor, list[_RowsLayer]]:
+    """``tree_prefill`` (module docstring): one forward over the adapters' prompt trees; returns the first logits
+    of every row and its left-padded decode cache (the prompt's keys/values right-aligned at ``width``)."""
+    prompts = [rows[i].prompt_ids for i in uniques]
+    adapters = [rows[i].adapter for i in uniques]
+    packed = pack_prefix_shared(prompts, [[] for _ in uniques], groups=adapters, dtype=_dtype(fwd.model),
+                                device=fwd.device)
+    row_adapter: list[str | None] = [None] * packed.input_ids.shape[0]
+    for u, a in enumerate(adapters):
+        row_adapter[int(packed.row[u])] = a
+    cols = packed.prompt_last.unique()  # logits only where a prompt ends
+    cache = DynamicCache(config=fwd.model.config)
+    with population.mixed(row_adapter), tree_attention(fwd.model):
+        out = fwd.model(input_ids=packed.input_ids, attention_mask=packed.attention_mask,
+                        position_ids=packed.position_ids, use_cache=True, logits_to_keep=cols,
+                        tree_blocks=packed.blocks, tree_pad_start=packed.pad_start, **{fwd.cache_kw: cache})
+    at = torch.searchsorted(cols, packed.prompt_last)
+    firsts = out.logits[packed.row, at]  # [unique prompts, vocab]
+    width = max(len(r.prompt_ids) for r in rows)
+    # each unique prompt's columns in its packed row, in position order
+    gather = [torch.cat([torch.arange(a, b) for a, b in packed.prompt_ranges[u]]).to(fwd.device)
+              for u in range(len(uniques))]
+    layers = []
+    for layer in cache.layers:
+        kb = layer.keys.new_zeros((len(rows), layer.keys.shape[1], capacity, layer.keys.shape[-1]))
+        vb = torch.zeros_like(kb)
+        for r, u in enumerate(owner):
+            n = len(rows[r].prompt_ids)
+            pr = int(packed.row[u])
+            kb[r, :, width - n:width, :] = layer.keys[pr].index_select(1, gather[u])
+            vb[r, :, width - n:width, :] = layer.values[pr].index_select(1, gather[u])
+        layers.append(_RowsLayer(kb, vb, width))
+    return firsts.index_select(0, torch.tensor(list(owner), device=fwd.device)), layers
+
+
+def _dtype(model: torch.nn.Module) -> torch.dtype:
+    return model.get_input_embeddings().weight.dtype
 
 
 def run_loop(population: LoRAPopulation, tokenizer, rows: Sequence[_Row], stop_ids: Sequence[int],

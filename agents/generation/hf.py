@@ -277,13 +277,16 @@ class HFGenerator:
             option for ablations, not a default). ``torch.compile`` stays off in every case. Used by
             ``engine="generate"`` only (the loop has its own preallocated, row-selectable cache).
         engine: ``"loop"`` (default): the backend's own prefill + decode loop (:mod:`agents.generation.decode`)
-            with the five levers below (a run's ``generation.hf_engine``); ``"generate"``: HF ``generate``. The loop needs
+            with the six levers below (a run's ``generation.hf_engine``); ``"generate"``: HF ``generate``. The loop needs
             ``lora_impl="fused"`` and full-attention cache layers; otherwise ``generate`` is used.
         share_prompts: (loop) prefill each unique (adapter, prompt) once and copy its keys/values to its
             ``n`` samples' rows.
         unpadded_prefill: (loop) prefill each unique prompt alone, without left padding. Off by default: on the
             main job's prompts (lengths within ~15 % of each other) one padded batch was faster than a forward
             per prompt (prefill 40 vs 50 s, benchmarks/generation.py --throughput, loaded machine).
+        tree_prefill: (loop) prefill each adapter's unique prompts as one radix tree of their tokens (a prefix
+            several prompts share, such as a role's instructions, computed once; no padding; tree attention),
+            each row's cache gathered from its prompt's columns. Takes precedence over ``unpadded_prefill``.
         drop_finished: (loop) rows that finished leave the decode batch.
         transposed_decode: (loop, CPU) decode with the frozen base weights stored transposed
             (:mod:`agents.generation.layout`). Off by default: 1.7-2.4x faster single matmuls did not make whole
@@ -291,7 +294,7 @@ class HFGenerator:
             --throughput), and it makes a row's sums depend on the batch size.
         fused_decode: (loop, CPU, float32 Llama/Qwen2) decode steps through
             :class:`agents.generation.fused.FusedDecoder` instead of HF's forward (other models keep HF's forward).
-        With the loop and the five levers off, tokens and log-probs are those of ``engine="generate"`` bit for
+        With the loop and the six levers off, tokens and log-probs are those of ``engine="generate"`` bit for
         bit; each lever reorders some float sums (:mod:`agents.generation.decode`).
     """
 
@@ -307,6 +310,7 @@ class HFGenerator:
         engine: Literal["loop", "generate"] = "loop",
         share_prompts: bool = True,
         unpadded_prefill: bool = False,
+        tree_prefill: bool = True,
         drop_finished: bool = True,
         transposed_decode: bool = False,
         fused_decode: bool = True,
@@ -330,7 +334,7 @@ class HFGenerator:
         self.sampler = sampler
         self.kv_cache = kv_cache
         self.loop_options = LoopOptions(share_prompts=share_prompts, unpadded_prefill=unpadded_prefill,
-                                        drop_finished=drop_finished, transposed_decode=transposed_decode,
+                                        tree_prefill=tree_prefill, drop_finished=drop_finished, transposed_decode=transposed_decode,
                                         fused_decode=fused_decode)
         self.engine = engine if engine == "generate" or (lora_impl == "fused" and loop_supported(population)) \
             else "generate"

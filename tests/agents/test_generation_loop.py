@@ -14,7 +14,7 @@ PROMPTS = [
     "Reverse a string in Python, please, and explain each step carefully.",
     "hi",
 ]
-LEVERS = ("share_prompts", "unpadded_prefill", "drop_finished", "transposed_decode", "fused_decode")
+LEVERS = ("share_prompts", "unpadded_prefill", "tree_prefill", "drop_finished", "transposed_decode", "fused_decode")
 OFF = dict.fromkeys(LEVERS, False)
 # float tolerance of the log-probs when a lever changes matmul shapes or the weight layout (observed ~3e-6)
 LOGPROB_TOL = 1e-4
@@ -106,6 +106,12 @@ def test_levers_change_the_work_done(pop, tiny_tokenizer):
     shapes.shapes.clear()
     HFGenerator(pop, tiny_tokenizer, engine="loop", **OFF | {"share_prompts": True}).generate(reqs)
     assert [s[0] for s in shapes.prefill()] == [4]  # once per unique prompt
+    (_, padded_width), = shapes.prefill()
+    shapes.shapes.clear()
+    HFGenerator(pop, tiny_tokenizer, engine="loop", **OFF | {"tree_prefill": True}).generate(reqs)
+    # one packed row per adapter (m0's two prompts share their chat template's opening: one tree)
+    ((rows, width),) = shapes.prefill()
+    assert rows == 3 and rows * width < 4 * padded_width
     shapes.shapes.clear()
     HFGenerator(pop, tiny_tokenizer, engine="loop", **OFF | {"unpadded_prefill": True}).generate(reqs)
     # each row's prompt alone, at its own length (no padding)
@@ -114,7 +120,7 @@ def test_levers_change_the_work_done(pop, tiny_tokenizer):
     assert sorted({s[1] for s in shapes.prefill()}) == widths
     shapes.shapes.clear()
     HFGenerator(pop, tiny_tokenizer, engine="loop", fused_decode=False).generate(reqs)
-    assert [s[0] for s in shapes.prefill()] == [4]  # the defaults: unique prompts, one padded batch
+    assert [s[0] for s in shapes.prefill()] == [3]  # the defaults: the adapters' prompt trees, one row each
     decode = shapes.decode()
     assert decode[0] == 8 and decode[-1] == 2 and decode == sorted(decode, reverse=True)  # finished rows leave
     shapes.hook.remove()
@@ -169,3 +175,24 @@ def test_smollm2_greedy_tokens_identical_on_a_short_prompt_set():
     assert _key(out) == _key(ref)
     for a, b in zip(out, ref, strict=True):
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) <= LOGPROB_TOL
+
+
+def test_tree_prefill_fills_each_rows_cache_as_its_own_prompt_does(pop, tiny_tokenizer):
+    """The packed tree prefill against one padded batch of the same rows: the first logits, and every layer's
+    keys and values at each row's real (non-padding) positions, agree within float noise."""
+    from agents.generation.decode import LoopOptions, _Forward, _prefill, _Row
+
+    gen = HFGenerator(pop, tiny_tokenizer)
+    prompts = [gen.encode_prompt(r) for r in _requests(0.0)]
+    rows = [_Row(0, 0, a, prompts[i % 4], 4, 0.0, 1.0, 0) for i, a in enumerate(["m0", "m1", None, "m0", "m0"])]
+    fwd, width, capacity = _Forward(pop), max(map(len, prompts)), max(map(len, prompts)) + 4
+    with torch.no_grad():
+        ref = _prefill(fwd, pop, rows, tiny_tokenizer.pad_token_id, capacity, LoopOptions(tree_prefill=False))
+        out = _prefill(fwd, pop, rows, tiny_tokenizer.pad_token_id, capacity, LoopOptions(tree_prefill=True))
+    torch.testing.assert_close(out[0], ref[0], atol=1e-4, rtol=1e-4)
+    assert torch.equal(out[2], ref[2])  # the same left-padded prompt mask
+    for a, b in zip(out[1], ref[1], strict=True):
+        for r, row in enumerate(rows):
+            real = slice(width - len(row.prompt_ids), width)
+            torch.testing.assert_close(a._k[r, :, real], b._k[r, :, real], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(a._v[r, :, real], b._v[r, :, real], atol=1e-4, rtol=1e-4)
