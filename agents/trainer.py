@@ -30,7 +30,8 @@ numerical mismatch.
 Log-probs are taken at the completion positions only: the decoder's hidden states are gathered at the
 positions that predict completion tokens, then the LM head, log-softmax and entropy run over chunks of
 ``logprob_chunk_size`` tokens under activation checkpointing, so full-vocabulary logits never exist for the
-whole batch at once (prompts cost no logits at all).
+whole batch at once (prompts cost no logits at all); a micro-batch of one chunk skips the checkpoint (and its
+recomputation of the LM head), since its logits exist during its backward pass either way.
 
 A mini-batch whose advantages are all zero, with no entropy or KL term in the loss, has an exactly zero
 gradient: its forward/backward passes are skipped and AdamW steps on zero gradients, as it would have after
@@ -362,9 +363,12 @@ class PolicyGradientTrainer:
             self.forward_tokens += len(rows) * S
         lps, ents = [], []
         n = self.config.logprob_chunk_size
+        # checkpointed chunks keep one chunk's logits alive at a time; with a single chunk there is nothing to
+        # bound (its logits exist during the backward pass either way), so it skips the recomputation
+        recompute = torch.is_grad_enabled() and h_sel.shape[0] > n
         for k in range(0, h_sel.shape[0], n):
             h, tg = h_sel[k : k + n], targets[k : k + n]
-            if torch.is_grad_enabled():
+            if recompute:
                 a, e = checkpoint(self._chunk_lp_ent, h, tg, ent_grad, use_reentrant=False)
             else:
                 a, e = self._chunk_lp_ent(h, tg, ent_grad)

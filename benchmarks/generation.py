@@ -43,8 +43,8 @@ the same machine load:
              sampler) at ``--threads`` (default 1) threads;
   today      the previous default path (``engine="generate"``: HF ``generate``, preallocated KV cache, the same
              sampler); identical tokens and the largest log-prob difference vs ``new`` are printed;
-  no-/with-LEVER (``--ablations``) ``new`` with one lever flipped: no-share, with-unpad, no-drop, with-transp,
-             no-fused;
+  no-/with-LEVER (``--ablations``) ``new`` with one lever flipped: no-share, with-unpad, no-tree, no-drop,
+             with-transp, no-fused;
   hf         plain HF ``generate`` of the base (adapters disabled, its own top-p sampling, ``min_new_tokens`` =
              the budget so it runs as many steps; ``--skip-hf``);
   bf16       ``new`` on a bfloat16 copy of the base (samples differ: a different model numerically);
@@ -413,8 +413,9 @@ def throughput(args) -> None:
           f"2 threads ({nbytes / floor[1] / 1e9:.1f} / {nbytes / floor[2] / 1e9:.1f} GB/s)", flush=True)
     torch.set_num_threads(threads)
     today_gen = HFGenerator(pop, tok, batch_size=64, engine="generate")  # the previous default path
-    levers = ("share_prompts", "unpadded_prefill", "drop_finished", "transposed_decode", "fused_decode")
-    short = {"share_prompts": "share", "unpadded_prefill": "unpad", "drop_finished": "drop",
+    levers = ("share_prompts", "unpadded_prefill", "tree_prefill", "drop_finished", "transposed_decode",
+              "fused_decode")
+    short = {"share_prompts": "share", "unpadded_prefill": "unpad", "tree_prefill": "tree", "drop_finished": "drop",
              "transposed_decode": "transp", "fused_decode": "fused"}
     defaults = LoopOptions()
     ablations = {f"{'no' if getattr(defaults, k) else 'with'}-{short[k]}":

@@ -7,15 +7,17 @@
    the preset's values unchanged except ``--steps``) in a temporary directory and plays ``--steps`` steps;
    prints each step's seconds split into generation / sandbox / update / other (evolution, bookkeeping).
    Step 1 carries first-call warm-ups.
-2. **The same rollouts, two layouts**: every member update of step 1 is recorded (its rollouts, the adapter
-   and optimizer state before it) and replayed ``--repeats`` times per layout, the two layouts alternating
+2. **The same rollouts, three layouts**: every member update of step 1 is recorded (its rollouts, the adapter
+   and optimizer state before it) and replayed ``--repeats`` times per layout, the layouts alternating
    member by member (``TrainerConfig.packing`` = "none": one right-padded row per rollout, the layout before
-   packing; "prefix": each unique prompt once, unpadded, ``agents.packing``), each from the recorded state.
+   packing; "prefix": each unique prompt once, unpadded, ``agents.packing``, with tree attention, the default;
+   "mask": the same packed layout with one dense SDPA call over the tree mask, ``packed_attention="mask"``),
+   each from the recorded state.
    Prints per member and in total: the decoder's token slots (``PolicyGradientTrainer.forward_tokens``),
    prompt tokens unshared (sum over rollouts) vs each equal prompt once vs each common prefix once (what
    the packed layout forwards), completion tokens, the
-   median update seconds of each layout and their ratio, and max |delta| between the adapters (and the AdamW
-   moments) the two layouts produce.
+   median update seconds of each layout and their ratios, and max |delta| between the adapters (and the AdamW
+   moments) the layouts produce.
 
 Timings on a shared machine are noisy: read the ratios, measured side by side in this one process.
 """
@@ -120,9 +122,10 @@ def main(argv: list[str] | None = None) -> int:
 
         # replay step 1's updates with each layout, alternating, from the recorded states
         # (zero-advantage updates are computed too here: the layouts are compared on the same work)
-        trainers = {k: PolicyGradientTrainer(pop, dataclasses.replace(cfg.trainer, packing=k,
-                                                                      skip_zero_advantage=False))
-                    for k in ("none", "prefix")}
+        layouts = {"none": {"packing": "none"}, "prefix": {"packing": "prefix"},
+                   "mask": {"packing": "prefix", "packed_attention": "mask"}}
+        trainers = {k: PolicyGradientTrainer(pop, dataclasses.replace(cfg.trainer, skip_zero_advantage=False, **v))
+                    for k, v in layouts.items()}
         totals = {k: {"seconds": 0.0, "tokens": 0} for k in trainers}
         counts = {"prompt_unshared": 0, "prompt_shared": 0, "prompt_prefix_shared": 0, "completion": 0}
         worst = {"adapter": 0.0, "moments": 0.0}
@@ -157,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                 totals[layout]["seconds"] += row[f"{layout}_seconds"]
                 totals[layout]["tokens"] += row[f"{layout}_tokens"]
             row["max_abs_delta_adapter"] = _max_delta(results["none"]["state"], results["prefix"]["state"])
+            row["max_abs_delta_tree_vs_mask"] = _max_delta(results["mask"]["state"], results["prefix"]["state"])
             row["max_abs_delta_moments"] = _opt_delta(results["none"]["opt"], results["prefix"]["opt"])
             worst["adapter"] = max(worst["adapter"], row["max_abs_delta_adapter"])
             worst["moments"] = max(worst["moments"], row["max_abs_delta_moments"])
@@ -167,18 +171,22 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['prompt_shared']} equal prompts once / {row['prompt_prefix_shared']} prefixes once, completion {row['completion']}; decoder token slots "
                   f"padded {row['none_tokens']} vs packed {row['prefix_tokens']} "
                   f"({row['prefix_tokens'] / max(row['none_tokens'], 1):.2f}x); update {row['none_seconds']:.2f} s vs "
-                  f"{row['prefix_seconds']:.2f} s; max|delta| adapter {row['max_abs_delta_adapter']:.2e}",
+                  f"{row['prefix_seconds']:.2f} s (dense-mask attention {row['mask_seconds']:.2f} s); max|delta| adapter "
+                  f"{row['max_abs_delta_adapter']:.2e} (tree vs mask {row['max_abs_delta_tree_vs_mask']:.2e})",
                   flush=True)
     report["update"] = {"totals": totals, "counts": counts, "max_abs_delta": worst, "repeats": args.repeats}
     if recorded:
         ratio_tok = totals["prefix"]["tokens"] / max(totals["none"]["tokens"], 1)
         ratio_s = totals["prefix"]["seconds"] / max(totals["none"]["seconds"], 1e-9)
-        report["update"] |= {"token_ratio": ratio_tok, "time_ratio": ratio_s}
+        ratio_tree = totals["prefix"]["seconds"] / max(totals["mask"]["seconds"], 1e-9)
+        report["update"] |= {"token_ratio": ratio_tok, "time_ratio": ratio_s, "tree_vs_mask_time_ratio": ratio_tree}
         print(f"update of step 1, all members: decoder token slots padded {totals['none']['tokens']} vs packed "
               f"{totals['prefix']['tokens']} = {ratio_tok:.2f}x; prompt tokens {counts['prompt_unshared']} unshared "
               f"vs {counts['prompt_shared']} equal prompts once vs {counts['prompt_prefix_shared']} prefixes once, completion tokens {counts['completion']}; seconds padded "
               f"{totals['none']['seconds']:.1f} vs packed {totals['prefix']['seconds']:.1f} = {ratio_s:.2f}x; "
-              f"max|delta| adapters {worst['adapter']:.2e}, AdamW moments {worst['moments']:.2e}")
+              f"max|delta| adapters {worst['adapter']:.2e}, AdamW moments {worst['moments']:.2e}; packed with tree "
+              f"attention vs the dense mask {totals['prefix']['seconds']:.1f} vs {totals['mask']['seconds']:.1f} s = "
+              f"{ratio_tree:.2f}x")
     else:
         print("no member was updated in step 1 (no rollouts): nothing to replay")
     if args.out:

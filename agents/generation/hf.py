@@ -150,7 +150,9 @@ class _RowStop:
     ``stopped_at[i]`` is the number of tokens up to and including the one that completed a stop string.
     """
 
-    def __init__(self, sampler: _RowSampler, rows: Sequence[_Row], tokenizer, device: torch.device) -> None:
+    def __init__(self, sampler: _RowSampler | None, rows: Sequence[_Row], tokenizer, device: torch.device) -> None:
+        """``sampler``: the ``generate`` engine's (its stopping criterion reads the rows' tokens from it); None on
+        the loop engine, which hands each token to :meth:`feed` itself."""
         self.sampler = sampler
         self.limits = torch.tensor([r.max_new_tokens for r in rows], device=device)
         self.tokenizer = tokenizer

@@ -137,6 +137,25 @@ def test_trainer_logprobs_match_the_hf_generator_behaviour_logprobs(population, 
     torch.testing.assert_close(lp, trainer._behaviour_logprobs(rollouts, batch), atol=1e-4, rtol=1e-4)
 
 
+def test_a_single_logprob_chunk_skips_the_checkpoint_with_the_same_gradient(population, monkeypatch):
+    """Several LM-head chunks run checkpointed (one chunk's logits alive at a time); a micro-batch of one chunk
+    runs plainly (nothing to bound, no recomputation): the gradients agree."""
+    import agents.trainer as trainer_module
+
+    calls = []
+    real = trainer_module.checkpoint
+    monkeypatch.setattr(trainer_module, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    rollouts = make_rollouts(6, seed=2)
+    grads = {}
+    for chunk in (2, 1024):
+        calls.clear()
+        grads[chunk], _ = grads_of(population, TrainerConfig(logprob_chunk_size=chunk), rollouts, monkeypatch)
+        assert (len(calls) > 0) == (chunk == 2), (chunk, len(calls))
+    for a, b in zip(grads[1024][0], grads[2][0], strict=True):
+        assert b.abs().max() > 0
+        torch.testing.assert_close(a, b, atol=1e-6 * float(b.abs().max()), rtol=1e-5)
+
+
 # ------------------------------------------------------------------------------ gradient accumulation
 
 
