@@ -209,7 +209,8 @@ def _prefill(fwd: _Forward, population: LoRAPopulation, rows: Sequence[_Row], pa
     _, mask, _ = _padded([r.prompt_ids for r in rows], pad)
     own = torch.tensor(owner, device=fwd.device)
     layers: list[_RowsLayer] = []
-    if opts.tree_prefill:
+    if opts.tree_prefill and getattr(fwd.model.config, "_attn_implementation", None) in (None, "eager", "sdpa"):
+        # (attention kernels that take no 4D mask, e.g. flash-attention's, keep the padded batch)
         return _tree_prefill(fwd, population, rows, uniques, owner, capacity) + (mask,)
     if not opts.unpadded_prefill:
         ids, umask, pos = _padded([rows[i].prompt_ids for i in uniques], pad)

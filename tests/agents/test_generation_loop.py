@@ -196,3 +196,17 @@ def test_tree_prefill_fills_each_rows_cache_as_its_own_prompt_does(pop, tiny_tok
             real = slice(width - len(row.prompt_ids), width)
             torch.testing.assert_close(a._k[r, :, real], b._k[r, :, real], atol=1e-4, rtol=1e-4)
             torch.testing.assert_close(a._v[r, :, real], b._v[r, :, real], atol=1e-4, rtol=1e-4)
+
+
+def test_tree_prefill_keeps_the_padded_batch_for_other_attention_kernels(pop, tiny_tokenizer, monkeypatch):
+    """An attention implementation other than SDPA or eager (flash-attention's take no 4D mask) gets the padded
+    prefill: one row per unique prompt, not one per adapter."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, "test_kernel", sdpa_attention_forward)
+    monkeypatch.setattr(pop.model.base_model.model.config, "_attn_implementation", "test_kernel")
+    shapes = _Shapes(pop)
+    HFGenerator(pop, tiny_tokenizer, engine="loop", fused_decode=False).generate(_requests(0.0))
+    assert [s[0] for s in shapes.prefill()] == [4]
+    shapes.hook.remove()
