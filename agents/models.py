@@ -50,6 +50,7 @@ __all__ = [
     "resolve_base",
     "shape_config",
     "smollm2_gguf_path",
+    "activation_dtype",
 ]
 
 RANDOM_PREFIX = "random:"
@@ -324,6 +325,13 @@ def resolve_base(name_or_path: str | os.PathLike) -> str:
     if path.suffix == ".gguf" or name.startswith(("/", "./", "../", "~")):
         raise FileNotFoundError(f"model path {name!r} does not exist; use {_LOCAL_ALTERNATIVES}")
     return name  # a hub id
+
+
+def activation_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype a causal LM computes its hidden states in: its input embeddings' (else its first parameter's).
+    An additive attention mask must have it."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    return emb.weight.dtype if emb is not None else next(model.parameters()).dtype
 
 
 def load_base(name_or_path: str | os.PathLike, dtype: torch.dtype | str | None = None):

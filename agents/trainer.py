@@ -58,10 +58,11 @@ from torch.utils.checkpoint import checkpoint
 
 from agents.advantages import get_advantage, list_advantages
 from agents.losses import KL_ESTIMATORS, kl_penalty, list_loss_aggs, policy_loss
+from agents.models import activation_dtype
 from agents.nonfinite import finite_update
 from agents.packing import pack_prefix_shared
 from agents.rollout import Rollout
-from agents.tree_attention import TREE_ATTENTION, tree_attention
+from agents.tree_attention import takes_tree_mask, tree_attention
 from agents.weighting import ROLE_WEIGHTINGS, role_loss_weights
 from populora_env.checks import check, check_bool, check_choice, check_int, check_number, shown
 
@@ -291,10 +292,7 @@ class PolicyGradientTrainer:
     def packs_prefix(self) -> bool:
         """True when forward passes use the prefix-shared layout (``packing == "prefix"`` and an attention
         implementation that takes a 4D additive mask: eager or SDPA)."""
-        if self.config.packing != "prefix":
-            return False
-        impl = getattr(getattr(self._causal_lm, "config", None), "_attn_implementation", None)
-        return impl in (None, "eager", "sdpa", TREE_ATTENTION)
+        return self.config.packing == "prefix" and takes_tree_mask(self._causal_lm)
 
     def _logits(self, h: Tensor) -> Tensor:
         lm = self._causal_lm
@@ -380,9 +378,7 @@ class PolicyGradientTrainer:
 
     @property
     def _dtype(self) -> torch.dtype:
-        lm = self._causal_lm
-        emb = lm.get_input_embeddings() if hasattr(lm, "get_input_embeddings") else None
-        return emb.weight.dtype if emb is not None else next(lm.parameters()).dtype
+        return activation_dtype(self._causal_lm)
 
     def _micro_batches(self, batch: _Batch, rows: Sequence[int] | None = None) -> list[list[int]]:
         """The rows of each forward/backward pass, at most ``micro_batch_size`` rollouts each.

@@ -36,10 +36,13 @@ from torch import Tensor, nn
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-__all__ = ["TREE_ATTENTION", "tree_attention", "tree_attention_forward"]
+__all__ = ["MASK_ATTENTIONS", "TREE_ATTENTION", "takes_tree_mask", "tree_attention", "tree_attention_forward"]
 
 TREE_ATTENTION = "populora_tree"
 """The name this attention function is registered under in transformers' ``AttentionInterface``."""
+MASK_ATTENTIONS = ("eager", "sdpa")
+"""transformers' attention implementations that take a 4D additive mask (flash-attention kernels do not);
+:func:`tree_attention` switches these."""
 
 Block = tuple[int, int, tuple[tuple[int, int], ...]]
 
@@ -117,6 +120,13 @@ def tree_attention_forward(
 AttentionInterface.register(TREE_ATTENTION, tree_attention_forward)
 
 
+def takes_tree_mask(model: nn.Module) -> bool:
+    """Whether ``model``'s attention can run a packed tree layout: its implementation takes a 4D additive mask
+    (:data:`MASK_ATTENTIONS`, or none set) or is this module's (inside :func:`tree_attention`)."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return impl in (None, *MASK_ATTENTIONS, TREE_ATTENTION)
+
+
 @contextmanager
 def tree_attention(model: nn.Module) -> Iterator[None]:
     """Within the block, ``model``'s attention layers call :func:`tree_attention_forward` (every config in
@@ -124,7 +134,7 @@ def tree_attention(model: nn.Module) -> Iterator[None]:
     configs = {}
     for m in model.modules():
         cfg = getattr(m, "config", None)
-        if cfg is not None and getattr(cfg, "_attn_implementation", None) in ("sdpa", "eager"):
+        if cfg is not None and getattr(cfg, "_attn_implementation", None) in MASK_ATTENTIONS:
             configs[id(cfg)] = cfg
     old = {k: c._attn_implementation for k, c in configs.items()}
     try:

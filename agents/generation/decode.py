@@ -49,8 +49,9 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from agents.generation.fused import FusedDecoder, fused_decoder, fused_unsupported
 from agents.generation.layout import transposed_weights
 from agents.generation.sampling import SAMPLERS
+from agents.models import activation_dtype
 from agents.packing import pack_prefix_shared
-from agents.tree_attention import tree_attention
+from agents.tree_attention import takes_tree_mask, tree_attention
 
 if TYPE_CHECKING:
     from agents.population import LoRAPopulation
@@ -209,8 +210,7 @@ def _prefill(fwd: _Forward, population: LoRAPopulation, rows: Sequence[_Row], pa
     _, mask, _ = _padded([r.prompt_ids for r in rows], pad)
     own = torch.tensor(owner, device=fwd.device)
     layers: list[_RowsLayer] = []
-    if opts.tree_prefill and getattr(fwd.model.config, "_attn_implementation", None) in (None, "eager", "sdpa"):
-        # (attention kernels that take no 4D mask, e.g. flash-attention's, keep the padded batch)
+    if opts.tree_prefill and takes_tree_mask(fwd.model):  # (flash-attention kernels keep the padded batch)
         return _tree_prefill(fwd, population, rows, uniques, owner, capacity) + (mask,)
     if not opts.unpadded_prefill:
         ids, umask, pos = _padded([rows[i].prompt_ids for i in uniques], pad)
@@ -250,7 +250,7 @@ def _tree_prefill(fwd: _Forward, population: LoRAPopulation, rows: Sequence[_Row
     of every row and its left-padded decode cache (the prompt's keys/values right-aligned at ``width``)."""
     prompts = [rows[i].prompt_ids for i in uniques]
     adapters = [rows[i].adapter for i in uniques]
-    packed = pack_prefix_shared(prompts, [[] for _ in uniques], groups=adapters, dtype=_dtype(fwd.model),
+    packed = pack_prefix_shared(prompts, [[] for _ in uniques], groups=adapters, dtype=activation_dtype(fwd.model),
                                 device=fwd.device)
     row_adapter: list[str | None] = [None] * packed.input_ids.shape[0]
     for u, a in enumerate(adapters):
@@ -278,10 +278,6 @@ def _tree_prefill(fwd: _Forward, population: LoRAPopulation, rows: Sequence[_Row
             vb[r, :, width - n:width, :] = layer.values[pr].index_select(1, gather[u])
         layers.append(_RowsLayer(kb, vb, width))
     return firsts.index_select(0, torch.tensor(list(owner), device=fwd.device)), layers
-
-
-def _dtype(model: torch.nn.Module) -> torch.dtype:
-    return model.get_input_embeddings().weight.dtype
 
 
 def run_loop(population: LoRAPopulation, tokenizer, rows: Sequence[_Row], stop_ids: Sequence[int],
