@@ -3,6 +3,7 @@
     python benchmarks/generation.py [--model smollm2-135m] [--adapters 8] [--prompts 16] [--new-tokens 64]
                                     [--repeats 3] [--threads N] [--dtype float32] [--skip-peft]
                                     [--vllm [--vllm-python PATH]]
+    python benchmarks/generation.py --gemm [--threads 2] [--repeats 7]
     python benchmarks/generation.py --throughput [--threads 1] [--workloads 8x128,16x80/2] [--repeats 3]
                                     [--ablations] [--policies ACTIVE] [--adapters 4] [--prompt-tokens 300]
                                     [--skip-bf16] [--skip-hf] [--skip-threads] [--json FILE]
@@ -44,7 +45,7 @@ the same machine load:
   today      the previous default path (``engine="generate"``: HF ``generate``, preallocated KV cache, the same
              sampler); identical tokens and the largest log-prob difference vs ``new`` are printed;
   no-/with-LEVER (``--ablations``) ``new`` with one lever flipped: no-share, with-unpad, no-tree, no-drop,
-             with-transp, no-fused;
+             with-transp, no-fused, no-onednn;
   hf         plain HF ``generate`` of the base (adapters disabled, its own top-p sampling, ``min_new_tokens`` =
              the budget so it runs as many steps; ``--skip-hf``);
   bf16       ``new`` on a bfloat16 copy of the base (samples differ: a different model numerically);
@@ -52,6 +53,11 @@ the same machine load:
   threads    ``new`` at 1 and 2 threads, with the machine as it is and with one core kept busy by a ``yes``
              process started by the benchmark (``--threads-new-tokens`` tokens, first workload); ``--skip-threads``
              omits this and the sampler.
+
+``--gemm`` times the fused decode step's projections alone (q/k/v stacked, o, gate/up stacked, down, the LM
+head; every layer's weights in turn, so that they stream from memory as in a decode step) with MKL's GEMM on
+the transposed weights and with oneDNN's packed weights, at 1-16 rows, interleaved, and prints the ratios that
+chose which projections use oneDNN (``HFGenerator(onednn_decode=...)``).
 
 For each generation it prints the prefill time (forwards of more than one position), the decode time and the
 median decode step (one forward of the batch, from forward hooks) and tokens/s, and the decode step / floor ratio (target <= 2). ``--policies ACTIVE`` reruns the
@@ -375,6 +381,49 @@ def _other_policies(args) -> dict:
     return summary["thread_matrix"]
 
 
+def gemm(args) -> None:
+    """``--gemm``: the fused decode step's projections, MKL's GEMM on the transposed weights vs oneDNN's packed
+    layout, every layer's weights in turn (so they stream from memory as in a decode step), at several row
+    counts, the two interleaved repeat by repeat; prints medians and the oneDNN / MKL ratio per projection."""
+    from agents.generation.fused import FusedDecoder, onednn_available
+
+    if not onednn_available():
+        print("this torch build has no oneDNN prepacked linear: nothing to compare")
+        return
+    torch.set_num_threads(args.threads or 2)
+    base, _ = load_base(args.model, dtype="float32")
+    dec = FusedDecoder(base, onednn=True)
+    dense = {name: [layer.dense[name] for layer in dec.layers] for name in ("qkv", "o", "gu", "down")}
+    dense["head"] = [dec.head]
+    for ds in dense.values():  # every projection packed for oneDNN too (the decoder packs only gate/up and the head)
+        for d in ds:
+            if d.packed is None:
+                d.packed = torch.ops.mkldnn._reorder_linear_weight(d.t.t(), 8)
+
+    def sweep(name: str, h: torch.Tensor, packed: bool) -> float:
+        start = time.perf_counter()
+        for d in dense[name]:
+            if packed:
+                torch.ops.mkldnn._linear_pointwise(h, d.packed, d.bias, "none", [], "")
+            else:
+                torch.addmm(d.bias, h, d.t) if d.bias is not None else h @ d.t
+        return time.perf_counter() - start
+
+    print(f"model {args.model}, {torch.get_num_threads()} threads, {len(dec.layers)} layers; ms per decode step's "
+          f"worth of each projection (all layers), median of {args.repeats}; MKL / oneDNN (ratio)")
+    for rows in (1, 2, 4, 6, 8, 16):
+        cells = []
+        for name in dense:
+            h = torch.randn(rows, dense[name][0].t.shape[0])
+            mkl, dnn = [], []
+            for _ in range(args.repeats):
+                mkl.append(sweep(name, h, False))
+                dnn.append(sweep(name, h, True))
+            a, b = statistics.median(mkl), statistics.median(dnn)
+            cells.append(f"{name} {a * 1e3:.1f}/{b * 1e3:.1f} ({b / a:.2f})")
+        print(f"rows {rows:2d}: " + "  ".join(cells), flush=True)
+
+
 def throughput(args) -> None:
     import copy
 
@@ -414,9 +463,9 @@ def throughput(args) -> None:
     torch.set_num_threads(threads)
     today_gen = HFGenerator(pop, tok, batch_size=64, engine="generate")  # the previous default path
     levers = ("share_prompts", "unpadded_prefill", "tree_prefill", "drop_finished", "transposed_decode",
-              "fused_decode")
+              "fused_decode", "onednn_decode")
     short = {"share_prompts": "share", "unpadded_prefill": "unpad", "tree_prefill": "tree", "drop_finished": "drop",
-             "transposed_decode": "transp", "fused_decode": "fused"}
+             "transposed_decode": "transp", "fused_decode": "fused", "onednn_decode": "onednn"}
     defaults = LoopOptions()
     ablations = {f"{'no' if getattr(defaults, k) else 'with'}-{short[k]}":
                  HFGenerator(pop, tok, batch_size=64, engine="loop", **{k: not getattr(defaults, k)}) for k in levers} \
@@ -539,6 +588,7 @@ def main() -> None:
     parser.add_argument("--vllm-kv-gib", type=int, default=1, help="vLLM KV cache size on CPU, GiB")
     parser.add_argument("--vllm-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--throughput", action="store_true", help="the main job's generation (see above)")
+    parser.add_argument("--gemm", action="store_true", help="the fused decode's projections: MKL vs oneDNN")
     parser.add_argument("--workloads", default="8x128,16x80/2",
                         help="--throughput: ROWSxNEW_TOKENS[/SAMPLES_PER_PROMPT],...")
     parser.add_argument("--ablations", action="store_true",
@@ -553,6 +603,8 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="--throughput: also write the figures to this file")
     parser.add_argument("--threads-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.gemm:
+        return gemm(args)
     if args.throughput:
         if args.adapters == 8 and "--adapters" not in sys.argv:
             args.adapters = 4

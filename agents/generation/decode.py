@@ -1,4 +1,4 @@
-"""The HF backend's own prefill + decode loop (``HFGenerator(engine="loop")``, the default), with six levers.
+"""The HF backend's own prefill + decode loop (``HFGenerator(engine="loop")``, the default), with seven levers.
 
 HF ``generate`` prefills every row of a chunk in one left-padded batch and decodes every row until the last one
 finishes. This loop calls the model's forward itself, so that:
@@ -23,8 +23,11 @@ finishes. This loop calls the model's forward itself, so that:
 * ``fused_decode``: decode steps of Llama-family models on CPU run through :class:`agents.generation.fused.
   FusedDecoder` (stacked, transposed projections; LoRA per row in one low-rank product per module group;
   attention of one query by two batched matmuls) instead of HF's forward; the prefill stays HF's.
+* ``onednn_decode`` (with ``fused_decode``): the fused step's gate/up projections and LM head read their weights
+  in oneDNN's packed layout (:class:`agents.generation.fused.FusedDecoder`, ``onednn=``) where the torch build
+  has it; off, they use MKL's GEMM on the transposed weights as the other projections do.
 
-With the six off, the loop computes what ``generate`` computes (the same padded prefill with the same mask and
+With the seven off, the loop computes what ``generate`` computes (the same padded prefill with the same mask and
 position ids, ``logits_to_keep=1``, every row fed the pad token after it finishes, the same sampler calls):
 the same tokens and log-probs, bit for bit (``tests/agents/test_generation_loop.py``). Each lever changes the
 shapes of some matmuls (one row instead of ``n``; a prompt alone instead of a padded batch; fewer rows; another
@@ -46,7 +49,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from agents.generation.fused import FusedDecoder, fused_decoder, fused_unsupported
+from agents.generation.fused import FusedDecoder, fused_decoder, fused_unsupported, onednn_available
 from agents.generation.layout import transposed_weights
 from agents.generation.sampling import SAMPLERS
 from agents.models import activation_dtype
@@ -78,7 +81,7 @@ class _Row:
 @dataclass(frozen=True)
 class LoopOptions:
     """The loop's levers (module docstring); all off = ``generate``'s computation. ``share_prompts``,
-    ``tree_prefill``, ``drop_finished`` and ``fused_decode`` are on by default (``tree_prefill`` takes
+    ``tree_prefill``, ``drop_finished``, ``fused_decode`` and ``onednn_decode`` are on by default (``tree_prefill`` takes
     precedence over ``unpadded_prefill``, and shares equal prompts whatever ``share_prompts`` says); ``unpadded_prefill`` (one padded batch measured
     faster on the main job's similar-length prompts) and ``transposed_decode`` (subsumed by ``fused_decode``,
     which stores its own weights transposed) off."""
@@ -89,6 +92,7 @@ class LoopOptions:
     drop_finished: bool = True
     transposed_decode: bool = False
     fused_decode: bool = True
+    onednn_decode: bool = True
 
 
 class _RowsLayer(DynamicLayer):
@@ -136,10 +140,11 @@ class _Forward:
         self.device = next(self.model.parameters()).device
         self.fused: FusedDecoder | None = None
 
-    def use_fused(self) -> None:
-        """Serve decode steps with :class:`FusedDecoder` where it covers the model (else keep HF's forward)."""
+    def use_fused(self, onednn: bool) -> None:
+        """Serve decode steps with :class:`FusedDecoder` where it covers the model (else keep HF's forward);
+        ``onednn``: its oneDNN layouts where this torch build has them."""
         if fused_unsupported(self.model) is None:
-            self.fused = fused_decoder(self.model)
+            self.fused = fused_decoder(self.model, onednn=onednn and onednn_available())
 
     def bind(self) -> None:
         """The rows' members changed (a new ``LoRAPopulation.mixed`` block): the fused step re-reads them."""
@@ -295,7 +300,7 @@ def run_loop(population: LoRAPopulation, tokenizer, rows: Sequence[_Row], stop_i
     logprobs: list[list[float]] = [[] for _ in rows]
     logits, layers, mask = _prefill(fwd, population, rows, pad, width + budget, opts)
     if opts.fused_decode and budget > 1:
-        fwd.use_fused()
+        fwd.use_fused(opts.onednn_decode)
     cache = DynamicCache(config=fwd.model.config)
     cache.layers = layers
     mask = torch.cat([mask, mask.new_ones((len(rows), budget))], dim=1).to(fwd.device)

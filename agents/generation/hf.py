@@ -280,7 +280,7 @@ class HFGenerator:
             option for ablations, not a default). ``torch.compile`` stays off in every case. Used by
             ``engine="generate"`` only (the loop has its own preallocated, row-selectable cache).
         engine: ``"loop"`` (default): the backend's own prefill + decode loop (:mod:`agents.generation.decode`)
-            with the six levers below (a run's ``generation.hf_engine``); ``"generate"``: HF ``generate``. The loop needs
+            with the seven levers below (a run's ``generation.hf_engine``); ``"generate"``: HF ``generate``. The loop needs
             ``lora_impl="fused"`` and full-attention cache layers; otherwise ``generate`` is used.
         share_prompts: (loop) prefill each unique (adapter, prompt) once and copy its keys/values to its
             ``n`` samples' rows.
@@ -297,7 +297,10 @@ class HFGenerator:
             --throughput), and it makes a row's sums depend on the batch size.
         fused_decode: (loop, CPU, float32 Llama/Qwen2) decode steps through
             :class:`agents.generation.fused.FusedDecoder` instead of HF's forward (other models keep HF's forward).
-        With the loop and the six levers off, tokens and log-probs are those of ``engine="generate"`` bit for
+        onednn_decode: (loop, with ``fused_decode``) the fused step's gate/up projections and LM head from 2 rows
+            on through oneDNN's packed weights (where the torch build has oneDNN): 0.66-0.90x of MKL's GEMM time
+            for those shapes with the weights streamed from memory (benchmarks/generation.py --gemm).
+        With the loop and the seven levers off, tokens and log-probs are those of ``engine="generate"`` bit for
         bit; each lever reorders some float sums (:mod:`agents.generation.decode`).
     """
 
@@ -317,6 +320,7 @@ class HFGenerator:
         drop_finished: bool = True,
         transposed_decode: bool = False,
         fused_decode: bool = True,
+        onednn_decode: bool = True,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -338,7 +342,8 @@ class HFGenerator:
         self.kv_cache = kv_cache
         self.loop_options = LoopOptions(share_prompts=share_prompts, unpadded_prefill=unpadded_prefill,
                                         tree_prefill=tree_prefill, drop_finished=drop_finished,
-                                        transposed_decode=transposed_decode, fused_decode=fused_decode)
+                                        transposed_decode=transposed_decode, fused_decode=fused_decode,
+                                        onednn_decode=onednn_decode)
         self.engine = engine if engine == "generate" or (lora_impl == "fused" and loop_supported(population)) \
             else "generate"
         self._rng = random.Random(seed)

@@ -10,7 +10,16 @@ import torch
 from agents.generation import GenerationRequest, HFGenerator
 from agents.generation import fused as fused_mod
 from agents.generation.decode import _Forward
-from agents.generation.fused import FusedDecoder, fused_decoder, fused_unsupported
+from agents.generation.fused import (
+    FusedDecoder,
+    _Dense,
+    _rms,
+    _rotate,
+    _signed_sin,
+    fused_decoder,
+    fused_unsupported,
+    onednn_available,
+)
 from agents.models import load_base
 from agents.population import LoRAPopulation, randomize_member
 
@@ -57,9 +66,14 @@ def test_fused_decode_matches_hf_forward(pop_tok):
     assert 0 <= worst <= LOGPROB_TOL
 
 
-def test_fused_logits_equal_hf_logits_step_by_step(pop_tok):
-    """One decode step on a left-padded cache, mixed members per row: the fused logits against HF's forward of
-    the same token on a copy of the same cache."""
+ONEDNN = [False, pytest.param(True, marks=pytest.mark.skipif(not onednn_available(),
+                                                             reason="this torch build has no oneDNN linear"))]
+
+
+@pytest.mark.parametrize("onednn", ONEDNN)
+def test_fused_logits_equal_hf_logits_step_by_step(pop_tok, onednn):
+    """One decode step on a left-padded cache, mixed members per row: the fused logits (with and without the
+    oneDNN layouts) against HF's forward of the same token on a copy of the same cache."""
     from transformers.cache_utils import DynamicCache
 
     from agents.generation.decode import _padded, _RowsLayer
@@ -85,8 +99,8 @@ def test_fused_logits_equal_hf_logits_step_by_step(pop_tok):
     step_mask = torch.cat([mask, mask.new_ones((rows, 1))], dim=1)
     step_pos = torch.tensor([[len(p)] for p in prompts])
     hf, fast = _Forward(pop), _Forward(pop)
-    fast.use_fused()
-    assert hf.fused is None and fast.fused is not None
+    fast.use_fused(onednn)
+    assert hf.fused is None and fast.fused is not None and fast.fused.onednn == onednn
     cache_a, cache_b = prefilled(), prefilled()
     with pop.mixed(adapters), torch.no_grad():
         want = hf(token, step_mask, step_pos, cache_a)
@@ -134,7 +148,62 @@ def test_decoder_is_kept_per_model_and_rebuilt_when_base_weights_change(populati
         model.model.layers[0].mlp.down_proj.base_layer.weight.mul_(2.0)  # an in-place change of a base weight
     second = fused_decoder(model)
     assert second is not first
-    torch.testing.assert_close(second.layers[0].down_t, model.model.layers[0].mlp.down_proj.base_layer.weight.t())
+    torch.testing.assert_close(second.layers[0].dense["down"].t, model.model.layers[0].mlp.down_proj.base_layer.weight.t())
+
+
+def test_decoder_is_kept_per_onednn_setting(population):
+    model = population(["m0"]).model.base_model.model
+    plain = fused_decoder(model, onednn=False)
+    assert plain.onednn is False and all(layer.dense["gu"].packed is None for layer in plain.layers)
+    assert fused_decoder(model, onednn=False) is plain
+    if onednn_available():
+        packed = fused_decoder(model, onednn=True)
+        assert packed.onednn and packed.head.packed is not None and packed.layers[0].dense["gu"].packed is not None
+        assert packed.layers[0].dense["qkv"].packed is None  # only gate/up and the LM head use oneDNN
+        assert fused_decoder(model, onednn=True) is packed and fused_decoder(model, onednn=False) is plain
+    else:
+        with pytest.raises(ValueError, match="no oneDNN"):
+            FusedDecoder(model, onednn=True)
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear")
+@pytest.mark.parametrize("bias", [False, True])
+def test_onednn_projection_matches_mkl_at_every_row_count(bias):
+    """``_Dense`` with oneDNN's packed weight: the same product as MKL's within float tolerance from 2 rows on;
+    one row takes MKL's kernel (bit for bit)."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(48, 200, bias=bias)
+    plain, packed = _Dense([lin]), _Dense([lin], onednn=True)
+    assert plain.packed is None and packed.packed is not None
+    for rows in (1, 2, 3, 6, 8, 16, 33):
+        h = torch.randn(rows, 48)
+        want = lin(h).detach()
+        got = packed(h)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(plain(h), want, rtol=1e-5, atol=1e-5)
+        if rows == 1:
+            assert torch.equal(got, plain(h))
+
+
+def test_norm_is_hf_rmsnorm(population):
+    norm = population(["m0"]).model.base_model.model.model.layers[0].input_layernorm
+    with torch.no_grad():
+        norm.weight.normal_()
+    x = torch.randn(7, norm.weight.shape[0]) * 3
+    torch.testing.assert_close(_rms(norm, x), norm(x).detach(), rtol=1e-6, atol=1e-6)
+
+
+def test_rotation_is_hf_rotary_bit_for_bit():
+    """``_rotate`` with the signed sine is transformers' ``q cos + rotate_half(q) sin``, bit for bit."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    torch.manual_seed(0)
+    q, k = torch.randn(5, 1, 9, 64), torch.randn(5, 1, 3, 64)
+    angle = torch.randn(5, 1, 1, 32)
+    cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)
+    want_q, want_k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos[:, 0], sin[:, 0])
+    both = _rotate(torch.cat([q, k], dim=2), cos, _signed_sin(sin))
+    assert torch.equal(both[:, :, :9].transpose(1, 2), want_q) and torch.equal(both[:, :, 9:].transpose(1, 2), want_k)
 
 
 def test_active_adapter_outside_mixed_is_refused(population):

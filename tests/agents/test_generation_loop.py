@@ -14,7 +14,8 @@ PROMPTS = [
     "Reverse a string in Python, please, and explain each step carefully.",
     "hi",
 ]
-LEVERS = ("share_prompts", "unpadded_prefill", "tree_prefill", "drop_finished", "transposed_decode", "fused_decode")
+LEVERS = ("share_prompts", "unpadded_prefill", "tree_prefill", "drop_finished", "transposed_decode", "fused_decode",
+          "onednn_decode")
 OFF = dict.fromkeys(LEVERS, False)
 # float tolerance of the log-probs when a lever changes matmul shapes or the weight layout (observed ~3e-6)
 LOGPROB_TOL = 1e-4
@@ -52,6 +53,8 @@ def test_each_lever_keeps_greedy_tokens_and_logits_within_tolerance(pop, tiny_to
     reqs = _requests(0.0)
     ref = HFGenerator(pop, tiny_tokenizer, engine="generate").generate(reqs)
     kwargs = dict.fromkeys(LEVERS, True) if lever == "all" else OFF | {lever: True}
+    if lever == "onednn_decode":  # a setting of the fused step: on its own it changes nothing
+        kwargs["fused_decode"] = True
     out = HFGenerator(pop, tiny_tokenizer, engine="loop", **kwargs).generate(reqs)
     assert _key(out) == _key(ref)
     for a, b in zip(out, ref, strict=True):
