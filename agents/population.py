@@ -535,6 +535,32 @@ class LoRAPopulation:
             self.load_optimizer_state_dict(name, sd)
         self.activate(meta.get("active") if meta.get("active") in saved else saved[0])
 
+    @contextmanager
+    def single(self, name: str) -> Iterator[None]:
+        """Forward passes inside run member ``name``'s LoRA modules as ``base(x) + s * (x A^T) B^T`` with the
+        low-rank product added by ONE ``addmm`` (``alpha = s``), where PEFT's forward writes ``(x A^T) B^T``,
+        scales it and adds it: two full-size passes over each module's ``[tokens, out]`` output (and their
+        backward) fewer, the same function and gradients up to float rounding. For training the active member
+        (:class:`agents.trainer.PolicyGradientTrainer`, ``lora_impl="fused"``); ``name`` must be the active
+        adapter. A module whose LoRA is not plain (another variant such as DoRA, a LoRA bias), or a forward with
+        adapters disabled or merged, runs PEFT's own forward. Not re-entrant with :meth:`mixed`."""
+        self._require(name)
+        if self.model.active_adapter != name:
+            raise RuntimeError(f"single({name!r}) needs {name!r} active (LoRAPopulation.activate), "
+                               f"not {self.model.active_adapter!r}")
+        patched: list[nn.Module] = []
+        try:
+            for module in self._lora_layers:
+                if name in module.lora_A and name not in getattr(module, "lora_variant", {}) \
+                        and module.lora_B[name].bias is None and "forward" not in module.__dict__:
+                    module.forward = _SingleForward(module, name)
+                    patched.append(module)
+            yield
+        finally:
+            for module in patched:
+                if "forward" in module.__dict__:
+                    del module.forward
+
     # ------------------------------------------------------------------ mixed-adapter inference
 
     @contextmanager
@@ -622,6 +648,28 @@ class _MixedForward:
         h = torch.nn.functional.linear(x.to(self.a_cat.dtype), self.a_cat)
         mask = self.mask if h.dim() == 3 else self.mask.view(self.mask.shape[0], -1)
         return result + torch.nn.functional.linear(h * mask, self.b_cat).to(result.dtype)
+
+
+class _SingleForward:
+    """Replacement forward of one PEFT LoRA Linear inside :meth:`LoRAPopulation.single`."""
+
+    def __init__(self, module: nn.Module, name: str) -> None:
+        self.module = module
+        self.name = name
+
+    def __call__(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        m, name = self.module, self.name
+        if m.disable_adapters or m.merged or kwargs.get("adapter_names") is not None \
+                or list(m.active_adapters) != [name]:
+            return type(m).forward(m, x, *args, **kwargs)
+        result = m.base_layer(x, *args, **kwargs)
+        a, b = m.lora_A[name].weight, m.lora_B[name].weight
+        low = torch.nn.functional.linear(m.lora_dropout[name](x.to(a.dtype)), a)
+        if result.dtype != b.dtype:
+            return result + (torch.nn.functional.linear(low, b) * m.scaling[name]).to(result.dtype)
+        out = torch.addmm(result.reshape(-1, result.shape[-1]), low.reshape(-1, low.shape[-1]), b.t(),
+                          alpha=m.scaling[name])
+        return out.view(result.shape)
 
 
 def mixed_factors(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:

@@ -66,11 +66,12 @@ from agents.tree_attention import takes_tree_mask, tree_attention
 from agents.weighting import ROLE_WEIGHTINGS, role_loss_weights
 from populora_env.checks import check, check_bool, check_choice, check_int, check_number, shown
 
-__all__ = ["TrainerConfig", "PolicyGradientTrainer", "KL_MODES", "PACKINGS", "PACKED_ATTENTIONS"]
+__all__ = ["TrainerConfig", "PolicyGradientTrainer", "KL_MODES", "LORA_IMPLS", "PACKINGS", "PACKED_ATTENTIONS"]
 
 KL_MODES = ("off", "reward", "loss")
 PACKINGS = ("prefix", "none")
 PACKED_ATTENTIONS = ("tree", "mask")
+LORA_IMPLS = ("fused", "peft")
 
 
 @dataclass
@@ -144,6 +145,11 @@ class TrainerConfig:
     (``agents.tree_attention``: the pairs the tree mask forbids are never computed); "mask": one dense SDPA
     call with the L x L additive mask (the computation before tree attention; for equality tests and
     ablations). The same values up to float summation order."""
+    lora_impl: Literal["fused", "peft"] = "fused"
+    """How the member's LoRA modules run in the update. "fused": ``base(x) + s (x A^T) B^T`` with the low-rank
+    product added by one ``addmm`` (:meth:`agents.population.LoRAPopulation.single`: two full-size passes per
+    module and their backward fewer); "peft": PEFT's forward (writes ``(x A^T) B^T``, scales it, adds it). The
+    same values up to float rounding."""
     skip_zero_advantage: bool = True
     """When every advantage of the batch is zero and the loss has no other term (entropy_coef == 0,
     kl_mode == "off"), the gradient is exactly zero: skip the forward/backward passes and step the optimizer
@@ -194,6 +200,7 @@ class TrainerConfig:
         check_int("max_nonfinite_updates", self.max_nonfinite_updates, 1, 1 << 20)
         check_choice("packing", self.packing, PACKINGS)
         check_choice("packed_attention", self.packed_attention, PACKED_ATTENTIONS)
+        check_choice("lora_impl", self.lora_impl, LORA_IMPLS)
 
     @property
     def resolved_kl_estimator(self) -> str:
@@ -250,7 +257,7 @@ class PolicyGradientTrainer:
 
     Args:
         population: an ``agents.population.LoRAPopulation`` (``model``, ``activate``, ``parameters``,
-            ``optimizer``, ``disabled``).
+            ``optimizer``, ``disabled``; ``single`` with ``lora_impl="fused"``).
         config: the hyperparameters; ``TrainerConfig()`` by default.
     """
 
@@ -459,7 +466,8 @@ class PolicyGradientTrainer:
         # tree attention for the whole update: checkpointing's recomputation in backward runs it too
         attention = tree_attention(self._causal_lm) if self._tree else nullcontext()
         try:
-            with self.population.activate(member), attention:
+            with self.population.activate(member), attention, (
+                    self.population.single(member) if cfg.lora_impl == "fused" else nullcontext()):
                 metrics = self._update(member, rollouts, batch, rewards, groups)
         finally:
             model.train(was_training)

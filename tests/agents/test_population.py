@@ -227,6 +227,55 @@ def test_mixed_forward_matches_peft_per_row(population, tiny_tokenizer):
         pop.model(input_ids=batch["input_ids"][:2])
 
 
+def _grads(pop, name, tokenizer, single: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    for p in pop.parameters(name):
+        p.grad = None
+    with pop.activate(name):
+        if single:
+            with pop.single(name):
+                loss = _loss(pop, tokenizer)
+        else:
+            loss = _loss(pop, tokenizer)
+    loss.backward()
+    return loss.detach(), {k: p.grad.clone() for k, p in pop._member_params(name).items()}
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_single_forward_gives_peft_loss_and_gradients(population, tiny_tokenizer, dropout):
+    """``single``'s one-addmm LoRA: PEFT's loss and LoRA gradients within float rounding (with dropout too, the
+    same draws in the same order), and the patch is gone on exit."""
+    pop = population(["ma", "mb"], nonzero_std=0.5, dropout=dropout)
+    pop.model.train()
+    torch.manual_seed(5)
+    ref_loss, ref = _grads(pop, "ma", tiny_tokenizer, single=False)
+    torch.manual_seed(5)
+    loss, got = _grads(pop, "ma", tiny_tokenizer, single=True)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6)
+    assert ref.keys() == got.keys() and all(torch.count_nonzero(g) > 0 for g in ref.values())
+    for k in ref:
+        torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=1e-6)
+    assert not any("forward" in m.__dict__ for m in pop.model.modules())
+
+
+def test_single_forward_runs_only_for_the_active_member(population, tiny_tokenizer):
+    from agents.population import _SingleForward
+
+    pop = population(["ma", "mb"], nonzero_std=0.5)
+    with pytest.raises(RuntimeError, match="needs 'mb' active"), pop.activate("ma"), pop.single("mb"):
+        pass
+    batch = tiny_tokenizer(["one two three"], return_tensors="pt")
+    with torch.no_grad(), pop.activate("ma"), pop.single("ma"):
+        assert sum(isinstance(m.__dict__.get("forward"), _SingleForward) for m in pop.model.modules()) == 14
+        with pop.disabled():  # adapters off inside: the base, exactly
+            base = pop.model(**batch).logits
+        lora = pop.model(**batch).logits
+    with torch.no_grad(), pop.disabled():
+        assert torch.equal(base, pop.model(**batch).logits)
+    with torch.no_grad(), pop.activate("ma"):
+        torch.testing.assert_close(lora, pop.model(**batch).logits, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(base, lora)
+
+
 def test_randomize_member_is_seeded(population):
     p1, p2 = population(["ma"]), population(["ma"])
     randomize_member(p1, "ma", std=0.1, seed=1)

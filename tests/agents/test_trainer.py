@@ -59,6 +59,36 @@ def grads_of(population, config: TrainerConfig, rollouts, monkeypatch, member="m
     return cap.grads, metrics
 
 
+@pytest.mark.parametrize("extra", [{}, {"gradient_checkpointing": True, "micro_batch_size": 2},
+                                   {"mini_batch_size": 2, "epochs": 2}, {"packing": "none"}],
+                         ids=["default", "checkpointing", "mini", "unpacked"])
+def test_fused_lora_gives_peft_gradients(population, monkeypatch, extra):
+    """``lora_impl="fused"`` (the default: ``LoRAPopulation.single``'s one-addmm LoRA, spied) and PEFT's forward
+    give the same gradients and loss within float rounding."""
+    from agents.population import _SingleForward
+
+    calls = {"n": 0}
+    real = _SingleForward.__call__
+
+    def spy(self, *args, **kwargs):
+        calls["n"] += 1
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(_SingleForward, "__call__", spy)
+    rollouts = make_rollouts(8)
+    fused, mf = grads_of(population, TrainerConfig(**extra), rollouts, monkeypatch)
+    assert calls["n"] > 0
+    calls["n"] = 0
+    peft, mp = grads_of(population, TrainerConfig(lora_impl="peft", **extra), rollouts, monkeypatch)
+    assert calls["n"] == 0
+    assert len(fused) == len(peft) == (8 if "epochs" in extra else 1)  # 4 mini-batches x 2 epochs
+    for step_f, step_p in zip(fused, peft, strict=True):
+        assert any(torch.count_nonzero(g) > 0 for g in step_f)
+        for a, b in zip(step_f, step_p, strict=True):
+            assert_same_grad(a, b)
+    assert mf["loss"] == pytest.approx(mp["loss"], rel=1e-5, abs=1e-7)
+
+
 # ------------------------------------------------------------------------------------------ config
 
 
@@ -71,6 +101,7 @@ def test_config_validation_and_registry_errors(population):
         ({"kl_coef": 0.1}, "kl_coef", "0.1 has no effect with kl_mode 'off'; set kl_mode"),
         ({"clip_eps_low": 1.5}, "clip_eps_low", "must be < 1, got 1.5"),
         ({"lr": -1.0}, "lr", "must be > 0, got -1"),
+        ({"lora_impl": "dora"}, "lora_impl", "must be one of fused, peft, got 'dora'"),
     ]:
         config = TrainerConfig(**bad)  # built as given (tyro and presets build it): validate() refuses it
         with pytest.raises(ConfigError) as info:
