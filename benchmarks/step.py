@@ -7,12 +7,13 @@
    the preset's values unchanged except ``--steps``) in a temporary directory and plays ``--steps`` steps;
    prints each step's seconds split into generation / sandbox / update / other (evolution, bookkeeping).
    Step 1 carries first-call warm-ups.
-2. **The same rollouts, three layouts**: every member update of step 1 is recorded (its rollouts, the adapter
+2. **The same rollouts, four ways**: every member update of step 1 is recorded (its rollouts, the adapter
    and optimizer state before it) and replayed ``--repeats`` times per layout, the layouts alternating
    member by member (``TrainerConfig.packing`` = "none": one right-padded row per rollout, the layout before
    packing; "prefix": each unique prompt once, unpadded, ``agents.packing``, with tree attention, the default;
-   "mask": the same packed layout with one dense SDPA call over the tree mask, ``packed_attention="mask"``),
-   each from the recorded state.
+   "mask": the same packed layout with one dense SDPA call over the tree mask, ``packed_attention="mask"``;
+   "peft": the packed layout with PEFT's LoRA forward instead of the fused one-``addmm`` LoRA,
+   ``lora_impl="peft"``), each from the recorded state.
    Prints per member and in total: the decoder's token slots (``PolicyGradientTrainer.forward_tokens``),
    prompt tokens unshared (sum over rollouts) vs each equal prompt once vs each common prefix once (what
    the packed layout forwards), completion tokens, the
@@ -123,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         # replay step 1's updates with each layout, alternating, from the recorded states
         # (zero-advantage updates are computed too here: the layouts are compared on the same work)
         layouts = {"none": {"packing": "none"}, "prefix": {"packing": "prefix"},
-                   "mask": {"packing": "prefix", "packed_attention": "mask"}}
+                   "mask": {"packing": "prefix", "packed_attention": "mask"},
+                   "peft": {"packing": "prefix", "lora_impl": "peft"}}
         trainers = {k: PolicyGradientTrainer(pop, dataclasses.replace(cfg.trainer, skip_zero_advantage=False, **v))
                     for k, v in layouts.items()}
         totals = {k: {"seconds": 0.0, "tokens": 0} for k in trainers}
@@ -161,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 totals[layout]["tokens"] += row[f"{layout}_tokens"]
             row["max_abs_delta_adapter"] = _max_delta(results["none"]["state"], results["prefix"]["state"])
             row["max_abs_delta_tree_vs_mask"] = _max_delta(results["mask"]["state"], results["prefix"]["state"])
+            row["max_abs_delta_fused_vs_peft"] = _max_delta(results["peft"]["state"], results["prefix"]["state"])
             row["max_abs_delta_moments"] = _opt_delta(results["none"]["opt"], results["prefix"]["opt"])
             worst["adapter"] = max(worst["adapter"], row["max_abs_delta_adapter"])
             worst["moments"] = max(worst["moments"], row["max_abs_delta_moments"])
@@ -171,22 +174,26 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['prompt_shared']} equal prompts once / {row['prompt_prefix_shared']} prefixes once, completion {row['completion']}; decoder token slots "
                   f"padded {row['none_tokens']} vs packed {row['prefix_tokens']} "
                   f"({row['prefix_tokens'] / max(row['none_tokens'], 1):.2f}x); update {row['none_seconds']:.2f} s vs "
-                  f"{row['prefix_seconds']:.2f} s (dense-mask attention {row['mask_seconds']:.2f} s); max|delta| adapter "
-                  f"{row['max_abs_delta_adapter']:.2e} (tree vs mask {row['max_abs_delta_tree_vs_mask']:.2e})",
+                  f"{row['prefix_seconds']:.2f} s (dense-mask attention {row['mask_seconds']:.2f} s, PEFT's LoRA "
+                  f"{row['peft_seconds']:.2f} s); max|delta| adapter {row['max_abs_delta_adapter']:.2e} (tree vs mask "
+                  f"{row['max_abs_delta_tree_vs_mask']:.2e}, fused vs PEFT LoRA {row['max_abs_delta_fused_vs_peft']:.2e})",
                   flush=True)
     report["update"] = {"totals": totals, "counts": counts, "max_abs_delta": worst, "repeats": args.repeats}
     if recorded:
         ratio_tok = totals["prefix"]["tokens"] / max(totals["none"]["tokens"], 1)
         ratio_s = totals["prefix"]["seconds"] / max(totals["none"]["seconds"], 1e-9)
         ratio_tree = totals["prefix"]["seconds"] / max(totals["mask"]["seconds"], 1e-9)
-        report["update"] |= {"token_ratio": ratio_tok, "time_ratio": ratio_s, "tree_vs_mask_time_ratio": ratio_tree}
+        ratio_lora = totals["prefix"]["seconds"] / max(totals["peft"]["seconds"], 1e-9)
+        report["update"] |= {"token_ratio": ratio_tok, "time_ratio": ratio_s, "tree_vs_mask_time_ratio": ratio_tree,
+                             "fused_vs_peft_lora_time_ratio": ratio_lora}
         print(f"update of step 1, all members: decoder token slots padded {totals['none']['tokens']} vs packed "
               f"{totals['prefix']['tokens']} = {ratio_tok:.2f}x; prompt tokens {counts['prompt_unshared']} unshared "
               f"vs {counts['prompt_shared']} equal prompts once vs {counts['prompt_prefix_shared']} prefixes once, completion tokens {counts['completion']}; seconds padded "
               f"{totals['none']['seconds']:.1f} vs packed {totals['prefix']['seconds']:.1f} = {ratio_s:.2f}x; "
               f"max|delta| adapters {worst['adapter']:.2e}, AdamW moments {worst['moments']:.2e}; packed with tree "
               f"attention vs the dense mask {totals['prefix']['seconds']:.1f} vs {totals['mask']['seconds']:.1f} s = "
-              f"{ratio_tree:.2f}x")
+              f"{ratio_tree:.2f}x; fused LoRA vs PEFT's forward {totals['prefix']['seconds']:.1f} vs "
+              f"{totals['peft']['seconds']:.1f} s = {ratio_lora:.2f}x")
     else:
         print("no member was updated in step 1 (no rollouts): nothing to replay")
     if args.out:

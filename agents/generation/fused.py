@@ -152,9 +152,10 @@ class _Dense:
     """A frozen projection ``h W^T + b`` for a decode step's few rows: ``W^T`` stored contiguous (``[in, out]``),
     the layout in which MKL's small-M GEMM is fastest; with ``onednn``, also oneDNN's own packed layout of ``W``,
     used from 2 rows on (one row keeps MKL's matrix-vector kernel, faster there). On this project's CPU, with
-    the weights streamed from memory as a decode step streams them, oneDNN took 0.66-0.80x of MKL's time for
-    the LM head (2-16 rows) and 0.76-0.90x for the stacked gate/up projection, but more than MKL for the
-    smaller ``q/k/v``, ``o`` and ``down`` shapes (``benchmarks/generation.py --gemm``), so only those two use it.
+    the weights streamed from memory as a decode step streams them, oneDNN took 0.66-0.76x of MKL's time for
+    the LM head (2-16 rows) and 0.79-0.96x for the stacked gate/up projection, but about as much as MKL or more
+    for the smaller ``q/k/v``, ``o`` and ``down`` shapes (``benchmarks/generation.py --gemm``, 2026-12-02), so
+    only those two use it. The packed copies cost their size again in memory (0.33 GB for SmolLM2-135M).
     """
 
     def __init__(self, modules: Sequence[nn.Module], onednn: bool = False) -> None:

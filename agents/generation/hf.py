@@ -298,7 +298,7 @@ class HFGenerator:
         fused_decode: (loop, CPU, float32 Llama/Qwen2) decode steps through
             :class:`agents.generation.fused.FusedDecoder` instead of HF's forward (other models keep HF's forward).
         onednn_decode: (loop, with ``fused_decode``) the fused step's gate/up projections and LM head from 2 rows
-            on through oneDNN's packed weights (where the torch build has oneDNN): 0.66-0.90x of MKL's GEMM time
+            on through oneDNN's packed weights (where the torch build has oneDNN): 0.66-0.96x of MKL's GEMM time
             for those shapes with the weights streamed from memory (benchmarks/generation.py --gemm).
         With the loop and the seven levers off, tokens and log-probs are those of ``engine="generate"`` bit for
         bit; each lever reorders some float sums (:mod:`agents.generation.decode`).
