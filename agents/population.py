@@ -557,9 +557,7 @@ class LoRAPopulation:
                     patched.append(module)
             yield
         finally:
-            for module in patched:
-                if "forward" in module.__dict__:
-                    del module.forward
+            _unpatch(patched)
 
     # ------------------------------------------------------------------ mixed-adapter inference
 
@@ -620,10 +618,15 @@ class LoRAPopulation:
                     patched.append(module)
             yield
         finally:
-            for module in patched:
-                if "forward" in module.__dict__:
-                    del module.forward
+            _unpatch(patched)
             self._mixed_active = False
+
+
+def _unpatch(modules: Sequence[nn.Module]) -> None:
+    """Give back each module its class's ``forward`` (undo ``module.forward = ...`` of :meth:`LoRAPopulation.mixed`
+    and :meth:`LoRAPopulation.single`)."""
+    for module in modules:
+        module.__dict__.pop("forward", None)
 
 
 class _MixedForward:
