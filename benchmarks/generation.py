@@ -398,15 +398,12 @@ def gemm(args) -> None:
     for ds in dense.values():  # every projection packed for oneDNN too (the decoder packs only gate/up and the head)
         for d in ds:
             if d.packed is None:
-                d.packed = torch.ops.mkldnn._reorder_linear_weight(d.t.t(), 8)
+                d.pack()
 
     def sweep(name: str, h: torch.Tensor, packed: bool) -> float:
         start = time.perf_counter()
         for d in dense[name]:
-            if packed:
-                torch.ops.mkldnn._linear_pointwise(h, d.packed, d.bias, "none", [], "")
-            else:
-                torch.addmm(d.bias, h, d.t) if d.bias is not None else h @ d.t
+            d.onednn(h) if packed else d.mkl(h)
         return time.perf_counter() - start
 
     print(f"model {args.model}, {torch.get_num_threads()} threads, {len(dec.layers)} layers; ms per decode step's "

@@ -162,12 +162,22 @@ class _Dense:
         self.t, self.bias = _stack_t(modules)
         self.packed: torch.Tensor | None = None
         if onednn:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.t.t(), 8)
+            self.pack()
+
+    def pack(self) -> None:
+        """Also keep ``W`` in oneDNN's packed layout (the only place that calls oneDNN's private reorder op)."""
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.t.t(), 8)
+
+    def mkl(self, h: torch.Tensor) -> torch.Tensor:
+        """``h W^T + b`` by MKL's GEMM on the transposed weight."""
+        return torch.addmm(self.bias, h, self.t) if self.bias is not None else h @ self.t
+
+    def onednn(self, h: torch.Tensor) -> torch.Tensor:
+        """``h W^T + b`` by oneDNN on the packed weight (:meth:`pack` first)."""
+        return torch.ops.mkldnn._linear_pointwise(h, self.packed, self.bias, "none", [], "")
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None and h.shape[0] > 1:
-            return torch.ops.mkldnn._linear_pointwise(h, self.packed, self.bias, "none", [], "")
-        return torch.addmm(self.bias, h, self.t) if self.bias is not None else h @ self.t
+        return self.onednn(h) if self.packed is not None and h.shape[0] > 1 else self.mkl(h)
 
 
 class _Layer:
