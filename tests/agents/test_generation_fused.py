@@ -238,3 +238,66 @@ def test_unsupported_models_keep_hf_forward_bit_for_bit(population, tiny_tokeniz
     bad.model_type = "gpt2"
     assert "architecture 'gpt2'" in fused_unsupported(type("M", (), {"config": bad})())
     assert fused_mod.__doc__ and "softmax" in fused_mod.__doc__
+
+
+def test_fused_steps_read_keys_stored_transposed_and_dropping_rows_keeps_the_layout(population, tiny_tokenizer,
+                                                                                   monkeypatch):
+    """The fused path's decode cache keeps keys as a transposed view (positions contiguous, for the scores'
+    batched GEMM), also after rows are dropped; HF's decode keeps contiguous keys."""
+    pop = population(["m0", "m1"], nonzero_std=0.5)
+    layouts: list[tuple[bool, int]] = []
+    plain = FusedDecoder.step
+
+    def step(self, ids, pos, mask, layers):
+        layouts.append((all(la.keys.stride(-2) == 1 for la in layers), ids.shape[0]))
+        return plain(self, ids, pos, mask, layers)
+
+    monkeypatch.setattr(FusedDecoder, "step", step)
+    HFGenerator(pop, tiny_tokenizer).generate(_requests(0.0))
+    assert layouts and all(t for t, _ in layouts) and {n for _, n in layouts} >= {8, 2}  # rows were dropped
+    from agents.generation.decode import _cache_buffers, _RowsLayer
+
+    like = torch.zeros(3, 2, 5, 4)
+    k, v = _cache_buffers(like, 3, 9, fused=False)
+    assert k.shape == v.shape == (3, 2, 9, 4) and k.is_contiguous() and v.is_contiguous()
+    k, v = _cache_buffers(like, 3, 9, fused=True)
+    assert k.shape == v.shape == (3, 2, 9, 4) and k.stride(-2) == 1 and v.is_contiguous()
+    k.copy_(torch.randn(3, 2, 9, 4))
+    layer = _RowsLayer(k, v, 5)
+    kept = layer.keys[[0, 2]].clone()
+    layer.select(torch.tensor([0, 2]))
+    assert layer.keys.stride(-2) == 1 and torch.equal(layer.keys, kept)
+
+
+@pytest.mark.parametrize("onednn", ONEDNN)
+def test_fused_logits_do_not_depend_on_the_key_layout(pop_tok, onednn):
+    """A decode step over keys stored transposed gives the logits of contiguous keys (the same sums; 1e-6)."""
+    from agents.generation.decode import _cache_buffers, _padded, _RowsLayer
+
+    pop, tok = pop_tok
+    model = pop.model.base_model.model
+    cfg = model.config
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    _, mask, _ = _padded(prompts, tok.pad_token_id)
+    rows, width, d = len(prompts), mask.shape[1], cfg.hidden_size // cfg.num_attention_heads
+    gen = torch.Generator().manual_seed(0)
+    filled = [(torch.randn(rows, cfg.num_key_value_heads, width, d, generator=gen),
+               torch.randn(rows, cfg.num_key_value_heads, width, d, generator=gen))
+              for _ in range(cfg.num_hidden_layers)]
+
+    def cache(fused: bool) -> list:
+        layers = []
+        for k0, v0 in filled:
+            k, v = _cache_buffers(k0, rows, width + 2, fused)
+            k[..., :width, :], v[..., :width, :] = k0, v0
+            layers.append(_RowsLayer(k, v, width))
+        return layers
+
+    dec = fused_decoder(model, onednn=onednn)
+    ids, pos = torch.tensor([11, 12, 13, 14]), torch.tensor([len(p) for p in prompts])
+    step_mask = torch.cat([mask, mask.new_ones((rows, 1))], dim=1)
+    with pop.mixed(["m0", "m1", None, "m0"]):
+        dec.bind()
+        plain = dec.step(ids, pos, step_mask, cache(False))
+        transposed = dec.step(ids, pos, step_mask, cache(True))
+    torch.testing.assert_close(transposed, plain, rtol=1e-6, atol=1e-6)
