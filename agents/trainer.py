@@ -33,9 +33,11 @@ positions that predict completion tokens, then the LM head, log-softmax and entr
 whole batch at once (prompts cost no logits at all); a micro-batch of one chunk skips the checkpoint (and its
 recomputation of the LM head), since its logits exist during its backward pass either way.
 
-A mini-batch whose advantages are all zero, with no entropy or KL term in the loss, has an exactly zero
-gradient: its forward/backward passes are skipped and AdamW steps on zero gradients, as it would have after
-computing them (weight decay and the moments still move the weights), so the result is the same
+With no entropy or KL term in the loss, a rollout whose advantages are all zero adds exactly zero to the loss
+and to its gradient (``l_t = -min(rho_t * 0, clip(rho_t) * 0) = 0``): it is left out of the passes, while each
+mini-batch's loss keeps the token / sequence counts of all its rows, so the gradient is the same up to float
+summation order; a mini-batch of only such rollouts takes no pass and AdamW steps on zero gradients, as it
+would have after computing them (weight decay and the moments still move the weights)
 (``skip_zero_advantage``).
 
 Only the member's parameters require grad (``population.activate``) and only its optimizer steps, so every
@@ -151,10 +153,16 @@ class TrainerConfig:
     module and their backward fewer); "peft": PEFT's forward (writes ``(x A^T) B^T``, scales it, adds it). The
     same values up to float rounding."""
     skip_zero_advantage: bool = True
-    """When every advantage of the batch is zero and the loss has no other term (entropy_coef == 0,
-    kl_mode == "off"), the gradient is exactly zero: skip the forward/backward passes and step the optimizer
-    on zero gradients (AdamW still decays the weights and advances its moments, as it did after computing
-    those zeros). Metrics that need the forward (entropy, clip_frac, approx_kl) are then absent."""
+    """When the loss has no term but the policy gradient (entropy_coef == 0, kl_mode == "off"), a rollout whose
+    advantages are all zero adds exactly zero to the loss and its gradient (l_t = -min(rho A, clip(rho) A) = 0
+    for A = 0, whatever rho): leave it out of the forward/backward passes (and of the no-grad behaviour pass),
+    normalising each mini-batch's loss with ALL its rows' token / sequence counts as before, so the gradient is
+    the one computed with it, up to float summation order. A mini-batch with no other rollout takes no pass:
+    the optimizer steps on zero gradients (AdamW still decays the weights and advances its moments, as it did
+    after computing those zeros). Metrics that come from the forward (entropy, clip_frac, approx_kl) are over
+    the rollouts the passes covered (absent when none); ``zero_advantage_rows`` counts those left out. In the
+    main job about a third of the update's token slots belong to such rollouts (a whitening scope whose
+    rewards are all equal: e.g. both of a teacher's proposals of one type invalid)."""
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]
@@ -250,6 +258,7 @@ class _Tally:
     grad_norms: list[float] = field(default_factory=list)
     skipped: int = 0  # optimizer steps skipped as non-finite
     zero_steps: int = 0  # optimizer steps on exact zero gradients (all-zero advantages, no passes)
+    zero_rows: int = 0  # rows left out of an optimizer step's passes (all-zero advantages), summed over steps
 
 
 class PolicyGradientTrainer:
@@ -433,8 +442,9 @@ class PolicyGradientTrainer:
         batch), ``frac_reward_zero_std`` (fraction of baseline groups with >= 2 rollouts whose rewards are all
         equal; NaN if there is no such group), ``advantage_mean``, ``advantage_abs_mean`` (over valid tokens),
         ``response_length``, ``tokens`` (completion tokens trained on), ``num_rollouts``, ``num_steps``,
-        ``skipped_steps``, ``lr``, ``seconds``; ``skipped`` = 1.0 when nothing was trained (no rollouts or
-        no completion token), else 0.0.
+        ``skipped_steps``, ``zero_advantage_steps`` (optimizer steps without passes), ``zero_advantage_rows``
+        (rows left out of a step's passes, summed over steps; ``TrainerConfig.skip_zero_advantage``), ``lr``,
+        ``seconds``; ``skipped`` = 1.0 when nothing was trained (no rollouts or no completion token), else 0.0.
 
         Per role, when rollouts carry ``meta["role"]`` (the single-agent baseline trains its proposer and
         solver completions in one batch): ``reward_mean/<role>``, ``response_length/<role>``,
@@ -551,7 +561,8 @@ class PolicyGradientTrainer:
         if self._skips_zero_advantage:
             adv = self._advantages(rollouts, batch, rewards, groups, token_rewards=None)
             zero_gradient = not bool((adv != 0).any())
-        old_lp, pending, ref_lp = self._fixed_logprobs(rollouts, batch, n_steps, mini, zero_gradient)
+        live = None if adv is None else _live_rows(adv)
+        old_lp, pending, ref_lp = self._fixed_logprobs(rollouts, batch, n_steps, mini, zero_gradient, live)
         if adv is None:
             token_rewards = self._kl_token_rewards(batch, old_lp, ref_lp)
             adv = self._advantages(rollouts, batch, rewards, groups, token_rewards=token_rewards)
@@ -581,12 +592,14 @@ class PolicyGradientTrainer:
         return adv.to(torch.float32) * batch.mask
 
     def _fixed_logprobs(
-        self, rollouts: list[Rollout], batch: _Batch, n_steps: int, mini: int, zero_gradient: bool
+        self, rollouts: list[Rollout], batch: _Batch, n_steps: int, mini: int, zero_gradient: bool,
+        live: set[int] | None = None,
     ) -> tuple[Tensor | None, set[int], Tensor | None]:
         """``(old_lp, pending, ref_lp)``: the behaviour log-probs ``[B, Tc]`` (the ratio denominator; None:
         on-policy, each forward's own detached log-probs), the rows of ``old_lp`` left for the first mini-batch's
         own forward to fill (module docstring), and the reference (base) log-probs (None with
-        ``kl_mode == "off"``)."""
+        ``kl_mode == "off"``). ``live``: the rows the optimizer steps forward (``skip_zero_advantage``; None:
+        all); the no-grad pass covers only those (the others' log-probs stay 0, never read)."""
         cfg = self.config
         old_lp: Tensor | None = None
         pending: set[int] = set()
@@ -595,9 +608,10 @@ class PolicyGradientTrainer:
         elif cfg.kl_mode == "reward" and not zero_gradient:  # the advantages need every row's now
             old_lp = self._logprobs_no_grad(batch, reference=False)
         elif n_steps > 1 and not zero_gradient:
-            minis = [list(range(s, min(batch.size, s + mini))) for s in range(0, batch.size, mini)]
+            minis = [[i for i in range(s, min(batch.size, s + mini)) if live is None or i in live]
+                     for s in range(0, batch.size, mini)]
             pending = set(minis[0])
-            old_lp = self._logprobs_no_grad(batch, reference=False, minis=minis[1:])
+            old_lp = self._logprobs_no_grad(batch, reference=False, minis=[m for m in minis[1:] if m])
         ref_lp = self._logprobs_no_grad(batch, reference=True) if cfg.kl_mode != "off" else None
         return old_lp, pending, ref_lp
 
@@ -632,12 +646,17 @@ class PolicyGradientTrainer:
         }
         opt.zero_grad(set_to_none=True)
         step_loss = step_pg = 0.0
-        zero_step = self._skips_zero_advantage and not bool((targets.adv[rows] != 0).any())
+        live = rows
+        if self._skips_zero_advantage:  # rows whose advantages are all zero add exact zeros: no passes
+            keep = _live_rows(targets.adv[rows])
+            live = [i for j, i in enumerate(rows) if j in keep]
+            tally.zero_rows += len(rows) - len(live)
+        zero_step = not live
         if zero_step:  # what backward would have accumulated: exact zeros
             tally.zero_steps += 1
             for p in params:
                 p.grad = torch.zeros_like(p)
-        for micro in [] if zero_step else self._micro_batches(batch, rows):
+        for micro in self._micro_batches(batch, live) if live else []:
             loss, pg_loss = self._backward(batch, micro, targets, norms, tally)
             step_loss += loss
             step_pg += pg_loss
@@ -715,6 +734,7 @@ class PolicyGradientTrainer:
             "num_steps": float(n_steps),
             "skipped_steps": float(tally.skipped),
             "zero_advantage_steps": float(tally.zero_steps),
+            "zero_advantage_rows": float(tally.zero_rows),
             "lr": float(self.config.lr),
         }
         for key, total in tally.sums.items():
@@ -746,6 +766,11 @@ def _length_order(batch: _Batch, rows: Sequence[int] | None = None) -> list[int]
     """Rows sorted by total length (longest first) so micro-batches pad little."""
     rows = range(batch.size) if rows is None else rows
     return sorted(rows, key=lambda i: -(len(batch.prompts[i]) + len(batch.completions[i])))
+
+
+def _live_rows(adv: Tensor) -> set[int]:
+    """Indices of the rows of ``adv`` ``[B, Tc]`` with a non-zero advantage on some token."""
+    return {int(i) for i in (adv != 0).any(dim=1).nonzero().flatten()}
 
 
 def _mean(xs: Sequence[float]) -> float:

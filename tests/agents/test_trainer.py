@@ -89,6 +89,67 @@ def test_fused_lora_gives_peft_gradients(population, monkeypatch, extra):
     assert mf["loss"] == pytest.approx(mp["loss"], rel=1e-5, abs=1e-7)
 
 
+def zero_group_rollouts() -> list[Rollout]:
+    """Nine rollouts in three groups; group 0 (rows 0, 3, 6) has equal rewards: GRPO gives it zero advantages."""
+    return [Rollout(r.prompt_ids, r.completion_ids, 0.5 if r.group == 0 else r.reward, r.group, r.scope)
+            for r in make_rollouts(9, seed=7, groups=3)]
+
+
+@pytest.mark.parametrize("extra", [*({"loss_agg_mode": m} for m in list_loss_aggs()),
+                                   {"mini_batch_size": 3, "epochs": 2}, {"micro_batch_size": 2},
+                                   {"packing": "none"}, {"role_weighting": "tokens"}],
+                         ids=[*list_loss_aggs(), "mini", "micro", "unpacked", "tokens"])
+def test_zero_advantage_rows_are_left_out_with_the_same_gradients(population, monkeypatch, extra):
+    """``skip_zero_advantage``: rows whose advantages are all zero take no pass (grad or no-grad), the
+    gradient of every optimizer step equals the one computed with them (each step normalised by all its rows),
+    and ``zero_advantage_rows`` counts them per step."""
+    rollouts = zero_group_rollouts()
+    zero = {0, 3, 6}
+    seen: dict[bool, set[int]] = {}
+    result = {}
+    for skip in (True, False):
+        cfg = TrainerConfig(advantage="grpo", skip_zero_advantage=skip, **extra)
+        pop = population(nonzero_std=0.5)
+        cap = capture(pop, monkeypatch, "ma")
+        trainer = PolicyGradientTrainer(pop, cfg)
+        rows_seen: set[int] = set()
+        real = trainer._forward
+
+        def spy(batch, rows, ent_grad=False, real=real, rows_seen=rows_seen):
+            rows_seen.update(rows)
+            return real(batch, rows, ent_grad)
+
+        monkeypatch.setattr(trainer, "_forward", spy)
+        m = trainer.update("ma", rollouts)
+        seen[skip], result[skip] = rows_seen, (cap.grads, m)
+    assert seen[True] == set(range(9)) - zero and seen[False] == set(range(9))
+    (g1, m1), (g0, m0) = result[True], result[False]
+    steps = 6 if "epochs" in extra else 1
+    assert len(g1) == len(g0) == steps
+    assert m1["zero_advantage_rows"] == 3 * (2 if "epochs" in extra else 1) and m0["zero_advantage_rows"] == 0
+    for a_step, b_step in zip(g1, g0, strict=True):
+        assert any(torch.count_nonzero(g) > 0 for g in a_step)
+        for a, b in zip(a_step, b_step, strict=True):
+            assert_same_grad(a, b)
+    assert m1["loss"] == pytest.approx(m0["loss"], rel=1e-5, abs=1e-7)
+
+
+def test_zero_advantage_rows_stay_in_with_an_entropy_term(population, monkeypatch):
+    """With an entropy bonus a zero-advantage row still has a gradient: every row takes its pass."""
+    pop = population(nonzero_std=0.5)
+    trainer = PolicyGradientTrainer(pop, TrainerConfig(advantage="grpo", entropy_coef=0.01))
+    rows_seen: set[int] = set()
+    real = trainer._forward
+
+    def spy(batch, rows, ent_grad=False):
+        rows_seen.update(rows)
+        return real(batch, rows, ent_grad)
+
+    monkeypatch.setattr(trainer, "_forward", spy)
+    m = trainer.update("ma", zero_group_rollouts())
+    assert rows_seen == set(range(9)) and m["zero_advantage_rows"] == 0
+
+
 # ------------------------------------------------------------------------------------------ config
 
 
@@ -269,7 +330,7 @@ def test_first_mini_batch_behaviour_logprobs_come_from_its_own_forward(populatio
 
         monkeypatch.setattr(trainer, "_forward", spy)
         if way == "all up front":
-            def every_mini_batch(rollouts, batch, n_steps, mini, zero_gradient, trainer=trainer):
+            def every_mini_batch(rollouts, batch, n_steps, mini, zero_gradient, live=None, trainer=trainer):
                 minis = [list(range(s, min(batch.size, s + mini))) for s in range(0, batch.size, mini)]
                 return trainer._logprobs_no_grad(batch, reference=False, minis=minis), set(), None
 
