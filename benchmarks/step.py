@@ -7,13 +7,15 @@
    the preset's values unchanged except ``--steps``) in a temporary directory and plays ``--steps`` steps;
    prints each step's seconds split into generation / sandbox / update / other (evolution, bookkeeping).
    Step 1 carries first-call warm-ups.
-2. **The same rollouts, four ways**: every member update of step 1 is recorded (its rollouts, the adapter
+2. **The same rollouts, five ways**: every member update of step 1 is recorded (its rollouts, the adapter
    and optimizer state before it) and replayed ``--repeats`` times per layout, the layouts alternating
    member by member (``TrainerConfig.packing`` = "none": one right-padded row per rollout, the layout before
    packing; "prefix": each unique prompt once, unpadded, ``agents.packing``, with tree attention, the default;
    "mask": the same packed layout with one dense SDPA call over the tree mask, ``packed_attention="mask"``;
    "peft": the packed layout with PEFT's LoRA forward instead of the fused one-``addmm`` LoRA,
-   ``lora_impl="peft"``), each from the recorded state.
+   ``lora_impl="peft"``; "skip": the default packed layout leaving rows with all-zero advantages out of the
+   passes, ``skip_zero_advantage``, which the other four keep in so that they compare the same work), each from
+   the recorded state.
    Prints per member and in total: the decoder's token slots (``PolicyGradientTrainer.forward_tokens``),
    prompt tokens unshared (sum over rollouts) vs each equal prompt once vs each common prefix once (what
    the packed layout forwards), completion tokens, the
@@ -125,8 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         # (zero-advantage updates are computed too here: the layouts are compared on the same work)
         layouts = {"none": {"packing": "none"}, "prefix": {"packing": "prefix"},
                    "mask": {"packing": "prefix", "packed_attention": "mask"},
-                   "peft": {"packing": "prefix", "lora_impl": "peft"}}
-        trainers = {k: PolicyGradientTrainer(pop, dataclasses.replace(cfg.trainer, skip_zero_advantage=False, **v))
+                   "peft": {"packing": "prefix", "lora_impl": "peft"},
+                   "skip": {"packing": "prefix", "skip_zero_advantage": True}}
+        trainers = {k: PolicyGradientTrainer(pop, dataclasses.replace(cfg.trainer, **({"skip_zero_advantage": False}
+                                                                                      | v)))
                     for k, v in layouts.items()}
         totals = {k: {"seconds": 0.0, "tokens": 0} for k in trainers}
         counts = {"prompt_unshared": 0, "prompt_shared": 0, "prompt_prefix_shared": 0, "completion": 0}
@@ -164,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             row["max_abs_delta_adapter"] = _max_delta(results["none"]["state"], results["prefix"]["state"])
             row["max_abs_delta_tree_vs_mask"] = _max_delta(results["mask"]["state"], results["prefix"]["state"])
             row["max_abs_delta_fused_vs_peft"] = _max_delta(results["peft"]["state"], results["prefix"]["state"])
+            row["max_abs_delta_skip_vs_all_rows"] = _max_delta(results["skip"]["state"], results["prefix"]["state"])
             row["max_abs_delta_moments"] = _opt_delta(results["none"]["opt"], results["prefix"]["opt"])
             worst["adapter"] = max(worst["adapter"], row["max_abs_delta_adapter"])
             worst["moments"] = max(worst["moments"], row["max_abs_delta_moments"])
@@ -175,8 +180,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"padded {row['none_tokens']} vs packed {row['prefix_tokens']} "
                   f"({row['prefix_tokens'] / max(row['none_tokens'], 1):.2f}x); update {row['none_seconds']:.2f} s vs "
                   f"{row['prefix_seconds']:.2f} s (dense-mask attention {row['mask_seconds']:.2f} s, PEFT's LoRA "
-                  f"{row['peft_seconds']:.2f} s); max|delta| adapter {row['max_abs_delta_adapter']:.2e} (tree vs mask "
-                  f"{row['max_abs_delta_tree_vs_mask']:.2e}, fused vs PEFT LoRA {row['max_abs_delta_fused_vs_peft']:.2e})",
+                  f"{row['peft_seconds']:.2f} s, zero-advantage rows skipped {row['skip_seconds']:.2f} s with "
+                  f"{row['skip_tokens']} token slots); max|delta| adapter {row['max_abs_delta_adapter']:.2e} (tree vs mask "
+                  f"{row['max_abs_delta_tree_vs_mask']:.2e}, fused vs PEFT LoRA {row['max_abs_delta_fused_vs_peft']:.2e}, skip vs all rows "
+                  f"{row['max_abs_delta_skip_vs_all_rows']:.2e})",
                   flush=True)
     report["update"] = {"totals": totals, "counts": counts, "max_abs_delta": worst, "repeats": args.repeats}
     if recorded:
@@ -184,8 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         ratio_s = totals["prefix"]["seconds"] / max(totals["none"]["seconds"], 1e-9)
         ratio_tree = totals["prefix"]["seconds"] / max(totals["mask"]["seconds"], 1e-9)
         ratio_lora = totals["prefix"]["seconds"] / max(totals["peft"]["seconds"], 1e-9)
+        ratio_skip = totals["skip"]["seconds"] / max(totals["prefix"]["seconds"], 1e-9)
+        ratio_skip_tok = totals["skip"]["tokens"] / max(totals["prefix"]["tokens"], 1)
         report["update"] |= {"token_ratio": ratio_tok, "time_ratio": ratio_s, "tree_vs_mask_time_ratio": ratio_tree,
-                             "fused_vs_peft_lora_time_ratio": ratio_lora}
+                             "fused_vs_peft_lora_time_ratio": ratio_lora, "skip_vs_all_rows_time_ratio": ratio_skip,
+                             "skip_vs_all_rows_token_ratio": ratio_skip_tok}
         print(f"update of step 1, all members: decoder token slots padded {totals['none']['tokens']} vs packed "
               f"{totals['prefix']['tokens']} = {ratio_tok:.2f}x; prompt tokens {counts['prompt_unshared']} unshared "
               f"vs {counts['prompt_shared']} equal prompts once vs {counts['prompt_prefix_shared']} prefixes once, completion tokens {counts['completion']}; seconds padded "
@@ -193,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
               f"max|delta| adapters {worst['adapter']:.2e}, AdamW moments {worst['moments']:.2e}; packed with tree "
               f"attention vs the dense mask {totals['prefix']['seconds']:.1f} vs {totals['mask']['seconds']:.1f} s = "
               f"{ratio_tree:.2f}x; fused LoRA vs PEFT's forward {totals['prefix']['seconds']:.1f} vs "
-              f"{totals['peft']['seconds']:.1f} s = {ratio_lora:.2f}x")
+              f"{totals['peft']['seconds']:.1f} s = {ratio_lora:.2f}x; zero-advantage rows skipped vs computed "
+              f"{totals['skip']['seconds']:.1f} vs {totals['prefix']['seconds']:.1f} s = {ratio_skip:.2f}x (token slots "
+              f"{totals['skip']['tokens']} vs {totals['prefix']['tokens']} = {ratio_skip_tok:.2f}x)")
     else:
         print("no member was updated in step 1 (no rollouts): nothing to replay")
     if args.out:

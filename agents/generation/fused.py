@@ -23,7 +23,7 @@ states ``x`` (``[B, d_model]``):
   written into the loop's cache;
 * **attention of one query per row** by two batched matmuls over the GQA groups (``g = H / H_kv`` query heads
   share a key/value head): ``s = q_g K^T / sqrt(d_head) + bias`` (one ``baddbmm``; ``bias`` = -inf at left
-  padding),
+  padding; the loop's cache stores the keys transposed, so ``K^T`` is read contiguous along the positions),
   ``p = softmax(s)``, ``o = p V``, all in float32 (as SDPA accumulates them);
 * ``x <- x + o W_o^T``, then ``x <- x + down(silu(gate) * up)``; after the last layer the final norm and the LM
   head (stored transposed) give the logits. The gate/up projection and the LM head can also keep their weights
