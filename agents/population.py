@@ -341,12 +341,15 @@ class LoRAPopulation:
         """Member ``name``'s AdamW over its own parameters only; created on first call, then reused.
 
         The hyperparameters of the LATEST call are applied to the existing optimizer's param group (its moment
-        estimates are kept), so a trainer that passes its configured ``lr`` always gets that ``lr``.
+        estimates are kept), so a trainer that passes its configured ``lr`` always gets that ``lr``. The step
+        runs torch's multi-tensor (``foreach``) implementation: the same values bit for bit as the per-tensor
+        loop (a probe over a rank-8 SmolLM2 member's 420 tensors), in ~0.4x its time on CPU, where torch's
+        default is the loop.
         """
         opt = self._optimizers.get(name)
         if opt is None:
             opt = torch.optim.AdamW(
-                self.parameters(name), lr=lr, weight_decay=weight_decay, betas=tuple(betas)
+                self.parameters(name), lr=lr, weight_decay=weight_decay, betas=tuple(betas), foreach=True
             )
             self._optimizers[name] = opt
         else:
@@ -383,8 +386,10 @@ class LoRAPopulation:
                 f"optimizer state for {len(saved)} tensors cannot be loaded into member {name!r} with "
                 f"{len(params)} tensors (different rank/target modules?)"
             )
-        opt = torch.optim.AdamW(params)
+        opt = torch.optim.AdamW(params, foreach=True)
         opt.load_state_dict(state_dict)
+        for group in opt.param_groups:  # a state saved before foreach was chosen carries foreach=None
+            group["foreach"] = True
         self._optimizers[name] = opt
 
     # ------------------------------------------------------------------ state

@@ -89,6 +89,32 @@ def test_optimizer_hyperparameters_and_state_dict_round_trip(population, tiny_to
         pop.load_optimizer_state_dict("mb", {"state": {}, "param_groups": [{"params": [0, 1], "lr": 1.0}]})
 
 
+def test_member_optimizer_runs_foreach_with_the_loops_values(population, tiny_tokenizer):
+    """Members' AdamW runs the multi-tensor step (also once restored from a state saved without it), and three
+    steps give the per-tensor loop's weights and moments bit for bit."""
+    pop = population(["ma", "mb"], nonzero_std=0.1)
+    loop_params = [torch.nn.Parameter(p.detach().clone()) for p in pop.parameters("ma")]
+    loop = torch.optim.AdamW(loop_params, lr=1e-3, weight_decay=0.1, foreach=False)
+    for _ in range(3):
+        pop.activate("ma")
+        _loss(pop, tiny_tokenizer).backward()
+        for mine, p in zip(loop_params, pop.parameters("ma"), strict=True):
+            mine.grad = p.grad.clone()
+        opt = pop.optimizer("ma", lr=1e-3, weight_decay=0.1)
+        assert opt.param_groups[0]["foreach"] is True
+        opt.step()
+        loop.step()
+        opt.zero_grad(set_to_none=True)
+    for mine, p in zip(loop_params, pop.parameters("ma"), strict=True):
+        assert torch.equal(mine, p)
+        assert torch.equal(loop.state[mine]["exp_avg_sq"], opt.state[p]["exp_avg_sq"])
+    sd = pop.optimizer_state_dict("ma")
+    for group in sd["param_groups"]:
+        group["foreach"] = None  # as a checkpoint written before the choice holds it
+    pop.load_optimizer_state_dict("ma", sd)
+    assert pop.optimizer("ma", lr=1e-3).param_groups[0]["foreach"] is True
+
+
 def test_load_state_in_place_and_errors(population):
     pop = population(["ma", "mb"], nonzero_std=0.3)
     params_before = [id(p) for p in pop.parameters("ma")]
