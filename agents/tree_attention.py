@@ -63,6 +63,19 @@ class _Pieces:
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
 
+def _query_blocks(query: Tensor, blocks: Sequence[Block], pad_start: int) -> list[Tensor]:
+    """Each block's queries ``[1, H, e - s, D]`` of one row. The packing's blocks tile the row's columns
+    ``0 .. pad_start`` in order, so the row is split once (autograd joins the blocks' gradients by one
+    concatenation, where a slice per block builds a zero-filled full-row gradient for each); blocks that do not
+    tile it are sliced one by one."""
+    ends = [0, *(e for _, e, _ in blocks)]
+    if all(s == ends[i] for i, (s, _, _) in enumerate(blocks)) and ends[-1] == pad_start:
+        rest = query.shape[2] - pad_start
+        pieces = query.split([e - s for s, e, _ in blocks] + ([rest] if rest else []), dim=2)
+        return list(pieces[: len(blocks)])
+    return [query[:, :, s:e] for s, e, _ in blocks]
+
+
 @lru_cache(maxsize=64)
 def _lower_right(n: int, seen: int, device: torch.device) -> Tensor:
     """The bool mask ``[n, seen + n]`` of a block's queries over its ancestors' ``seen`` keys (all visible) and
@@ -103,12 +116,12 @@ def tree_attention_forward(
                 cuts.update((a, b))
         bounds = sorted(cuts)
         keys, values = _Pieces(key[r : r + 1], bounds), _Pieces(value[r : r + 1], bounds)
+        queries = _query_blocks(query[r : r + 1], blocks, pad_start[r])
         parts = []
-        for s, e, anc in blocks:
+        for (s, e, anc), q in zip(blocks, queries, strict=True):
             k, v = keys.gather((*anc, (s, e))), values.gather((*anc, (s, e)))
             n = e - s
             seen = k.shape[2] - n
-            q = query[r : r + 1, :, s:e]
             if seen == 0:
                 o = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, **gqa)
             else:  # every ancestor key, then the block's own keys causally (bottom-right aligned)

@@ -95,6 +95,30 @@ def test_tree_attention_equals_sdpa_with_the_tree_mask(heads, kv_heads):
     torch.testing.assert_close(dense, by_hand.transpose(1, 2), atol=1e-6, rtol=1e-6)  # the fallback is SDPA's
 
 
+def test_query_blocks_split_the_row_once_with_the_slices_gradient():
+    """The packing's blocks tile each row: its queries are split once (one gradient join), with the gradient
+    of slicing each block, bit for bit; blocks that do not tile the row are sliced."""
+    rollouts = shared_rollouts(n_prompts=4, attempts=2, seed=2)
+    packed = pack_prefix_shared([r.prompt_ids for r in rollouts] + [[7] * 30],
+                                [r.completion_ids for r in rollouts] + [[8] * 5])
+    R, L = packed.input_ids.shape
+    g = torch.Generator().manual_seed(1)
+    for r in range(R):
+        q = torch.randn(1, 3, L, 4, generator=g, requires_grad=True)
+        blocks = packed.blocks[r]
+        pieces = ta._query_blocks(q, blocks, packed.pad_start[r])
+        assert all("Split" in p.grad_fn.name() for p in pieces)
+        sliced = [q[:, :, s:e] for s, e, _ in blocks]
+        assert all(torch.equal(a, b) for a, b in zip(pieces, sliced, strict=True))
+        w = [torch.randn(p.shape, generator=g) for p in pieces]
+        split_grad, = torch.autograd.grad(sum((p * x).sum() for p, x in zip(pieces, w, strict=True)), q)
+        slice_grad, = torch.autograd.grad(sum((p * x).sum() for p, x in zip(sliced, w, strict=True)), q)
+        assert torch.equal(split_grad, slice_grad)
+    q = torch.zeros(1, 2, 6, 4, requires_grad=True)
+    gap = ta._query_blocks(q, [(0, 2, ()), (3, 6, ())], 6)  # column 2 in no block: sliced
+    assert [p.shape[2] for p in gap] == [2, 3] and all("Slice" in p.grad_fn.name() for p in gap)
+
+
 def test_blocks_that_do_not_cover_the_row_are_refused():
     q = torch.zeros(1, 2, 6, 4)
     with pytest.raises(ValueError, match="cover 4 of its 6 columns"):
