@@ -77,11 +77,26 @@ def assert_same_run(ref: Path, run: Path, steps: tuple[int, ...] = (1, 2, 3)) ->
 
 
 @pytest.fixture(scope="module")
-def local_run(tmp_path_factory) -> Path:
+def local_run(tmp_path_factory):
+    """The uninterrupted local run, started in the background (one thread: its result does not depend on what else
+    runs) so that the first Ray run overlaps it; calling the fixture's value waits for it and returns its directory."""
     run = tmp_path_factory.mktemp("eq") / "local"
-    p = populora("train", *ARGS, "--run-dir", str(run), timeout=1200)
-    assert p.returncode == 0, p.stderr[-4000:]
-    return run
+    proc = subprocess.Popen([sys.executable, "-m", "populora_cli.main", "train", *ARGS, "--run-dir", str(run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=REPO)
+    done: dict[str, str] = {}
+
+    def finished() -> Path:
+        if "err" not in done:
+            done["err"] = proc.communicate(timeout=1200)[1]
+        assert proc.returncode == 0, done["err"][-4000:]
+        return run
+
+    try:
+        yield finished
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_ray_run_is_bitwise_the_local_run(ray_cluster, local_run, tmp_path):
@@ -89,6 +104,7 @@ def test_ray_run_is_bitwise_the_local_run(ray_cluster, local_run, tmp_path):
     run = tmp_path / "ray"
     p = populora("train", *ARGS, *ray_args(address), "--run-dir", str(run), timeout=1800)
     assert p.returncode == 0, p.stderr[-6000:]
+    local_run = local_run()
     assert_same_run(local_run, run)
     # every logged value but wall-clock times is the local one; the Ray run adds the sync metric of every member
     sl, sr = load_scalars(local_run), load_scalars(run)
@@ -121,7 +137,7 @@ def test_a_killed_ray_run_resumes_to_the_uninterrupted_run(ray_cluster, local_ru
     assert p.returncode == 0, p.stderr[-6000:]
     assert "resumed" in p.stderr and "from checkpoint step 2" in p.stderr, p.stderr[-3000:]
     assert json.loads((run / "config.json").read_text())["config"]["backend"] == "ray"
-    assert_same_run(local_run, run)
+    assert_same_run(local_run(), run)
 
 
 def test_cli_refuses_impossible_requests_before_any_work(ray_cluster, tmp_path):
@@ -134,16 +150,30 @@ def test_cli_refuses_impossible_requests_before_any_work(ray_cluster, tmp_path):
         "a cluster that is not there": (["--ray.address", "127.0.0.1:1", "--ray.init-timeout-s", "15"],
                                         "Ray cluster"),
     }
-    for what, (extra, needle) in cases.items():
+    # the refusals are independent commands: started together, so the unreachable cluster's wait for its
+    # connection and the other commands' start-up overlap (each is then checked as before)
+    commands = {what: ["train", *base, *extra, "--run-dir", str(tmp_path / what.replace(" ", "_"))]
+                for what, (extra, _needle) in cases.items()}
+    commands["baseline"] = ["baseline", *base, "--ray.trainers", "2", "--run-dir", str(tmp_path / "b")]
+    procs = {what: subprocess.Popen([sys.executable, "-m", "populora_cli.main", *args], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=REPO)
+             for what, args in commands.items()}
+    try:
+        done = {what: (p.communicate(timeout=600)[1], p.returncode) for what, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+    for what, (_extra, needle) in cases.items():
         run = tmp_path / what.replace(" ", "_")
-        p = populora("train", *base, *extra, "--run-dir", str(run), timeout=600)
-        assert p.returncode == 2, (what, p.returncode, p.stderr[-3000:])
-        last = p.stderr.strip().splitlines()[-1]
+        stderr, returncode = done[what]
+        assert returncode == 2, (what, returncode, stderr[-3000:])
+        last = stderr.strip().splitlines()[-1]
         assert last.startswith("populora train: error:") and needle in last, (what, last)
-        assert "Traceback" not in p.stderr, what
+        assert "Traceback" not in stderr, what
         assert not (run / "config.json").exists(), what
-    p = populora("baseline", *base, "--ray.trainers", "2", "--run-dir", str(tmp_path / "b"), timeout=600)
-    assert p.returncode == 2 and "more trainer shards than members (1)" in p.stderr, p.stderr[-2000:]
+    stderr, returncode = done["baseline"]
+    assert returncode == 2 and "more trainer shards than members (1)" in stderr, stderr[-2000:]
     _no_pending()
 
 
@@ -227,12 +257,22 @@ def test_the_baseline_on_a_private_ray_instance_is_the_local_baseline(tmp_path):
     short = [*TINY, "--steps", "2", "--generation.batch-size", "4"]
     env = cli_env()
     env.pop("RAY_ADDRESS", None)  # set by this session's ray.init: it would make the command join that cluster
-    runs = {}
+    runs, procs = {}, {}
+    # both arms at once (independent processes; one thread each, so neither's result depends on the other):
+    # the private instance's start-up overlaps the local run
     for arm, extra in (("local", []), ("ray", ["--backend", "ray", "--ray.sandbox-workers-per-node", "1"])):
         runs[arm] = tmp_path / arm
-        p = subprocess.run([sys.executable, "-m", "populora_cli.main", "baseline", *short, *extra, "--run-dir",
-                            str(runs[arm])], capture_output=True, text=True, env=env, cwd=REPO, timeout=1200)
-        assert p.returncode == 0, (arm, p.stderr[-4000:])
+        procs[arm] = subprocess.Popen([sys.executable, "-m", "populora_cli.main", "baseline", *short, *extra,
+                                       "--run-dir", str(runs[arm])], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=env, cwd=REPO)
+    try:
+        for arm, p in procs.items():
+            _out, err = p.communicate(timeout=1200)
+            assert p.returncode == 0, (arm, err[-4000:])
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
     wa, wb = _weights(runs["local"] / "adapters"), _weights(runs["ray"] / "adapters")
     assert list(wa) == list(wb) == ["azr"]
     assert all(torch.equal(wa["azr"][k], wb["azr"][k]) for k in wa["azr"])
