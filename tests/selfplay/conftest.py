@@ -116,6 +116,37 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
+# The population and baseline runs shared by tests/selfplay/test_logging_contract.py (every tag at every step, the
+# report of both) and tests/selfplay/test_train_smoke.py (the baseline's one adapter): 3 steps, PBT at step 2.
+ARM_STEPS = 3
+
+
+@pytest.fixture(scope="session")
+def arm_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A population and a baseline run of ``ARM_STEPS`` steps (PBT at step 2), run side by side, and the report
+    of both (``"report"``). Shared: tests must not change them (copy them first)."""
+    root = tmp_path_factory.mktemp("contract")
+    dirs = {"population": root / "pop", "baseline": root / "base"}
+    procs = {
+        arm: subprocess.Popen(
+            [sys.executable, "-m", "populora_cli.main", "train" if arm == "population" else "baseline", *TINY,
+             "--steps", str(ARM_STEPS), "--log-samples", "1", "--run-dir", str(d)],
+            cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for arm, d in dirs.items()
+    }
+    for arm, p in procs.items():
+        _, err = p.communicate(timeout=900)
+        assert p.returncode == 0, f"{arm}: {err[-4000:]}"
+    rep = subprocess.run(
+        [sys.executable, "-m", "populora_cli.main", "report", str(dirs["population"]), str(dirs["baseline"]),
+         "--out", str(root / "report")],
+        cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600,
+    )
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    return dirs | {"report": root / "report"}
+
+
 @pytest.fixture
 def read_only_dir(tmp_path: Path):
     """A directory nobody may create entries in: mode 0555 for a normal user; for root (who ignores modes) a

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -35,9 +33,9 @@ from selfplay.logger import step_scalars
 from selfplay.loop import StepRecord
 from selfplay.mapping import AgentMapping
 from selfplay.run import HISTORY_KEYS
-from tests.selfplay.conftest import REPO, TINY, cli_env
+from tests.selfplay.conftest import ARM_STEPS
 
-STEPS = 3
+STEPS = ARM_STEPS
 RATE_TAGS = (tags.SOLVE_RATE, tags.FILLER_SOLVE_RATE, tags.STUDENT_FORMAT_RATE, tags.VALID_RATE,
              tags.FRAC_REWARD_ZERO_STD)
 
@@ -135,28 +133,10 @@ def test_step_scalars_split_the_baselines_roles() -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A population and a baseline run of 3 steps (PBT at step 2), side by side, and the report of both."""
-    root = tmp_path_factory.mktemp("contract")
-    dirs = {"population": root / "pop", "baseline": root / "base"}
-    procs = {
-        arm: subprocess.Popen(
-            [sys.executable, "-m", "populora_cli.main", "train" if arm == "population" else "baseline", *TINY,
-             "--steps", str(STEPS), "--log-samples", "1", "--run-dir", str(d)],
-            cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        for arm, d in dirs.items()
-    }
-    for arm, p in procs.items():
-        _, err = p.communicate(timeout=900)
-        assert p.returncode == 0, f"{arm}: {err[-4000:]}"
-    rep = subprocess.run(
-        [sys.executable, "-m", "populora_cli.main", "report", str(dirs["population"]), str(dirs["baseline"]),
-         "--out", str(root / "report")],
-        cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600,
-    )
-    assert rep.returncode == 0, rep.stderr[-3000:]
-    return dirs | {"report": root / "report"}
+def runs(arm_runs: dict[str, Path]) -> dict[str, Path]:
+    """A population and a baseline run of 3 steps (PBT at step 2), side by side, and the report of both
+    (conftest's ``arm_runs``, shared with test_train_smoke.py)."""
+    return arm_runs
 
 
 def _env_config(run: Path) -> dict:
