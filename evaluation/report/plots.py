@@ -33,7 +33,8 @@ def _titles(fig: Any) -> list[Any]:
 
 def fit_titles(fig: Any, margin: float = 2.0) -> None:
     """Wrap every title that would stick out of the figure onto more lines until it fits (the constrained
-    layout then makes room for the extra lines). A long title is otherwise cut at both edges of the PNG."""
+    layout then makes room for the extra lines). A long title is otherwise cut at both edges of the PNG. The
+    figure is left drawn with its final texts (:func:`texts_outside` can measure it without drawing again)."""
     import textwrap
 
     fig.canvas.draw()
@@ -50,11 +51,13 @@ def fit_titles(fig: Any, margin: float = 2.0) -> None:
             fig.canvas.draw()
 
 
-def texts_outside(fig: Any, margin: float = 2.0) -> list[str]:
+def texts_outside(fig: Any, margin: float = 2.0, drawn: bool = False) -> list[str]:
     """What of ``fig`` is drawn beyond its edges (cut in the PNG): each visible axes whose drawn texts (title,
     labels, tick labels, legend) reach out of the figure, named by its title, and each figure-level text or
-    legend that does."""
-    fig.canvas.draw()
+    legend that does. ``drawn``: the figure was drawn since its last change (e.g. by :func:`fit_titles`), so
+    it is measured as it stands (one full draw of a report figure fewer)."""
+    if not drawn:
+        fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     w, h = fig.bbox.width, fig.bbox.height
 
@@ -121,7 +124,7 @@ class Plotter:
 
     def save(self, fig: Any, key: str, title: str, panels: list[dict[str, Any]]) -> str:
         fit_titles(fig)
-        overflow = texts_outside(fig)
+        overflow = texts_outside(fig, drawn=True)
         for fmt in self.formats:
             fig.savefig(self.out / f"{key}.{fmt}", dpi=self.dpi)
         self.manifest.append({"key": key, "title": title, "file": f"{key}.png", "panels": panels,
