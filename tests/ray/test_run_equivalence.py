@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from evaluation.report import load_scalars
 from selfplay import tags
-from tests.selfplay.conftest import REPO, TINY, cli_env, populora
+from tests.selfplay.conftest import REPO, TINY, cli_env, killed_on_exit, populora, populora_started
 
 ray = pytest.importorskip("ray")
 
@@ -81,8 +81,7 @@ def local_run(tmp_path_factory):
     """The uninterrupted local run, started in the background (one thread: its result does not depend on what else
     runs) so that the first Ray run overlaps it; calling the fixture's value waits for it and returns its directory."""
     run = tmp_path_factory.mktemp("eq") / "local"
-    proc = subprocess.Popen([sys.executable, "-m", "populora_cli.main", "train", *ARGS, "--run-dir", str(run)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=REPO)
+    proc = populora_started("train", *ARGS, "--run-dir", str(run))
     done: dict[str, str] = {}
 
     def finished() -> Path:
@@ -91,12 +90,8 @@ def local_run(tmp_path_factory):
         assert proc.returncode == 0, done["err"][-4000:]
         return run
 
-    try:
+    with killed_on_exit([proc]):
         yield finished
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_ray_run_is_bitwise_the_local_run(ray_cluster, local_run, tmp_path):
@@ -155,15 +150,9 @@ def test_cli_refuses_impossible_requests_before_any_work(ray_cluster, tmp_path):
     commands = {what: ["train", *base, *extra, "--run-dir", str(tmp_path / what.replace(" ", "_"))]
                 for what, (extra, _needle) in cases.items()}
     commands["baseline"] = ["baseline", *base, "--ray.trainers", "2", "--run-dir", str(tmp_path / "b")]
-    procs = {what: subprocess.Popen([sys.executable, "-m", "populora_cli.main", *args], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=REPO)
-             for what, args in commands.items()}
-    try:
+    procs = {what: populora_started(*args) for what, args in commands.items()}
+    with killed_on_exit(procs.values()):
         done = {what: (p.communicate(timeout=600)[1], p.returncode) for what, p in procs.items()}
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
     for what, (_extra, needle) in cases.items():
         run = tmp_path / what.replace(" ", "_")
         stderr, returncode = done[what]
@@ -262,17 +251,11 @@ def test_the_baseline_on_a_private_ray_instance_is_the_local_baseline(tmp_path):
     # the private instance's start-up overlaps the local run
     for arm, extra in (("local", []), ("ray", ["--backend", "ray", "--ray.sandbox-workers-per-node", "1"])):
         runs[arm] = tmp_path / arm
-        procs[arm] = subprocess.Popen([sys.executable, "-m", "populora_cli.main", "baseline", *short, *extra,
-                                       "--run-dir", str(runs[arm])], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True, env=env, cwd=REPO)
-    try:
+        procs[arm] = populora_started("baseline", *short, *extra, "--run-dir", str(runs[arm]), env=env)
+    with killed_on_exit(procs.values()):
         for arm, p in procs.items():
             _out, err = p.communicate(timeout=1200)
             assert p.returncode == 0, (arm, err[-4000:])
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
     wa, wb = _weights(runs["local"] / "adapters"), _weights(runs["ray"] / "adapters")
     assert list(wa) == list(wb) == ["azr"]
     assert all(torch.equal(wa["azr"][k], wb["azr"][k]) for k in wa["azr"])

@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,25 @@ def populora(*args: str, timeout: float = 600, cwd: Path | None = None) -> subpr
     """Run ``python -m populora_cli.main ARGS`` and return the completed process (stdout/stderr captured)."""
     return subprocess.run([sys.executable, "-m", "populora_cli.main", *args], capture_output=True, text=True,
                           timeout=timeout, env=cli_env(), cwd=cwd or REPO)
+
+
+def populora_started(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``python -m populora_cli.main ARGS`` without waiting (stdout/stderr piped, text): independent runs
+    of a test overlap. ``env``: the child's environment (default :func:`cli_env`)."""
+    return subprocess.Popen([sys.executable, "-m", "populora_cli.main", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env or cli_env(), cwd=REPO)
+
+
+@contextmanager
+def killed_on_exit(procs: Iterable[subprocess.Popen]) -> Iterator[None]:
+    """Kill (and reap) whichever of ``procs`` still runs when the block exits, e.g. after a failed assertion."""
+    try:
+        yield
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 @pytest.fixture
@@ -127,17 +148,13 @@ def arm_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     of both (``"report"``). Shared: tests must not change them (copy them first)."""
     root = tmp_path_factory.mktemp("contract")
     dirs = {"population": root / "pop", "baseline": root / "base"}
-    procs = {
-        arm: subprocess.Popen(
-            [sys.executable, "-m", "populora_cli.main", "train" if arm == "population" else "baseline", *TINY,
-             "--steps", str(ARM_STEPS), "--log-samples", "1", "--run-dir", str(d)],
-            cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        for arm, d in dirs.items()
-    }
-    for arm, p in procs.items():
-        _, err = p.communicate(timeout=900)
-        assert p.returncode == 0, f"{arm}: {err[-4000:]}"
+    procs = {arm: populora_started("train" if arm == "population" else "baseline", *TINY, "--steps", str(ARM_STEPS),
+                                   "--log-samples", "1", "--run-dir", str(d))
+             for arm, d in dirs.items()}
+    with killed_on_exit(procs.values()):
+        for arm, p in procs.items():
+            _, err = p.communicate(timeout=900)
+            assert p.returncode == 0, f"{arm}: {err[-4000:]}"
     rep = subprocess.run(
         [sys.executable, "-m", "populora_cli.main", "report", str(dirs["population"]), str(dirs["baseline"]),
          "--out", str(root / "report")],
