@@ -243,6 +243,7 @@ class _Targets:
     role_w: Tensor | None  # [B, Tc] per-token loss weights of a mixed-role batch; None: plain aggregation
     role_rows: dict[str, Tensor]  # role -> [B] float indicator of its rows (empty without meta roles)
     norm_len: float  # the constant L of seq-mean-token-sum-norm
+    live: set[int] | None  # rows with a non-zero advantage, which take passes (skip_zero_advantage); None: all
 
 
 @dataclass
@@ -557,18 +558,18 @@ class PolicyGradientTrainer:
         after the KL-in-reward term when there is one."""
         cfg = self.config
         adv: Tensor | None = None
-        zero_gradient = False
+        live: set[int] | None = None
         if self._skips_zero_advantage:
             adv = self._advantages(rollouts, batch, rewards, groups, token_rewards=None)
-            zero_gradient = not bool((adv != 0).any())
-        live = None if adv is None else _live_rows(adv)
+            live = _live_rows(adv)
+        zero_gradient = live is not None and not live
         old_lp, pending, ref_lp = self._fixed_logprobs(rollouts, batch, n_steps, mini, zero_gradient, live)
         if adv is None:
             token_rewards = self._kl_token_rewards(batch, old_lp, ref_lp)
             adv = self._advantages(rollouts, batch, rewards, groups, token_rewards=token_rewards)
         role_w = role_loss_weights(_roles(rollouts), batch.mask, cfg.role_weighting, cfg.loss_agg_mode, mini)
         norm_len = float(cfg.norm_len or batch.mask.shape[1])
-        return _Targets(adv, old_lp, pending, ref_lp, role_w, _role_rows(rollouts), norm_len)
+        return _Targets(adv, old_lp, pending, ref_lp, role_w, _role_rows(rollouts), norm_len, live)
 
     def _advantages(
         self,
@@ -646,11 +647,8 @@ class PolicyGradientTrainer:
         }
         opt.zero_grad(set_to_none=True)
         step_loss = step_pg = 0.0
-        live = rows
-        if self._skips_zero_advantage:  # rows whose advantages are all zero add exact zeros: no passes
-            keep = _live_rows(targets.adv[rows])
-            live = [i for j, i in enumerate(rows) if j in keep]
-            tally.zero_rows += len(rows) - len(live)
+        live = rows if targets.live is None else [i for i in rows if i in targets.live]  # others add exact zeros
+        tally.zero_rows += len(rows) - len(live)
         zero_step = not live
         if zero_step:  # what backward would have accumulated: exact zeros
             tally.zero_steps += 1

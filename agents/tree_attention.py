@@ -125,8 +125,8 @@ def tree_attention_forward(
             if seen == 0:
                 o = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, **gqa)
             else:  # every ancestor key, then the block's own keys causally (bottom-right aligned)
-                o = F.scaled_dot_product_attention(q, k, v, attn_mask=_lower_right(n, seen, query.device), dropout_p=dropout, scale=scaling,
-                                                   **gqa)
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=_lower_right(n, seen, query.device),
+                                                   dropout_p=dropout, scale=scaling, **gqa)
             parts.append(o)
         if pad_start[r] < L:  # a padding token sees itself only: its output is its value vector
             pv = values.gather([(pad_start[r], L)])
