@@ -31,14 +31,20 @@ def _titles(fig: Any) -> list[Any]:
     return found + [ax.title for ax in fig.axes if ax.get_visible() and ax.get_title()]
 
 
-def fit_titles(fig: Any, margin: float = 2.0) -> None:
+def fit_titles(fig: Any, margin: float = 2.0) -> bool:
     """Wrap every title that would stick out of the figure onto more lines until it fits (the constrained
-    layout then makes room for the extra lines). A long title is otherwise cut at both edges of the PNG. The
-    figure is left drawn with its final texts (:func:`texts_outside` can measure it without drawing again)."""
+    layout then makes room for the extra lines). A long title is otherwise cut at both edges of the PNG.
+
+    The figure is laid out without rendering pixels (a draw with drawing disabled), its titles measured; one that
+    sticks out is wrapped at the width its overflow asks for (its characters scaled by the room it has over its
+    measured width, a centred title having ``2 min(c, W - c)`` around its centre ``c``), then by 15 % steps while
+    it still does, each try laid out again. The figure is left laid out with its final texts
+    (:func:`texts_outside` measures it as it stands with ``drawn=True``). Returns whether a title was wrapped."""
     import textwrap
 
-    fig.canvas.draw()
+    fig.draw_without_rendering()
     renderer = fig.canvas.get_renderer()
+    wrapped = False
     for text in _titles(fig):
         original = text.get_text()
         width = max(len(line) for line in original.splitlines())
@@ -46,9 +52,14 @@ def fit_titles(fig: Any, margin: float = 2.0) -> None:
             box = text.get_window_extent(renderer)
             if box.x0 >= -margin and box.x1 <= fig.bbox.width + margin:
                 break
-            width = int(width * 0.85)
-            text.set_text("\n".join(textwrap.fill(line, width) for line in original.splitlines()))
-            fig.canvas.draw()
+            centre = (box.x0 + box.x1) / 2
+            room = 2 * min(centre + margin, fig.bbox.width + margin - centre)
+            longest = max(len(line) for line in text.get_text().splitlines())
+            width = min(int(width * 0.85), int(longest * room / max(box.width, 1.0) * 0.95))
+            text.set_text("\n".join(textwrap.fill(line, max(width, 8)) for line in original.splitlines()))
+            fig.draw_without_rendering()
+            wrapped = True
+    return wrapped
 
 
 def texts_outside(fig: Any, margin: float = 2.0, drawn: bool = False) -> list[str]:
@@ -117,14 +128,18 @@ class Plotter:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
-        fig = Figure(figsize=size, layout="constrained")
+        fig = Figure(figsize=size, layout="constrained", dpi=self.dpi)
         FigureCanvasAgg(fig)
         axes = fig.subplots(nrows, ncols, squeeze=False).ravel().tolist()
         return fig, axes
 
     def save(self, fig: Any, key: str, title: str, panels: list[dict[str, Any]]) -> str:
-        fit_titles(fig)
+        fit_titles(fig)  # lays the figure out (no pixels rendered), wrapping any title that sticks out
         overflow = texts_outside(fig, drawn=True)
+        # keep that layout: each save then renders it without laying it out twice more (a save lays out a figure
+        # that has a layout engine once to measure it and once as it renders); the figure is made at the PNG's
+        # dpi, so the layout measured is the one saved
+        fig.set_layout_engine(None)
         for fmt in self.formats:
             fig.savefig(self.out / f"{key}.{fmt}", dpi=self.dpi)
         self.manifest.append({"key": key, "title": title, "file": f"{key}.png", "panels": panels,

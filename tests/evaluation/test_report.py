@@ -517,9 +517,49 @@ def test_long_titles_are_wrapped_to_the_figure() -> None:
     fig.suptitle(title)
     ax.set_title("a panel title that is also far too long for a figure four inches wide, by a lot")
     assert texts_outside(fig)  # cut before fitting: the check can fail
-    fit_titles(fig)
+    assert fit_titles(fig) is True  # wrapped
     assert texts_outside(fig, drawn=True) == []  # fit_titles leaves it drawn: measured as it stands ...
     assert texts_outside(fig) == []  # ... as after a fresh draw
     assert fig.get_suptitle().replace("\n", " ") == title  # wrapped, not shortened
+    assert fit_titles(fig) is False  # fits now: nothing to wrap
     ax.set_ylabel("a y label" * 40)
     assert texts_outside(fig) and texts_outside(fig, drawn=True)  # measured after a change: drawn again
+
+
+def _counting_draws(fig) -> list[int]:
+    """Count the figure's full draws (each laying it out; a PNG's save renders one)."""
+    calls = [0]
+    draw = fig.draw
+
+    def counted(renderer):
+        calls[0] += 1
+        return draw(renderer)
+
+    fig.draw = counted
+    return calls
+
+
+@pytest.mark.parametrize("long_title", [False, True])
+def test_a_figure_is_laid_out_once_unless_a_title_is_wrapped(tmp_path: Path, long_title: bool) -> None:
+    """``Plotter.save`` lays a figure out once (without pixels), measures it as laid out and renders the PNG
+    from that layout: two draws in all for a figure whose titles fit, where a save alone lays out a figure
+    with a layout engine twice and renders once. A wrapped title costs one layout per try, and the PNG holds the
+    wrapped title with no text outside."""
+    from evaluation.report.plots import Plotter, texts_outside
+
+    plot = Plotter([], tmp_path, smoothing=0.0, formats=["svg"], dpi=110)
+    fig, (ax,) = plot.figure(1, 1, (4, 3))
+    ax.plot([0, 1], [0, 1])
+    title = "a title far too long for a figure four inches wide " * 2 if long_title else "short"
+    fig.suptitle(title)
+    draws = _counting_draws(fig)
+    plot.save(fig, "one", title, [])
+    assert (tmp_path / "one.png").exists() and (tmp_path / "one.svg").exists()
+    assert imread(tmp_path / "one.png").shape[:2] == (330, 440)  # 4 x 3 inches at 110 dpi
+    assert plot.manifest[-1]["text_outside"] == []
+    if long_title:
+        assert draws[0] >= 4 and "\n" in fig.get_suptitle()  # layout, wrap(s), then one render per format
+        assert fig.get_suptitle().replace("\n", " ") == title.strip()
+    else:
+        assert draws[0] == 3 and fig.get_suptitle() == title  # one layout, then one render per format
+    assert texts_outside(fig) == []  # a fresh draw agrees
