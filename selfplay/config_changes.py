@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from selfplay.config import ConfigError, TrainConfig
+from selfplay.config_history import HISTORY_NAME, read_history
 
 __all__ = ["HISTORY_NAME", "STRUCTURAL", "UNRECORDED", "FREE", "RETIRED", "check_changes", "config_diff",
            "drop_retired", "normalize_override", "read_history", "record_changes"]
 
-HISTORY_NAME = "config_history.jsonl"
 STRUCTURAL = ("model", "dtype", "rank", "alpha", "target_modules", "env.num_teachers", "env.num_students")
 """Fields a resumed run can never change."""
 UNRECORDED = ("resume", "run_dir", "name", "progress")
@@ -166,19 +166,3 @@ def record_changes(run_dir: Path, step: int, changes: Sequence[tuple[str, Any, A
         f.flush()
         os.fsync(f.fileno())
     return lines
-
-
-def read_history(run_dir: Path) -> list[dict]:
-    """The recorded changes of a run (``[]`` if none); a line that is not a JSON object is skipped."""
-    path = Path(run_dir) / HISTORY_NAME
-    if not path.is_file():
-        return []
-    out = []
-    for ln in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            rec = json.loads(ln)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and "step" in rec and "field" in rec:
-            out.append(rec)
-    return out

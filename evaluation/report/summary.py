@@ -254,7 +254,7 @@ def unique_names(runs: list[RunData]) -> None:
 def config_changes_section(runs: Sequence[RunData]) -> list[str]:
     """``## Configuration changes``: every change a resume recorded (``config_history.jsonl``), at its step;
     nothing when no run has one."""
-    from selfplay.config_changes import read_history
+    from selfplay.config_history import read_history  # standard library only: no torch for the report
 
     rows = [[r.name, str(h["step"]), f"`{h['field']}`", f"`{json.dumps(h.get('old'))}`", f"`{json.dumps(h.get('new'))}`"]
             for r in runs for h in read_history(r.path)]

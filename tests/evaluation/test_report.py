@@ -563,3 +563,23 @@ def test_a_figure_is_laid_out_once_unless_a_title_is_wrapped(tmp_path: Path, lon
     else:
         assert draws[0] == 3 and fig.get_suptitle() == title  # one layout, then one render per format
     assert texts_outside(fig) == []  # a fresh draw agrees
+
+
+def test_the_report_reads_config_changes_without_importing_torch(tmp_path: Path) -> None:
+    """``populora report`` on its own: the runs' recorded configuration changes are read by a standard-library
+    module, so making a report imports neither torch nor transformers (half of the command's time when it did),
+    and the changes still reach the summary."""
+    import subprocess
+    import sys
+
+    run = _write_run_c(tmp_path)
+    (run / "config_history.jsonl").write_text(
+        json.dumps({"step": 4, "field": "trainer.lr", "old": 0.001, "new": 0.002, "time": 0.0}) + "\nnot json\n")
+    code = ("import sys; from evaluation.report import make_report; out = make_report([sys.argv[1]]); "
+            "print(out); print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code, str(run)], cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True, check=True)
+    out, imported = done.stdout.strip().splitlines()[-2:]
+    assert imported == "[]"
+    summary = (Path(out) / "summary.md").read_text()
+    assert "## Configuration changes" in summary and "| 4 | `trainer.lr` | `0.001` | `0.002` |" in summary
