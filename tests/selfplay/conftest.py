@@ -155,11 +155,7 @@ def arm_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         for arm, p in procs.items():
             _, err = p.communicate(timeout=900)
             assert p.returncode == 0, f"{arm}: {err[-4000:]}"
-    rep = subprocess.run(
-        [sys.executable, "-m", "populora_cli.main", "report", str(dirs["population"]), str(dirs["baseline"]),
-         "--out", str(root / "report")],
-        cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600,
-    )
+    rep = populora("report", str(dirs["population"]), str(dirs["baseline"]), "--out", str(root / "report"))
     assert rep.returncode == 0, rep.stderr[-3000:]
     return dirs | {"report": root / "report"}
 
