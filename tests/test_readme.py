@@ -16,7 +16,7 @@ each inline code span of the prose that starts like a command line (``.venv/bin/
 A README command in none of these fails :func:`test_every_readme_command_is_run`; a mapping entry whose
 command left the README fails too (the mapping is kept reviewed, not accumulated).
 
-Commands that need what the suite does not have (the 12-minute SmolLM2 main job, a GPU, a Ray cluster) are
+Commands that need what the suite does not have (the 5-7 minute SmolLM2 main job, a GPU, a Ray cluster) are
 mapped to the tests that run the same code path on ``tiny-random`` or a one-machine cluster, and say so.
 """
 
@@ -53,7 +53,7 @@ COVERED: dict[str, Cover] = {
         ("tests/selfplay/test_train_smoke.py::test_train_smoke_writes_everything",
          "tests/selfplay/test_presets.py::test_dry_run_prints_the_preset",
          "tests/sandbox/test_reward_hacking.py::test_hacks_earn_nothing_in_a_populora_train_run"),
-        "the main job (preset cpu-smoke, SmolLM2-135M, 9 steps, ~12 min) is too long for the suite: its "
+        "the main job (preset cpu-smoke, SmolLM2-135M, 9 steps, 5-7 min) is too long for the suite: its "
         "configuration is resolved here and by the preset dry-run test, the same command runs end to end on "
         "tiny-random (smoke test), and with the cpu-smoke preset file itself on tiny-random (reward hacking)"),
     ".venv/bin/populora train --resume runs/cpu-smoke-population-s0": Cover(
