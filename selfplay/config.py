@@ -302,19 +302,22 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
 
 
 def _coerce_union(tp: Any, value: Any, path: str) -> Any:
-    """A union: a value that already has one of the types keeps it (5 stays an int in ``float | int | str``),
-    else the first member type that takes it."""
+    """A union: a value that already has one of the types keeps it (5 stays an int in ``float | int | str``) if
+    that type's own checks pass, else the first member type that takes it; refused with the failed check of
+    the value's own type when it has one (``2**63`` in ``int | None``: the 64-bit range), else naming the union."""
     args = typing.get_args(tp)
-    if any(_exact(a, value) for a in args):
-        return value
-    for a in args:
-        if a is type(None):
-            continue
+    exact = [a for a in args if _exact(a, value)]
+    if type(None) in exact:
+        return None
+    first: ConfigError | None = None
+    # the members the value already has first, still through their own checks (an int outside the signed
+    # 64-bit range is refused in ``int | None`` as in ``int``), then the others in order
+    for a in exact + [a for a in args if a not in exact and a is not type(None)]:
         try:
             return _coerce(a, value, path)
-        except ConfigError:
-            continue
-    raise ConfigError(path, f"must be {_type_name(tp)}, got {_got(value)}")
+        except ConfigError as e:
+            first = first or (e if a in exact else None)
+    raise first or ConfigError(path, f"must be {_type_name(tp)}, got {_got(value)}")
 
 
 def _coerce_sequence(tp: Any, value: Any, path: str) -> tuple | list:

@@ -117,6 +117,33 @@ def test_a_wrong_typed_value_of_any_field_names_it(leaf: tuple[str, Any], value:
     assert info.value.reason.startswith(("must be", "keys must be")), info.value.reason
 
 
+OPTIONAL_INTS = [name for name, tp in LEAVES
+                 if typing.get_origin(tp) in (typing.Union, types.UnionType) and set(typing.get_args(tp)) == {int, type(None)}]
+
+
+@pytest.mark.parametrize("value", [2**63, -(2**63) - 1])
+def test_an_optional_int_outside_64_bits_is_refused_naming_the_range(value: int) -> None:
+    """Found by the fuzz above (``trainer.norm_len`` = 2**63 passed): a union took a value of one of its types
+    without that type's range check."""
+    assert "trainer.norm_len" in OPTIONAL_INTS
+    for name in OPTIONAL_INTS:
+        with pytest.raises(ConfigError) as info:
+            from_dict(TrainConfig, _set({}, name, value))
+        assert info.value.field == name and "signed 64-bit range" in info.value.reason, (name, info.value)
+        edge = 2**63 - 1 if value > 0 else -(2**63)
+        try:  # the range's own ends are ints: a rule of the field may refuse them, never the type check
+            from_dict(TrainConfig, _set({}, name, edge))
+        except ConfigError as e:
+            assert "64-bit" not in e.reason and "must be an int" not in e.reason, (name, e)
+
+
+def test_a_union_with_float_still_takes_a_large_int_as_a_float() -> None:
+    from selfplay.config import _coerce
+
+    assert _coerce(float | int | str, 2**64, "x") == float(2**64)
+    assert _coerce(float | int | str, 5, "x") == 5 and type(_coerce(float | int | str, 5, "x")) is int
+
+
 def test_defaults_and_presets_pass_the_typed_check() -> None:
     assert from_dict(TrainConfig, to_dict(TrainConfig())) == TrainConfig()
     for name in ("cpu-smoke", "cpu-learn"):
