@@ -89,11 +89,14 @@ def test_two_trains_on_one_directory_one_is_refused(tmp_path: Path) -> None:
                 break
             time.sleep(0.05)
         assert first.poll() is None, first.communicate()[1][-3000:]
+        # read while the first holds it: on a slow machine the first may finish (and free it) before the
+        # second's refusal is checked
+        since = json.loads((run / LOCK_NAME).read_text())["since"]
         second = populora("train", *TINY, "--steps", "1", "--run-dir", str(run), timeout=300)
         assert second.returncode == 2
         assert second.stderr.strip().splitlines()[-1] == (
             f"populora train: error: run directory {run} is in use by pid {first.pid} on host {socket.gethostname()} "
-            f"(since {json.loads((run / LOCK_NAME).read_text())['since']}, train): one run per directory; wait for "
+            f"(since {since}, train): one run per directory; wait for "
             "it to finish, or choose another --run-dir")
         _out, err = first.communicate(timeout=600)
     finally:
