@@ -53,8 +53,10 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from generation import _floor as floor_seconds  # noqa: E402  (the floor benchmarks/generation.py measures)
 
 from agents.generation.decode import _cache_buffers, _RowsLayer  # noqa: E402
 from agents.generation.fused import FusedDecoder, fused_unsupported  # noqa: E402
@@ -66,19 +68,6 @@ _GEMMS = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::matmul", "aten::line
 _ATTENTION = {"aten::baddbmm", "aten::bmm", "aten::softmax", "aten::_softmax"}
 _NORMS = {"aten::rms_norm", "aten::_fused_rms_norm"}
 PAD = 16  # left-padding positions masked in every row
-
-
-def floor_seconds(nbytes: int, threads: int, repeats: int = 7) -> float:
-    """Median time of ``repeats`` sums over ``nbytes`` of float32 at ``threads`` threads: reading them once."""
-    torch.set_num_threads(threads)
-    x = torch.ones(max(nbytes // 4, 1))
-    x.sum()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        x.sum()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def part_of(name: str, shapes: list[list[int]], lora_widths: set[int], vocab: int) -> str:

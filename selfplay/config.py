@@ -309,15 +309,15 @@ def _coerce_union(tp: Any, value: Any, path: str) -> Any:
     exact = [a for a in args if _exact(a, value)]
     if type(None) in exact:
         return None
-    first: ConfigError | None = None
+    errors: list[ConfigError] = []
     # the members the value already has first, still through their own checks (an int outside the signed
     # 64-bit range is refused in ``int | None`` as in ``int``), then the others in order
     for a in exact + [a for a in args if a not in exact and a is not type(None)]:
         try:
             return _coerce(a, value, path)
         except ConfigError as e:
-            first = first or (e if a in exact else None)
-    raise first or ConfigError(path, f"must be {_type_name(tp)}, got {_got(value)}")
+            errors.append(e)
+    raise errors[0] if exact else ConfigError(path, f"must be {_type_name(tp)}, got {_got(value)}")
 
 
 def _coerce_sequence(tp: Any, value: Any, path: str) -> tuple | list:
