@@ -220,7 +220,6 @@ class TrainerConfig:
         return "k1" if self.kl_mode == "reward" else "k3"
 
 
-
 @dataclass
 class _Targets:
     """What every optimizer step of one update trains towards (step 2), fixed for the whole batch."""
