@@ -96,6 +96,23 @@ def zero_group_rollouts() -> list[Rollout]:
             for r in make_rollouts(9, seed=7, groups=3)]
 
 
+def _rows_and_grads(population, monkeypatch, cfg: TrainerConfig, rollouts):
+    """The rows the update forwarded, its gradient per step and its metrics."""
+    pop = population(nonzero_std=0.5)
+    cap = capture(pop, monkeypatch, "ma")
+    trainer = PolicyGradientTrainer(pop, cfg)
+    rows_seen: set[int] = set()
+    real = trainer.forward.logprobs
+
+    def spy(batch, rows, ent_grad=False):
+        rows_seen.update(rows)
+        return real(batch, rows, ent_grad)
+
+    monkeypatch.setattr(trainer.forward, "logprobs", spy)
+    metrics = trainer.update("ma", rollouts)
+    return rows_seen, cap.grads, metrics
+
+
 @pytest.mark.parametrize("extra", [*({"loss_agg_mode": m} for m in list_loss_aggs()),
                                    {"mini_batch_size": 3, "epochs": 2}, {"micro_batch_size": 2},
                                    {"packing": "none"}, {"role_weighting": "tokens"}],
@@ -110,19 +127,8 @@ def test_zero_advantage_rows_are_left_out_with_the_same_gradients(population, mo
     result = {}
     for skip in (True, False):
         cfg = TrainerConfig(advantage="grpo", skip_zero_advantage=skip, **extra)
-        pop = population(nonzero_std=0.5)
-        cap = capture(pop, monkeypatch, "ma")
-        trainer = PolicyGradientTrainer(pop, cfg)
-        rows_seen: set[int] = set()
-        real = trainer.forward.logprobs
-
-        def spy(batch, rows, ent_grad=False, real=real, rows_seen=rows_seen):
-            rows_seen.update(rows)
-            return real(batch, rows, ent_grad)
-
-        monkeypatch.setattr(trainer.forward, "logprobs", spy)
-        m = trainer.update("ma", rollouts)
-        seen[skip], result[skip] = rows_seen, (cap.grads, m)
+        seen[skip], grads, m = _rows_and_grads(population, monkeypatch, cfg, rollouts)
+        result[skip] = (grads, m)
     assert seen[True] == set(range(9)) - zero and seen[False] == set(range(9))
     (g1, m1), (g0, m0) = result[True], result[False]
     steps = 6 if "epochs" in extra else 1
@@ -137,17 +143,8 @@ def test_zero_advantage_rows_are_left_out_with_the_same_gradients(population, mo
 
 def test_zero_advantage_rows_stay_in_with_an_entropy_term(population, monkeypatch):
     """With an entropy bonus a zero-advantage row still has a gradient: every row takes its pass."""
-    pop = population(nonzero_std=0.5)
-    trainer = PolicyGradientTrainer(pop, TrainerConfig(advantage="grpo", entropy_coef=0.01))
-    rows_seen: set[int] = set()
-    real = trainer.forward.logprobs
-
-    def spy(batch, rows, ent_grad=False):
-        rows_seen.update(rows)
-        return real(batch, rows, ent_grad)
-
-    monkeypatch.setattr(trainer.forward, "logprobs", spy)
-    m = trainer.update("ma", zero_group_rollouts())
+    cfg = TrainerConfig(advantage="grpo", entropy_coef=0.01)
+    rows_seen, _, m = _rows_and_grads(population, monkeypatch, cfg, zero_group_rollouts())
     assert rows_seen == set(range(9)) and m["zero_advantage_rows"] == 0
 
 
@@ -166,23 +163,6 @@ def loss_term():
     for name in names:
         if name in list_loss_terms():
             unregister_loss_term(name)
-
-
-def _rows_and_grads(population, monkeypatch, cfg: TrainerConfig, rollouts):
-    """The rows the update forwarded, its gradient per step and its metrics."""
-    pop = population(nonzero_std=0.5)
-    cap = capture(pop, monkeypatch, "ma")
-    trainer = PolicyGradientTrainer(pop, cfg)
-    rows_seen: set[int] = set()
-    real = trainer.forward.logprobs
-
-    def spy(batch, rows, ent_grad=False):
-        rows_seen.update(rows)
-        return real(batch, rows, ent_grad)
-
-    monkeypatch.setattr(trainer.forward, "logprobs", spy)
-    metrics = trainer.update("ma", rollouts)
-    return rows_seen, cap.grads, metrics
 
 
 def test_a_new_loss_term_keeps_the_zero_advantage_rows(population, monkeypatch, loss_term):
