@@ -211,7 +211,7 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
 class LossInputs:
     """What an extra loss term reads, each ``[B, T]`` like the response mask: ``logprobs`` (with grad),
     ``old_logprobs`` and ``advantages`` (detached), ``mask`` (valid completion tokens), ``ref_logprobs`` (the
-    base's, detached; None unless the trainer computes them: ``kl_mode != "off"`` passes them as a loss)."""
+    base's, detached; None unless the KL is a loss term: the trainer's ``kl_mode == "loss"``)."""
 
     logprobs: Tensor
     old_logprobs: Tensor
@@ -238,6 +238,8 @@ class LossTerm:
 
 
 _TERMS: Registry[LossTerm] = Registry("loss term")
+_OWN_METRICS = ("clip_frac", "clip_frac_low", "clip_frac_high", "approx_kl", "ratio_mean", "ratio_max", "entropy",
+                "kl", "tokens")
 
 
 def register_loss_term(
@@ -248,7 +250,10 @@ def register_loss_term(
 
     Raises:
         DuplicateEntryError: (a ValueError) ``name`` is already registered.
+        ValueError: ``name`` is one of :func:`policy_loss`'s own metrics.
     """
+    if name in _OWN_METRICS:
+        raise ValueError(f"loss term name {name!r} is taken by a metric of policy_loss ({', '.join(_OWN_METRICS)})")
 
     def add(fn: Callable[[LossInputs], Tensor]) -> Callable[[LossInputs], Tensor]:
         _TERMS.add(name, LossTerm(fn, float(coef), vanishes_at_zero_advantage))

@@ -277,6 +277,8 @@ def test_an_extra_loss_term_is_added_aggregated_and_reported():
     assert out.loss.item() == pytest.approx(plain.loss.item() + 0.5 * ((14 / 3 + 0.25) / 2))
     assert out.metrics["_lp_square"] == pytest.approx((14 + 0.25) / 4)
     assert out.pg_loss.item() == plain.pg_loss.item()
+    with pytest.raises(ValueError, match="taken by a metric"):
+        register_loss_term("entropy", 0.1)
 
 
 def test_the_loss_declares_whether_zero_advantage_rows_add_zero():
