@@ -363,8 +363,8 @@ class Worker:
     def _compile_filter(self) -> None:
         """Compile the deny-list once to classic BPF; each child only patches in its pid and loads it.
 
-        Building and loading through libseccomp costs about 2 ms per fork on a busy 2-core VM; loading a
-        ready BPF program is a single syscall.
+        Building and loading through libseccomp at every fork costs far more than loading a ready BPF program,
+        which is a single syscall (docs/results.md).
         """
         if self._arch not in _SYS_SECCOMP:
             raise RuntimeError(f"no seccomp syscall number known for {self._arch}")
