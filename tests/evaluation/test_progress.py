@@ -128,13 +128,13 @@ def test_cli_is_tyro_over_evalconfig(run, capsys) -> None:
         eval_main(["--help"])
     assert exc.value.code == 0
     text = capsys.readouterr().out
-    for flag in ("--baseline", "--benchmarks", "--limit", "--data-dir", "--backend", "--math-template",
+    for flag in ("--baseline", "--benchmarks", "--limit", "--data-dir", "--engine", "--math-template",
                  "--restart", "--no-progress", "--no-tensorboard", "--budgets", "--samples-per-problem"):
         assert flag in text, flag
     assert eval_main([]) == 2
     assert "give a run directory" in capsys.readouterr().err
     if importlib.util.find_spec("vllm") is None:  # where vLLM is installed this would start an engine
-        assert eval_main([str(run), "--backend", "vllm", "--device", "cpu", "--benchmarks", "gsm8k"]) == 2
+        assert eval_main([str(run), "--engine", "vllm", "--device", "cpu", "--benchmarks", "gsm8k"]) == 2
         assert "vLLM is not installed" in capsys.readouterr().err
 
 

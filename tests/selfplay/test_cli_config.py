@@ -85,13 +85,13 @@ def test_baseline_dry_run_is_the_transformed_config() -> None:
     assert cfg["name"] == "cpu-smoke-baseline-s0"
 
 
-def test_generator_kwargs_carry_every_backend_setting() -> None:
+def test_generator_kwargs_carry_every_engine_setting() -> None:
     """The local loop and the Ray engines build their generator from GenerationConfig.generator_kwargs: the HF
-    backend gets the engine and the fused-decode switch, vLLM its engine settings."""
+    engine gets its decoding loop and the fused-decode switch, vLLM its engine settings."""
     from selfplay.config import GenerationConfig
 
     hf = GenerationConfig(batch_size=7, hf_engine="generate", fused_decode=False).generator_kwargs("m")
     assert hf == {"batch_size": 7, "engine": "generate", "fused_decode": False}
-    vllm = GenerationConfig(backend="vllm", vllm_gpu_memory_utilization=0.5, vllm_max_model_len=512)
+    vllm = GenerationConfig(engine="vllm", vllm_gpu_memory_utilization=0.5, vllm_max_model_len=512)
     assert vllm.generator_kwargs("/models/x") == {"model_path": "/models/x", "gpu_memory_utilization": 0.5,
                                                   "max_model_len": 512}

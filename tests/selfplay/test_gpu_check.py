@@ -38,7 +38,7 @@ def test_dry_run_on_a_random_shape_end_to_end(tmp_path):
     assert report["vllm_checks"]["status"] == "skipped"  # random shapes have no directory for vLLM
     for arm in ("population", "baseline"):
         run = report["runs"][arm]
-        assert run["status"] == "ok" and run["backend"] == "hf" and len(run["step_seconds"]) == 1
+        assert run["status"] == "ok" and run["engine"] == "hf" and len(run["step_seconds"]) == 1
     assert len(report["runs"]["population"]["members"]) == 8
     assert report["population_vs_baseline_step_time"] > 0
     assert report["fused_multi_lora"]["status"] == "not built"
