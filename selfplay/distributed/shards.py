@@ -50,14 +50,14 @@ def actor_members(cfg_dict: Mapping[str, Any], members: Sequence[str], threads: 
     """``(cfg, parts)`` in an actor: the run config rebuilt from its dict, the plugins imported, the process
     prepared (``threads`` torch threads, seeds) and the members' parts built by
     :func:`selfplay.parts.build_members`, the builder the local loop uses."""
+    from selfplay import parts
     from selfplay.config import TrainConfig, from_dict
-    from selfplay.parts import build_members, prepare_process
     from selfplay.plugins import load_plugins
 
     cfg = from_dict(TrainConfig, dict(cfg_dict))
-    load_plugins(cfg.plugins)
-    prepare_process(cfg, max(1, int(threads)))
-    return cfg, build_members(cfg, members, generator=generator, trainer=trainer, device=device)
+    load_plugins(cfg.plugins)  # before the builder is looked up: a plugin may extend it
+    parts.prepare_process(cfg, max(1, int(threads)))
+    return cfg, parts.build_members(cfg, members, generator=generator, trainer=trainer, device=device)
 
 
 @torch.no_grad()
