@@ -23,6 +23,12 @@ def test_bad_model_arguments_exit_2(tmp_path):
                               capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert not (tmp_path / "gpu_check.json").exists()
+    # --backend is the deprecated spelling of --engine (the generation engine): accepted with one warning line
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry", "--backend", "hf", "--model", "random:no-such-shape",
+                           "--out-dir", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and "unknown random shape" in proc.stderr, proc.stderr
+    assert [ln for ln in proc.stderr.splitlines() if "deprecated" in ln] == [
+        "gpu_check.py --backend is deprecated and will be removed in the next release: use --engine"]
 
 
 @pytest.mark.slow
