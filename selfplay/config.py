@@ -101,8 +101,8 @@ class GenerationConfig:
                                   "--generation.engine (generation.engine)", backend)
 
     def generator_kwargs(self, model: str) -> dict[str, Any]:
-        """The keyword arguments of ``agents.generation.make_generator`` for this engine (built by
-        :func:`selfplay.parts.build_members`, locally and in the Ray engines); ``model`` is the run's model path."""
+        """The keyword arguments of ``agents.generation.make_generator`` for this engine (the generator is built by
+        :func:`selfplay.members.build_members`, locally and in the Ray engines); ``model``: the run's model."""
         if self.engine == "hf":
             return {"batch_size": self.batch_size, "engine": self.hf_engine, "fused_decode": self.fused_decode}
         return {"model_path": model, "gpu_memory_utilization": self.vllm_gpu_memory_utilization,

@@ -33,7 +33,8 @@ from populora_env.results import RoundOutcome
 from selfplay.config import TrainConfig
 from selfplay.finite import NonFiniteGuard, check_rewards
 from selfplay.mapping import AgentMapping
-from selfplay.parts import build_parts, model_device
+from selfplay.members import model_device
+from selfplay.parts import build_parts
 from selfplay.rollouts import CompletionId, rollouts_from_round
 from selfplay.seeding import SeedingReport, seed_before_training
 
@@ -88,12 +89,12 @@ class SelfPlayLoop:
     # ------------------------------------------------------------------------------------- set-up
     @property
     def device(self) -> str:
-        """The torch device the local backend's model runs on (``cfg.device``; ``auto``: CUDA if available)."""
+        """The torch device this process's model runs on (``cfg.device``; ``auto``: CUDA if available)."""
         return model_device(self.cfg)
 
     def setup(self) -> None:
-        """Build every part (the slow part: model loading) with :func:`selfplay.parts.build_parts`, the builder
-        the Ray actors use too."""
+        """Build every part (the slow part: model loading) with :func:`selfplay.parts.build_parts`: locally its
+        :func:`selfplay.members.build_members`, the builder the Ray actors call too."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         parts = build_parts(self.cfg, self.run_dir, self.assignment, self.run_dir / "lineage.jsonl")
         self.env, self.mapping, self.pbt = parts.env, parts.mapping, parts.pbt

@@ -3,7 +3,7 @@
 An :class:`Engine` holds one base copy, the adapters of the members it serves (a
 :class:`~agents.population.LoRAPopulation` used only for serving) and a generator of
 :mod:`agents.generation` over them (``generation.engine``: HF on CPU, vLLM multi-LoRA on GPU), all built by
-:func:`selfplay.parts.build_members` as the local loop builds its own. :class:`RayGenerator` is the driver's
+:func:`selfplay.members.build_members` as the local run builds its own. :class:`RayGenerator` is the driver's
 ``Generator``:
 
 * ``refresh(names)``: each owning trainer shard puts the members' new states in the object store and hands back

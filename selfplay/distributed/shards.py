@@ -2,8 +2,8 @@
 
 A :class:`TrainerShard` holds one copy of the base with its members' LoRA adapters (a
 :class:`~agents.population.LoRAPopulation` of those members only) and a
-:class:`~agents.trainer.PolicyGradientTrainer` over them, built by :func:`selfplay.parts.build_members` as the local
-loop builds its own (:func:`actor_members`). The driver reaches the shards through two proxies
+:class:`~agents.trainer.PolicyGradientTrainer` over them, built by :func:`selfplay.members.build_members` as the
+local run builds its own (:func:`actor_members`). The driver reaches the shards through two proxies
 with the interfaces the loop and the PBT controller already use:
 
 * :class:`RayTrainer` — ``update_many(batches)`` (and ``update``): every shard updates its members at the same
@@ -49,15 +49,15 @@ def actor_members(cfg_dict: Mapping[str, Any], members: Sequence[str], threads: 
                   trainer: bool = False, device: str | None = None):
     """``(cfg, parts)`` in an actor: the run config rebuilt from its dict, the plugins imported, the process
     prepared (``threads`` torch threads, seeds) and the members' parts built by
-    :func:`selfplay.parts.build_members`, the builder the local loop uses."""
-    from selfplay import parts
+    :func:`selfplay.members.build_members`, the builder the local run uses."""
+    from selfplay import members as member_parts
     from selfplay.config import TrainConfig, from_dict
     from selfplay.plugins import load_plugins
 
     cfg = from_dict(TrainConfig, dict(cfg_dict))
     load_plugins(cfg.plugins)  # before the builder is looked up: a plugin may extend it
-    parts.prepare_process(cfg, max(1, int(threads)))
-    return cfg, parts.build_members(cfg, members, generator=generator, trainer=trainer, device=device)
+    member_parts.prepare_process(cfg, max(1, int(threads)))
+    return cfg, member_parts.build_members(cfg, members, generator=generator, trainer=trainer, device=device)
 
 
 @torch.no_grad()

@@ -37,7 +37,7 @@ CFG = TrainConfig(
 CFG = dataclasses.replace(CFG, generation=dataclasses.replace(CFG.generation, batch_size=3, threads=1))
 
 
-# adds an option to selfplay.parts.build_members in every process that imports it (the actors do, with the run's
+# adds an option to selfplay.members.build_members in every process that imports it (the actors do, with the run's
 # plugins); it changes no part, so the tests below see the plain backend
 PLUGIN = str(REPO / "tests" / "selfplay" / "builder_plugin.py")
 
@@ -146,7 +146,7 @@ def test_shard_mode_routes_requests_to_the_engine_of_their_shard(parts):
 
 
 def test_an_option_added_to_the_builder_reaches_every_actor(parts):
-    """The plugin adds an option to ``selfplay.parts.build_members`` and edits nothing else: each trainer shard
+    """The plugin adds an option to ``selfplay.members.build_members`` and edits nothing else: each trainer shard
     built its members' trainer with it, each engine its generator, in the actors' own processes (the local run
     gets it the same way: tests/selfplay/test_parts.py)."""
     backend, mapping, _population, _generator, _trainer = parts

@@ -1,5 +1,5 @@
 """Test plugin (``--plugins tests/selfplay/builder_plugin.py``): adds an option to the run's builder, as a
-developer's edit of :func:`selfplay.parts.build_members` would, and nothing else.
+developer's edit of :func:`selfplay.members.build_members` would, and nothing else.
 
 Every generator and trainer the builder makes gets the attribute ``builder_option``, read from the run
 configuration (``{"seed": cfg.seed, "batch_size": cfg.generation.batch_size}``), and each call is recorded as
@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-import selfplay.parts
+import selfplay.members
 
 RECORD = "builder_option.jsonl"
 
@@ -39,5 +39,5 @@ def _with_option(build):
     return build_members
 
 
-if not getattr(selfplay.parts.build_members, "with_option", False):
-    selfplay.parts.build_members = _with_option(selfplay.parts.build_members)
+if not getattr(selfplay.members.build_members, "with_option", False):
+    selfplay.members.build_members = _with_option(selfplay.members.build_members)

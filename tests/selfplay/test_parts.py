@@ -1,5 +1,5 @@
-"""One builder for a run's parts (``selfplay.parts``): the local loop's set-up goes through it, every process that
-holds members builds them with the same calls (so a Ray shard's members start bitwise where the local run's do),
+"""One builder for a run's parts (``selfplay.parts``, ``selfplay.members``): the local loop's set-up goes through
+it, every process that holds members builds them with the same calls (so a Ray shard's members start bitwise where the local run's do),
 and an option added to the builder reaches a run without any other edit (the Ray side: tests/ray/test_backend.py)."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import torch
 from agents.trainer import TrainerConfig
 from populora_env.config import EnvConfig
 from selfplay.config import TrainConfig
-from selfplay.parts import build_members, build_parts
+from selfplay.members import build_members
+from selfplay.parts import build_parts
 from tests.selfplay.conftest import REPO, TINY, populora
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -55,7 +56,7 @@ def test_a_members_parts_are_the_same_in_every_process() -> None:
 
 
 def test_an_option_added_to_the_builder_reaches_a_local_run(tmp_path: Path) -> None:
-    """The plugin adds an option to ``build_members`` and edits nothing else; the local run's generator and
+    """The plugin adds an option to ``selfplay.members.build_members`` and edits nothing else; the local run's generator and
     trainer get it (one build, in the run's own process, for every member)."""
     run = tmp_path / "run"
     p = populora("train", *TINY, "--steps", "1", "--generation.batch-size", "4", "--plugins", PLUGIN,
