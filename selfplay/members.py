@@ -56,20 +56,22 @@ class MemberParts:
     trainer: PolicyGradientTrainer | None = None
 
 
-def build_members(cfg: TrainConfig, members: Sequence[str], *, generator: bool = False, trainer: bool = False,
-                  device: str | None = None) -> MemberParts:
+def build_members(cfg: TrainConfig, members: Sequence[str], *, generator: bool = False,
+                  trainer: bool = False) -> MemberParts:
     """Load the base model and build the members' population, and over it the generator (``generation``
     section) and/or the trainer (``trainer`` section).
+
+    The base goes to :func:`model_device`, except in a process that only generates with vLLM: vLLM holds its
+    own copy of the base on the GPU, and the HF copy only keeps the adapters (PEFT layout), on the CPU.
 
     Args:
         cfg: the run configuration.
         members: the adapters this process holds, in the run's order.
         generator, trainer: which of the two to build.
-        device: where the base goes (default :func:`model_device`); a vLLM engine keeps its HF copy on the CPU,
-            for the adapters only.
     """
     base, tokenizer = load_base(cfg.model, dtype=getattr(torch, cfg.dtype))
-    base.to(device or model_device(cfg))
+    vllm_only = generator and not trainer and cfg.generation.engine == "vllm"
+    base.to("cpu" if vllm_only else model_device(cfg))
     population = LoRAPopulation(base, list(members), rank=cfg.rank, alpha=cfg.alpha,
                                 target_modules=cfg.target_modules, seed=cfg.seed)
     g = cfg.generation

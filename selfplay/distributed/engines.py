@@ -57,10 +57,7 @@ class Engine:
     """One generation engine (module docstring)."""
 
     def __init__(self, cfg_dict: Mapping[str, Any], members: Sequence[str], threads: int) -> None:
-        engine = str(cfg_dict["generation"]["engine"])
-        # vLLM holds the GPU copy of the base; the HF copy here only keeps the adapters (PEFT layout) on the CPU
-        cfg, parts = actor_members(cfg_dict, members, threads, generator=True,
-                                   device="cpu" if engine == "vllm" else None)
+        cfg, parts = actor_members(cfg_dict, members, threads, generator=True)
         self.population, self.generator = parts.population, parts.generator
         self.engine = cfg.generation.engine
         self.versions = {m: 0 for m in members}

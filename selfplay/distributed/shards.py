@@ -46,7 +46,7 @@ __all__ = ["RayPopulation", "RayTrainer", "TrainerShard", "actor_members", "sync
 
 
 def actor_members(cfg_dict: Mapping[str, Any], members: Sequence[str], threads: int, *, generator: bool = False,
-                  trainer: bool = False, device: str | None = None):
+                  trainer: bool = False):
     """``(cfg, parts)`` in an actor: the run config rebuilt from its dict, the plugins imported, the process
     prepared (``threads`` torch threads, seeds) and the members' parts built by
     :func:`selfplay.members.build_members`, the builder the local run uses."""
@@ -57,7 +57,7 @@ def actor_members(cfg_dict: Mapping[str, Any], members: Sequence[str], threads: 
     cfg = from_dict(TrainConfig, dict(cfg_dict))
     load_plugins(cfg.plugins)  # before the builder is looked up: a plugin may extend it
     member_parts.prepare_process(cfg, max(1, int(threads)))
-    return cfg, member_parts.build_members(cfg, members, generator=generator, trainer=trainer, device=device)
+    return cfg, member_parts.build_members(cfg, members, generator=generator, trainer=trainer)
 
 
 @torch.no_grad()
