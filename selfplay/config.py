@@ -177,8 +177,9 @@ class TrainConfig:
     env settings that shape tasks, generation), reused by every run with that fingerprint, so both arms of one
     seed start from the same buffers; default: '.seeding' next to the run directory (selfplay.seeding)."""
     backend: Literal["local", "ray"] = "local"
-    """'local': every part in this process; 'ray': trainer shards, generation engines and sandboxes as Ray actors
-    (the `ray` section; pip install '.[ray]'). The loop, env, ratings, PBT and logging stay in this process."""
+    """Run backend: 'local' (every part in this process) or 'ray' (trainer shards, generation engines and
+    sandboxes as Ray actors: the `ray` section; pip install '.[ray]'). The loop, env, ratings, PBT and logging
+    stay in this process. (Which engine generates is generation.engine.)"""
     ray: RayConfig = field(default_factory=RayConfig)
 
     def validate(self) -> None:
