@@ -5,7 +5,7 @@ answer, outcome), appended and flushed after every generation chunk; ``<out>/pro
 the rows were made under (:func:`settings_diff` compares them). A killed ``populora eval`` keeps every row it
 wrote; the next call with the same settings reads them back, generates only what is missing and writes the
 same results as an uninterrupted call (greedy rows are deterministic; sampled rows are seeded per problem). A
-call whose settings differ in anything that changes an answer (model, adapter weights, backend, device, dtype,
+call whose settings differ in anything that changes an answer (model, adapter weights, engine, device, dtype,
 budgets, prompt templates, sampling settings) is refused before any model loads, naming what differs;
 ``restart`` starts afresh instead. A smaller or larger ``--limit``, other benchmarks or other members are not
 differences: rows are per (entry, problem), so they are reused where they apply.
@@ -51,6 +51,17 @@ def adapter_fingerprint(adapter_dir: Path) -> str:
     return h.hexdigest()
 
 
+RENAMED_SETTINGS = {"backend": "engine"}
+"""Common settings renamed since an earlier release (old -> new name): a progress file written before still
+resumes."""
+
+
+def _current_names(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` with the common settings under their current names (:data:`RENAMED_SETTINGS`)."""
+    common = {RENAMED_SETTINGS.get(k, k): v for k, v in settings.get("common", {}).items()}
+    return {**settings, "common": common}
+
+
 def settings_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """What differs between two settings dicts ``{"common": {...}, "entries": {...}, "benchmarks": {...}}``:
     every common key, and the entries and benchmarks present in both (new ones are not differences)."""
@@ -86,13 +97,14 @@ class ResultLog:
             old = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise SettingsMismatch(f"{path} is unreadable ({exc}); pass --restart to start afresh") from exc
-        diffs = settings_diff(old.get("settings", {}), self.settings)
+        before = _current_names(old.get("settings", {}))
+        diffs = settings_diff(before, self.settings)
         if diffs:
             raise SettingsMismatch(
                 f"{self.out_dir} holds partial results made under other settings ({'; '.join(diffs)}); pass "
                 "--restart to discard them, or --out-dir for a new directory"
             )
-        self._merged = {k: {**old.get("settings", {}).get(k, {}), **v} for k, v in self.settings.items()}
+        self._merged = {k: {**before.get(k, {}), **v} for k, v in self.settings.items()}
         return True
 
     def begin(self) -> None:

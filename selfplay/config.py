@@ -25,7 +25,7 @@ import os
 import re
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -33,7 +33,7 @@ from typing import Any, Literal
 from agents.models import RANDOM_PREFIX, random_shapes
 from agents.trainer import TrainerConfig
 from evolution.pbt import PBTConfig
-from populora_env.checks import check_bool, check_choice, check_section
+from populora_env.checks import check_bool, check_choice, check_section, renamed
 from populora_env.config import ConfigError, EnvConfig, check, check_int, check_number
 from selfplay.distributed.config import RAY_INSTALL_HINT, RayConfig, ray_installed
 
@@ -58,10 +58,11 @@ PRESETS_PACKAGE = "selfplay.presets"  # the repository's configs/ directory, shi
 
 @dataclass
 class GenerationConfig:
-    """Sampling settings and backend."""
+    """Sampling settings and the generation engine."""
 
-    backend: Literal["hf", "vllm"] = "hf"
-    """'hf': Hugging Face generate with mixed-adapter batches (CPU/GPU); 'vllm': one vLLM multi-LoRA engine."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Generation engine: 'hf' (this project's Hugging Face generator, mixed-adapter batches, CPU/GPU) or 'vllm'
+    (one vLLM multi-LoRA engine, GPU)."""
     teacher_max_new_tokens: int = 256
     """Generation budget of a proposal."""
     student_max_new_tokens: int = 192
@@ -91,18 +92,25 @@ class GenerationConfig:
     """Fraction of GPU memory vLLM may take (vLLM backend)."""
     vllm_max_model_len: int = 4096
     """Maximum sequence length of the vLLM engine (vLLM backend)."""
+    backend: InitVar[Literal["hf", "vllm"] | None] = None
+    """Deprecated spelling of --generation.engine (accepted, with a warning, for one release)."""
+
+    def __post_init__(self, backend: str | None) -> None:
+        if backend is not None:
+            self.engine = renamed("--generation.backend (generation.backend)",  # type: ignore[assignment]
+                                  "--generation.engine (generation.engine)", backend)
 
     def generator_kwargs(self, model: str) -> dict[str, Any]:
-        """The keyword arguments of ``agents.generation.make_generator`` for this backend (the local loop and
-        the Ray engines build their generator from the same settings); ``model`` is the run's model path."""
-        if self.backend == "hf":
+        """The keyword arguments of ``agents.generation.make_generator`` for this engine (the generator is built by
+        :func:`selfplay.members.build_members`, locally and in the Ray engines); ``model``: the run's model."""
+        if self.engine == "hf":
             return {"batch_size": self.batch_size, "engine": self.hf_engine, "fused_decode": self.fused_decode}
         return {"model_path": model, "gpu_memory_utilization": self.vllm_gpu_memory_utilization,
                 "max_model_len": self.vllm_max_model_len}
 
     def validate(self) -> None:
         """Check every setting; raise :class:`ConfigError` naming the first bad field."""
-        check_choice("backend", self.backend, ("hf", "vllm"))
+        check_choice("engine", self.engine, ("hf", "vllm"))
         check_choice("hf_engine", self.hf_engine, ("generate", "loop"))
         check_int("teacher_max_new_tokens", self.teacher_max_new_tokens, 1, 1 << 20)
         check_int("student_max_new_tokens", self.student_max_new_tokens, 1, 1 << 20)
@@ -169,8 +177,9 @@ class TrainConfig:
     env settings that shape tasks, generation), reused by every run with that fingerprint, so both arms of one
     seed start from the same buffers; default: '.seeding' next to the run directory (selfplay.seeding)."""
     backend: Literal["local", "ray"] = "local"
-    """'local': every part in this process; 'ray': trainer shards, generation engines and sandboxes as Ray actors
-    (the `ray` section; pip install '.[ray]'). The loop, env, ratings, PBT and logging stay in this process."""
+    """Run backend: 'local' (every part in this process) or 'ray' (trainer shards, generation engines and
+    sandboxes as Ray actors: the `ray` section; pip install '.[ray]'). The loop, env, ratings, PBT and logging
+    stay in this process. (Which engine generates is generation.engine.)"""
     ray: RayConfig = field(default_factory=RayConfig)
 
     def validate(self) -> None:
@@ -191,8 +200,8 @@ class TrainConfig:
         _check_target_modules(self.model, self.target_modules)
         check_section("env.", self.env)
         check_section("generation.", self.generation)
-        check(not (self.generation.backend == "vllm" and self.model.startswith(RANDOM_PREFIX)), "generation.backend",
-              f"vllm needs a model directory; {self.model!r} is built in memory: use --generation.backend hf")
+        check(not (self.generation.engine == "vllm" and self.model.startswith(RANDOM_PREFIX)), "generation.engine",
+              f"vllm needs a model directory; {self.model!r} is built in memory: use --generation.engine hf")
         check_section("trainer.", self.trainer)
         check_section("pbt.", self.pbt)
         check_int("checkpoint_every", self.checkpoint_every, 1)
@@ -368,10 +377,13 @@ def _coerce_scalar(tp: Any, value: Any, path: str) -> Any:
 
 
 def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a (nested) dict; unknown keys raise :class:`ConfigError`."""
-    hints = typing.get_type_hints(cls)
+    """Build dataclass ``cls`` from a (nested) dict; unknown keys raise :class:`ConfigError`. A deprecated
+    spelling the class still takes (an ``InitVar`` its ``__post_init__`` renames) is accepted."""
+    annotations = typing.get_type_hints(cls)
+    aliases = {k for k, t in annotations.items() if isinstance(t, InitVar)}
+    hints = {k: t.type if k in aliases else t for k, t in annotations.items()}
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    unknown = sorted(set(data) - names - aliases)
     if unknown:
         raise ConfigError(prefix + unknown[0], f"unknown field (known: {', '.join(sorted(names))})")
     return cls(**{k: _coerce(hints[k], v, prefix + k) for k, v in data.items()})

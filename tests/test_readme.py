@@ -101,7 +101,7 @@ COVERED: dict[str, Cover] = {
         "registered estimator are run by the mapped tests"),
     ".venv/bin/populora train --preset paper-4t4s --model /models/Qwen2.5-Coder-7B --run-dir /shared/runs/p7b "
     "--backend ray --ray.address auto --ray.trainers 4 --ray.engines 4 --ray.trainer-gpus 1 --ray.engine-gpus 1 "
-    "--generation.backend vllm --ray.sandbox-workers-per-node 16": Cover(
+    "--generation.engine vllm --ray.sandbox-workers-per-node 16": Cover(
         ("tests/ray/test_run_equivalence.py::test_ray_run_is_bitwise_the_local_run",
          "tests/selfplay/test_presets.py::test_dry_run_prints_the_preset"),
         "needs a GPU Ray cluster and a 7B model: resolved here with --dry-run (the model path replaced by an "

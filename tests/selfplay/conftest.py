@@ -70,14 +70,14 @@ def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
     """Run ``populora ARGS`` in this process with a model loader that must never be called; returns
     ``(exit status, stderr)``."""
     import agents.models
-    import selfplay.loop
+    import selfplay.members
     from populora_cli.main import main
 
     def no_model(*args, **kwargs):
         raise AssertionError(f"the model was loaded: load_base{args}")
 
     monkeypatch.setattr(agents.models, "load_base", no_model)
-    monkeypatch.setattr(selfplay.loop, "load_base", no_model)
+    monkeypatch.setattr(selfplay.members, "load_base", no_model)
 
     def run(*args: str) -> tuple[int, str]:
         capsys.readouterr()
