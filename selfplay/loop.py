@@ -42,6 +42,7 @@ from selfplay.config import TrainConfig
 from selfplay.finite import NonFiniteGuard, check_rewards
 from selfplay.mapping import AgentMapping
 from selfplay.rollouts import CompletionId, rollouts_from_round
+from selfplay.rundir import LINEAGE
 from selfplay.seeding import SeedingReport, seed_before_training
 
 
@@ -130,7 +131,7 @@ class SelfPlayLoop:
             self.trainer = PolicyGradientTrainer(self.population, cfg.trainer)
         evolve = cfg.evolution and any(len(ms) >= 2 for ms in self.mapping.roles.values())
         pbt_cfg = dataclasses.replace(cfg.pbt, seed=cfg.seed + cfg.pbt.seed)  # one seed drives the run
-        self.pbt = PBTController(pbt_cfg, self.run_dir / "lineage.jsonl", final_step=cfg.steps) if evolve else None
+        self.pbt = PBTController(pbt_cfg, self.run_dir / LINEAGE, final_step=cfg.steps) if evolve else None
         self.step = 0
         self._seeded = False
         self.seeding: SeedingReport | None = None  # the base model's seeding stage (env.seed_tasks), if any

@@ -9,6 +9,7 @@ without reading pixels.
 
 from __future__ import annotations
 
+import io
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ import numpy as np
 from evaluation.report import numerics as nx
 from evaluation.report.loading import RunData
 from selfplay import tags
+from selfplay.rundir import LINEAGE, write_text_atomic
 
 ROLE_LABELS = {"teacher": "teacher", "student": "student"}
 BOTH_ROLES_LABELS = {"teacher": "teacher (proposer)", "student": "student (solver)"}
@@ -140,8 +142,10 @@ class Plotter:
         # that has a layout engine once to measure it and once as it renders); the figure is made at the PNG's
         # dpi, so the layout measured is the one saved
         fig.set_layout_engine(None)
-        for fmt in self.formats:
-            fig.savefig(self.out / f"{key}.{fmt}", dpi=self.dpi)
+        for fmt in self.formats:  # rendered in memory, then written atomically (never through a link)
+            buf = io.BytesIO()
+            fig.savefig(buf, format=fmt, dpi=self.dpi)
+            write_text_atomic(self.out / f"{key}.{fmt}", buf.getvalue(), sync=False)
         self.manifest.append({"key": key, "title": title, "file": f"{key}.png", "panels": panels,
                               "text_outside": overflow})
         return f"{key}.png"
@@ -384,7 +388,7 @@ class Plotter:
         runs = [r for r in self.runs if kids.get(r.name)]
         title = "Evolution retention: rank of each child within its role after birth (k = 0: the member it replaced)"
         if not runs:
-            notes.append("**Evolution retention** skipped: no run has evolution events in `lineage.jsonl`.")
+            notes.append(f"**Evolution retention** skipped: no run has evolution events in `{LINEAGE}`.")
             return None
         operators = sorted({c.operator for r in runs for c in kids[r.name]})
         op_cmap = self.mpl.colormaps["Dark2"]
