@@ -327,6 +327,9 @@ def _run_config(run: RunDir) -> dict[str, Any]:
     record = run.config()
     if record is None:
         raise FileNotFoundError(f"{run.entry(CONFIG)} not found: is {run.path} a run directory?")
+    for key in ("config", "mapping"):
+        if not isinstance(record.get(key, {}), dict):
+            raise ValueError(f"{run.entry(CONFIG)}: {key!r} is not an object")
     return record
 
 

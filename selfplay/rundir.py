@@ -294,7 +294,8 @@ class RunDir:
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self.notes: list[str] = []
-        """What the readers skipped (torn lines, steps out of range), one line each naming the file."""
+        """What the readers skipped (torn lines, steps out of range), one sentence each naming the file (the
+        caller prefixes the run's name)."""
         self._objects: dict[tuple[str, ...], dict[str, Any] | None] = {}
 
     def __repr__(self) -> str:
@@ -421,11 +422,10 @@ class RunDir:
             else:
                 out.bad_steps += 1
         if out.torn:
-            self.notes.append(f"{self.name}: {out.torn} malformed line(s) in {LINEAGE} skipped (a write in "
-                              "progress?).")
+            self.notes.append(f"{out.torn} malformed line(s) in {LINEAGE} skipped (a write in progress?).")
         if out.bad_steps:
-            self.notes.append(f"{self.name}: {out.bad_steps} record(s) of {LINEAGE} without an integer step in "
-                              f"0..{bound} skipped.")
+            self.notes.append(f"{out.bad_steps} record(s) of {LINEAGE} without an integer step in 0..{bound} "
+                              "skipped.")
         return out
 
     def lineage(self) -> list[dict[str, Any]]:

@@ -160,14 +160,14 @@ def load_scalars(run_dir: str | os.PathLike[str]) -> Scalars:
     return out
 
 
-def _side_file(run: RunDir, read: Any, what: str) -> Any:
+def _side_file(read: Any, what: str, notes: list[str], name: str) -> Any:
     """``read()``, or ``None`` with a note when the file is damaged; :class:`UnsafeRunFile` passes."""
     try:
         return read()
     except UnsafeRunFile:
         raise
     except RunFileError as exc:
-        run.notes.append(f"{run.name}: could not read {what} ({exc}); ignored.")
+        notes.append(f"{name}: could not read {what} ({exc}); ignored.")
         return None
 
 
@@ -181,14 +181,16 @@ def load_run(run_dir: str | os.PathLike[str]) -> RunData:
     """
     run = RunDir(run_dir)
     scalars = load_scalars(run.path)
-    config = _side_file(run, run.config, CONFIG) or {}
+    notes: list[str] = []
+    config = _side_file(run.config, CONFIG, notes, run.name) or {}
     if not run.has(CONFIG):
-        run.notes.append(f"{run.name}: no {CONFIG}; the run is named after its directory.")
+        notes.append(f"{run.name}: no {CONFIG}; the run is named after its directory.")
     name = str(config.get("name") or run.name)
-    lineage = _side_file(run, run.lineage, "the lineage") or []
-    history = _side_file(run, run.config_history, "the configuration history") or []
-    eval_results = _side_file(run, run.eval_results, f"{EVAL}/{EVAL_RESULTS}")
+    lineage = _side_file(run.lineage, "the lineage", notes, name) or []
+    notes += [f"{name}: {n}" for n in run.notes]  # what the lineage reader skipped
+    history = _side_file(run.config_history, "the configuration history", notes, name) or []
+    eval_results = _side_file(run.eval_results, f"{EVAL}/{EVAL_RESULTS}", notes, name)
     if eval_results is not None and not isinstance(eval_results.get("benchmarks"), dict):
-        run.notes.append(f'{name}: {EVAL}/{EVAL_RESULTS} has no "benchmarks" mapping; ignored.')
+        notes.append(f'{name}: {EVAL}/{EVAL_RESULTS} has no "benchmarks" mapping; ignored.')
         eval_results = None
-    return RunData(run.path, name, config, scalars, lineage, eval_results, run.notes, history)
+    return RunData(run.path, name, config, scalars, lineage, eval_results, notes, history)

@@ -54,7 +54,7 @@ def test_readme_plugin_example_runs_and_the_scheme_gets_its_kwargs(example_run) 
     assert history[0]["teacher_reward"] == pytest.approx(-0.25, abs=0.0)
 
 
-def test_resume_imports_the_plugin_again_when_named(example_run) -> None:
+def test_resume_imports_the_plugin_again(example_run) -> None:
     """The run's plugin is imported on resume only when the command line names it again (a run directory from
     elsewhere cannot make ``--resume`` import code); named, the run continues with it."""
     work, run, _args = example_run

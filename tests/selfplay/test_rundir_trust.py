@@ -104,8 +104,8 @@ def test_lineage_records_with_steps_out_of_range_are_skipped_with_a_note(tmp_pat
     (tmp_path / "lineage.jsonl").write_text("\n".join(lines) + "\n")
     run = RunDir(tmp_path)
     assert run.lineage() == good
-    assert run.notes == [f"{tmp_path.name}: 1 malformed line(s) in lineage.jsonl skipped (a write in progress?).",
-                         f"{tmp_path.name}: 11 record(s) of lineage.jsonl without an integer step in 0..12 skipped."]
+    assert run.notes == ["1 malformed line(s) in lineage.jsonl skipped (a write in progress?).",
+                         "11 record(s) of lineage.jsonl without an integer step in 0..12 skipped."]
 
 
 def test_retention_of_a_crafted_lineage_ends_and_shares_duplicate_children(tmp_path: Path) -> None:
@@ -186,6 +186,16 @@ def test_compare_and_eval_refuse_links_out_of_the_run(tmp_path: Path) -> None:
     (run / "adapters" / "member").symlink_to(outside / "member")
     with pytest.raises(UnsafeRunFile, match="adapters/member: is a symbolic link out of the run directory"):
         _adapter_dirs(RunDir(run))
+
+
+def test_compare_from_a_crafted_run_exits_2_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from populora_cli.compare import compare_main
+
+    run = _resumable(tmp_path / "run")
+    (run / "run_summary.json").write_text(DEEP)
+    assert compare_main(["--from", str(run), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"populora compare: error: {run / 'run_summary.json'}: nests deeper than 100 levels")
 
 
 def test_eval_output_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
