@@ -35,7 +35,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import stat
 from collections.abc import Callable
@@ -43,18 +42,27 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from selfplay.rundir import CHECKPOINTS, RunFileError, read_json, read_text, real_dir, write_text_atomic
+from selfplay.rundir import (
+    CHECKPOINTS,
+    DONE,
+    STEP_DIR_RE,
+    RunFileError,
+    list_checkpoints,
+    read_json,
+    read_text,
+    real_dir,
+    step_dirs,
+    write_text_atomic,
+)
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
-DONE = "DONE"
 MANIFEST_FORMAT = "populora-checkpoint"
 MANIFEST_VERSION = 1
 DAMAGED_DIR = "damaged"
 """Sub-folder of ``checkpoints/`` that damaged checkpoints newer than the resumed one are moved to."""
 
-_STEP_RE = re.compile(r"^step_(\d+)$")
 _TMP_PREFIX = ".tmp_"
 
 
@@ -91,24 +99,6 @@ class Resumable:
 def checkpoint_dir(run_dir: Path) -> Path:
     """The folder that holds a run's checkpoints."""
     return Path(run_dir) / CHECKPOINTS
-
-
-def _step_dirs(run_dir: Path) -> list[tuple[int, Path]]:
-    """Every ``step_<n>`` directory (complete or not), oldest first; a symbolic link is none (never followed)."""
-    root = checkpoint_dir(run_dir)
-    if not root.is_dir():
-        return []
-    found = []
-    for p in root.iterdir():
-        m = _STEP_RE.match(p.name)
-        if m and not p.is_symlink() and p.is_dir():
-            found.append((int(m.group(1)), p))
-    return sorted(found)
-
-
-def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """Checkpoints of a run marked complete (``DONE``) as ``(step, path)``, oldest first (not verified)."""
-    return [(s, p) for s, p in _step_dirs(run_dir) if (p / DONE).is_file()]
 
 
 def cleanup_partial(run_dir: Path) -> list[Path]:
@@ -168,7 +158,7 @@ def verify_checkpoint(d: Path) -> int:
 
 
 def _verify(d: Path) -> int:
-    m = _STEP_RE.match(d.name)
+    m = STEP_DIR_RE.match(d.name)
     if m is None or not d.is_dir():
         raise CheckpointError(d, f"not a checkpoint directory (expected {CHECKPOINTS}/step_<n>/)")
     step = int(m.group(1))
@@ -243,7 +233,7 @@ def find_resumable(run_dir: Path, check: Callable[[Path], None] | None = None) -
         NoIntactCheckpoint: the run has checkpoints, but none is intact (the message names each damaged file).
     """
     damaged: list[CheckpointError] = []
-    for step, d in reversed(_step_dirs(run_dir)):
+    for step, d in reversed(step_dirs(run_dir)):
         try:
             verify_checkpoint(d)
             if check is not None:

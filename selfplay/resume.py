@@ -65,7 +65,6 @@ from selfplay.rundir import (
     RunDir,
     RunFileError,
     check_resume_dir,
-    default_run_dir,
     finite_number,
     prepare_new_run_dir,
     read_json,
@@ -131,6 +130,13 @@ def resume_point(cfg: TrainConfig, overrides: Sequence[str] = (), command: str =
     run_dir = check_resume_dir(Path(cfg.resume))
     with run_lock(run_dir, command):
         yield _continue(cfg, run_dir, plan if plan is not None else plan_resume(cfg, overrides))
+
+
+def default_run_dir(cfg: TrainConfig) -> Path:
+    """``cfg.run_dir``, else ``runs/<cfg.name>`` (the caller names the run)."""
+    if cfg.run_dir is not None:
+        return Path(cfg.run_dir)
+    return Path("runs") / (cfg.name or f"{Path(cfg.preset).stem}-s{cfg.seed}")
 
 
 def _continue(cfg: TrainConfig, run_dir: Path, plan: ResumePlan) -> ResumePoint:
@@ -243,7 +249,8 @@ def read_loop_state(d: Path) -> LoopState:
 
 def check_checkpoint(d: Path) -> None:
     """The contents of an intact checkpoint (:func:`~selfplay.checkpoint.find_resumable`'s ``check``), before the
-    model loads: ``loop_state.json`` value by value (:func:`read_loop_state`), every ``.pt`` file through
+    model loads: ``loop_state.json`` value by value (:func:`read_loop_state`), the member names of
+    ``population/population.json`` (folders beside it, so no member is read from elsewhere), every ``.pt`` file through
     ``torch.load(weights_only=True)`` (a pickle that names anything but tensors and plain containers is refused,
     and never runs) and every ``.safetensors`` header.
 
@@ -253,6 +260,18 @@ def check_checkpoint(d: Path) -> None:
     from safetensors import safe_open
 
     read_loop_state(d)
+    members = Path(d) / "population" / "population.json"
+    try:
+        meta = read_json(members) if members.is_file() else {"names": []}
+    except RunFileError as exc:
+        raise CheckpointError(members, exc.reason) from None
+    names = meta.get("names") if isinstance(meta, dict) else None
+    def member_dir(n: Any) -> bool:
+        p = members.parent / n if isinstance(n, str) and n not in ("", ".", "..") and Path(n).name == n else None
+        return p is not None and not p.is_symlink() and p.is_dir()
+
+    if not isinstance(names, list) or not all(member_dir(n) for n in names):
+        raise CheckpointError(members, "'names' is not a list of the member folders beside it")
     for p in sorted(Path(d).rglob("*")):
         if p.is_symlink() or not p.is_file():
             continue

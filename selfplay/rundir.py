@@ -40,6 +40,7 @@ import functools
 import json
 import math
 import os
+import re
 import secrets
 import socket
 import stat
@@ -48,10 +49,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from selfplay.config import TrainConfig
+from typing import IO, Any
 
 # ------------------------------------------------------------------------------------------------- the layout
 
@@ -65,6 +63,10 @@ CONFIG_HISTORY = "config_history.jsonl"
 """One JSON object per configuration change a resume accepted (:mod:`selfplay.config_changes`)."""
 CHECKPOINTS = "checkpoints"
 """The folder of the run's checkpoints (:mod:`selfplay.checkpoint`)."""
+STEP_DIR_RE = re.compile(r"^step_(\d+)$")
+"""The name of a checkpoint folder in ``checkpoints/``."""
+DONE = "DONE"
+"""The file that marks a checkpoint complete (written last, holding its step)."""
 SEEDING = "seeding.json"
 """The buffers the seeding stage filled (:mod:`selfplay.seeding`)."""
 ADAPTERS = "adapters"
@@ -441,10 +443,7 @@ class RunDir:
                 if isinstance(rec, dict) and "step" in rec and "field" in rec]
 
     def checkpoints(self) -> list[tuple[int, Path]]:
-        """The complete checkpoints as ``(step, path)``, oldest first (not verified:
-        :func:`selfplay.checkpoint.find_resumable` does that)."""
-        from selfplay.checkpoint import list_checkpoints  # it imports this module's names
-
+        """The complete checkpoints as ``(step, path)``, oldest first (:func:`list_checkpoints`)."""
         return list_checkpoints(self.path)
 
     def adapters(self) -> dict[str, Path]:
@@ -468,6 +467,26 @@ class RunDir:
         return self._object(EVAL, EVAL_RESULTS)
 
 
+def step_dirs(run_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """Every ``checkpoints/step_<n>`` directory of a run (complete or not) as ``(n, path)``, oldest first; a
+    symbolic link is none (never followed)."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = STEP_DIR_RE.match(p.name)
+        if m and not p.is_symlink() and p.is_dir():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """The checkpoints of a run marked complete (``DONE``) as ``(step, path)``, oldest first (not verified:
+    :func:`selfplay.checkpoint.find_resumable` does that)."""
+    return [(s, p) for s, p in step_dirs(run_dir) if (p / DONE).is_file()]
+
+
 def valid_step(step: Any, bound: int = MAX_STEP) -> bool:
     """Whether ``step`` is an integer (not a bool) in ``0..bound``."""
     return isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= bound
@@ -479,13 +498,6 @@ def finite_number(x: Any) -> bool:
 
 
 # ------------------------------------------------------------------------------------- checks before a run
-
-
-def default_run_dir(cfg: TrainConfig) -> Path:
-    """``cfg.run_dir``, else ``runs/<cfg.name>`` (the caller names the run)."""
-    if cfg.run_dir is not None:
-        return Path(cfg.run_dir)
-    return Path("runs") / (cfg.name or f"{Path(cfg.preset).stem}-s{cfg.seed}")
 
 
 def run_entries(path: Path) -> list[str]:

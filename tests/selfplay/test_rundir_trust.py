@@ -395,6 +395,22 @@ def test_crafted_loop_state_values_are_a_checkpoint_error_naming_the_field(tmp_p
         find_resumable(tmp_path, check=read_loop_state)
 
 
+@pytest.mark.parametrize("names", [["../../outside"], ["/abs"], ["linked"], "teacher_0", [1], ["missing"]])
+def test_member_names_that_lead_out_of_the_checkpoint_are_refused(tmp_path: Path, names) -> None:
+    """``population/population.json`` names the member folders the population loads: none may be elsewhere."""
+    from selfplay.resume import check_checkpoint
+
+    d = _checkpoint_dir(tmp_path, _loop_state())
+    (d / "population" / "teacher_0").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (d / "population" / "linked").symlink_to(tmp_path / "elsewhere")
+    (d / "population" / "population.json").write_text(json.dumps({"names": ["teacher_0"]}))
+    check_checkpoint(d)
+    (d / "population" / "population.json").write_text(json.dumps({"names": names}))
+    with pytest.raises(CheckpointError, match="'names' is not a list of the member folders beside it"):
+        check_checkpoint(d)
+
+
 def test_the_loop_state_round_trips_and_the_legacy_torch_rng_file_still_resumes(tmp_path: Path) -> None:
     """A checkpoint written before the torch RNG state moved into ``loop_state.json`` (``torch_rng.pt``) is read
     with ``weights_only=True``: the same state as the JSON one."""
