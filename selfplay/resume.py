@@ -282,7 +282,7 @@ def check_checkpoint(d: Path) -> None:
                 with safe_open(str(p), framework="pt") as f:
                     f.keys()
         except Exception as exc:  # noqa: BLE001 - whatever a foreign file makes the loader raise, e.g. a refused pickle
-            raise CheckpointError(p, f"not a tensor file this project writes ({type(exc).__name__}: {exc})") from None
+            raise CheckpointError(p, f"not a tensor file this project writes ({_brief(exc)})") from None
 
 
 def _python_rng(value: Any, bad: Callable[[str, str], CheckpointError]) -> tuple:
@@ -293,7 +293,7 @@ def _python_rng(value: Any, bad: Callable[[str, str], CheckpointError]) -> tuple
         state = ast.literal_eval(value)
         random.Random().setstate(state)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, OverflowError) as exc:
-        raise bad("python_rng", f"not a random.getstate() ({type(exc).__name__}: {exc})") from None
+        raise bad("python_rng", f"not a random.getstate() ({_brief(exc)})") from None
     return state
 
 
@@ -302,7 +302,7 @@ def _numpy_rng(value: Any, bad: Callable[[str, str], CheckpointError]) -> tuple:
         state = _np_state_from_json(value)
         np.random.RandomState().set_state(state)
     except (ValueError, TypeError, IndexError, KeyError, OverflowError) as exc:
-        raise bad("numpy_rng", f"not a NumPy MT19937 state ({type(exc).__name__}: {exc})") from None
+        raise bad("numpy_rng", f"not a NumPy MT19937 state ({_brief(exc)})") from None
     return state
 
 
@@ -315,7 +315,7 @@ def _torch_rng(value: Any, d: Path, bad: Callable[[str, str], CheckpointError]) 
             bytearray(bytes.fromhex(value)), dtype=torch.uint8)
         torch.Generator().set_state(state)
     except (ValueError, RuntimeError, TypeError) as exc:
-        why = f"not a torch CPU generator state ({type(exc).__name__}: {exc})"
+        why = f"not a torch CPU generator state ({_brief(exc)})"
         raise (CheckpointError(d / TORCH_RNG_LEGACY, why) if legacy else bad("torch_rng", why)) from None
     return state
 
@@ -325,11 +325,21 @@ def _legacy_torch_rng(path: Path) -> torch.Tensor:
         saved = torch.load(path, map_location="cpu", weights_only=True)
         state = saved["torch_rng"]
     except Exception as exc:  # noqa: BLE001 - whatever a foreign file makes the restricted unpickler raise
-        raise CheckpointError(path, f"not a torch RNG state saved by this project ({type(exc).__name__}: {exc})"
-                              ) from None
+        raise CheckpointError(path, f"not a torch RNG state saved by this project ({_brief(exc)})") from None
     if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8:
         raise CheckpointError(path, "holds no uint8 tensor under 'torch_rng'")
     return state
+
+
+def _brief(exc: BaseException) -> str:
+    """An exception in one line: its type and message, whitespace collapsed; for torch's refusal of a pickle, the
+    restricted unpickler's own reason instead of its advice to load the file unrestricted."""
+    text = " ".join(str(exc).split())
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        reason = text.split(marker, 1)[1].split(" Check the documentation", 1)[0].strip()
+        text = f"refused by torch's weights-only loader: {reason}"
+    return f"{type(exc).__name__}: {text}"
 
 
 def _restore(path: Path, restore: Callable[[], Any]) -> Any:
@@ -340,7 +350,7 @@ def _restore(path: Path, restore: Callable[[], Any]) -> Any:
     except CheckpointError:
         raise
     except Exception as exc:  # noqa: BLE001 - a loader's error on content it cannot use, e.g. a refused pickle
-        raise CheckpointError(path, f"cannot be restored ({type(exc).__name__}: {exc})") from exc
+        raise CheckpointError(path, f"cannot be restored ({_brief(exc)})") from exc
 
 
 def load_checkpoint(point: ResumePoint, loop: SelfPlayLoop) -> Progress:

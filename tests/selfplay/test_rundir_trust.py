@@ -486,5 +486,6 @@ def test_resume_with_crafted_pickles_exits_2_naming_them_and_never_runs_them(
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith(f"populora train: error: {run / 'checkpoints'}: no intact checkpoint to resume from (")
     for target in targets.values():
-        assert f"{target}: not a tensor file this project writes (UnpicklingError: " in last, last
+        assert f"{target}: not a tensor file this project writes (UnpicklingError: refused by torch's weights-only " \
+               "loader: " in last, last
     assert not marker.exists()
