@@ -39,7 +39,6 @@ evaluation runs on (``budget_profile="auto"``). Overrides, most specific first: 
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -63,6 +62,7 @@ from evaluation.progress import Bars, ResultLog, adapter_fingerprint, row_key
 from evaluation.prompting import MATH_TEMPLATES, PromptSpec, code_spec, math_spec, program_for
 from evaluation.scores import aggregate_rows, summarize_benchmark, write_results
 from populora_env.checks import ConfigError, check, check_choice, check_int, check_number, renamed
+from selfplay.rundir import ADAPTER_CONFIG, ADAPTERS, CONFIG, EVAL, RunDir, read_json
 
 log = logging.getLogger(__name__)
 
@@ -310,22 +310,18 @@ class _Entry:
         return f"{self.group}:{self.label}"
 
 
-def _latest_step(run_dir: Path) -> int:
-    steps = [
-        int(m.group(1))
-        for p in (run_dir / "checkpoints").glob("step_*")
-        if (m := re.fullmatch(r"step_(\d+)", p.name))
-    ]
-    return max(steps, default=0)
+def _latest_step(run: RunDir) -> int:
+    """The step of the run's newest complete checkpoint (0 without one)."""
+    return max((step for step, _ in run.checkpoints()), default=0)
 
 
-def _adapter_dirs(run_dir: Path) -> dict[str, Path]:
-    root = run_dir / "adapters"
+def _adapter_dirs(run: RunDir) -> dict[str, Path]:
+    root = run.entry(ADAPTERS)
     if not root.is_dir():
-        raise FileNotFoundError(f"{root} not found: {run_dir} has no saved adapters (is it a finished run?)")
-    dirs = {p.name: p for p in sorted(root.iterdir()) if (p / "adapter_config.json").is_file()}
+        raise FileNotFoundError(f"{root} not found: {run.path} has no saved adapters (is it a finished run?)")
+    dirs = run.adapters()
     if not dirs:
-        raise FileNotFoundError(f"no PEFT adapter (adapter_config.json) under {root}")
+        raise FileNotFoundError(f"no PEFT adapter ({ADAPTER_CONFIG}) under {root}")
     from evolution.adapters_io import load_adapter_dir
 
     for d in dirs.values():  # before any model loads: a damaged file exits 2 naming it (AdapterFileError)
@@ -333,21 +329,29 @@ def _adapter_dirs(run_dir: Path) -> dict[str, Path]:
     return dirs
 
 
-def _run_config(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: is {run_dir} a run directory?")
-    return json.loads(path.read_text())
+def _run_config(run: RunDir) -> dict[str, Any]:
+    """The run's ``config.json`` (read once by its :class:`~selfplay.rundir.RunDir`)."""
+    record = run.config()
+    if record is None:
+        raise FileNotFoundError(f"{run.entry(CONFIG)} not found: is {run.path} a run directory?")
+    for key in ("config", "mapping"):
+        if not isinstance(record.get(key, {}), dict):
+            raise ValueError(f"{run.entry(CONFIG)}: {key!r} is not an object")
+    return record
 
 
 def _lora_config(adapter_dir: Path) -> tuple[int, float, tuple[str, ...]]:
-    cfg = json.loads((adapter_dir / "adapter_config.json").read_text())
-    targets = cfg.get("target_modules") or ()
-    return (
-        int(cfg["r"]),
-        float(cfg["lora_alpha"]),
-        tuple(sorted([targets] if isinstance(targets, str) else targets)),
-    )
+    path = adapter_dir / ADAPTER_CONFIG
+    cfg = read_json(path)
+    try:
+        targets = cfg.get("target_modules") or ()
+        return (
+            int(cfg["r"]),
+            float(cfg["lora_alpha"]),
+            tuple(sorted([targets] if isinstance(targets, str) else targets)),
+        )
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: not a LoRA adapter config ({type(exc).__name__}: {exc})") from None
 
 
 def _students(run_cfg: dict[str, Any]) -> list[str] | None:
@@ -467,17 +471,18 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     k = resolve_samples(cfg, profile)
     sampled = [b for b in parse_benchmarks(cfg.sampled_benchmarks) if b in benchmarks] if (
         k > 0 and cfg.sampled_benchmarks.strip()) else []
-    run_cfg = _run_config(run_dir)
+    run = RunDir(run_dir)
+    run_cfg = _run_config(run)
     model_name = cfg.model or run_cfg.get("model")
-    if not model_name:
-        raise ValueError(f'{run_dir / "config.json"} names no "model"; pass --model')
-    adapters = _adapter_dirs(run_dir)
+    if not isinstance(model_name, str) or not model_name:
+        raise ValueError(f'{run.entry(CONFIG)} names no "model"; pass --model')
+    adapters = _adapter_dirs(run)
     if cfg.members:
         wanted = [m.strip() for m in cfg.members.split(",") if m.strip()]
         unknown = [m for m in wanted if m not in adapters]
         if unknown:
             raise ValueError(
-                f"members {unknown} not found under {run_dir / 'adapters'} (have {list(adapters)})"
+                f"members {unknown} not found under {run.entry(ADAPTERS)} (have {list(adapters)})"
             )
         adapters = {m: adapters[m] for m in wanted}
     problems = {b: _problems(b, cfg) for b in benchmarks}  # fail fast on missing data
@@ -499,10 +504,10 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     baseline_students: list[str] | None = None
     bl_template, bl_set = member_template, member_set
     if cfg.baseline:
-        bl_dir = Path(cfg.baseline)
-        bl_cfg = _run_config(bl_dir)
+        bl_run = RunDir(cfg.baseline)
+        bl_cfg = _run_config(bl_run)
         baseline_model = cfg.model or bl_cfg.get("model")
-        baseline_adapters = _adapter_dirs(bl_dir)
+        baseline_adapters = _adapter_dirs(bl_run)
         baseline_students = _students(bl_cfg)
         bl_template, bl_set = _math_template(cfg.math_template, bl_cfg)
     if cfg.base_math_template == "auto":
@@ -537,7 +542,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
 
     # on a GPU the run's own dtype (bf16 for the GPU presets); on CPU float32
     dtype = (run_cfg.get("config") or {}).get("dtype") if device.startswith("cuda") else None
-    out_dir = Path(cfg.out_dir) if cfg.out_dir else run_dir / "eval"
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else run.subdir(EVAL, create=False)  # a real directory in the run
     chat_guess = _chat_templates(pop_models)
 
     def settings(chat_templates: list[bool]) -> dict[str, dict[str, Any]]:
@@ -598,7 +603,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
         del results["failed_reference"]
     results["aggregates"] = aggregate_rows(results["benchmarks"], cfg.baseline)
     results["seconds"]["total"] = round(time.perf_counter() - t_start, 2)
-    step = cfg.step if cfg.step is not None else _latest_step(run_dir)
+    step = cfg.step if cfg.step is not None else _latest_step(run)
     results["step"] = step
     results["complete"] = True
     write_results(results, run_dir, step=step, tensorboard=cfg.tensorboard, out_dir=out_dir)

@@ -359,6 +359,7 @@ def compare_main(argv: list[str]) -> int:
         return fail("compare", f"--out {out} exists and is not a directory")
     common = {"tail": args.tail, "reps": args.reps, "seed": args.bootstrap_seed, "eval_score": args.eval_score}
     from evaluation.compare import compare_runs
+    from selfplay.rundir import RunDirError
 
     if args.from_dirs is not None:
         if args.preset or args.seeds is not None or extra:
@@ -367,7 +368,10 @@ def compare_main(argv: list[str]) -> int:
         if missing:
             return fail("compare", f"--from: {', '.join(missing)} is not a directory")
         out.mkdir(parents=True, exist_ok=True)
-        files = compare_runs([Path(d) for d in args.from_dirs], out, **common)
+        try:
+            files = compare_runs([Path(d) for d in args.from_dirs], out, **common)
+        except RunDirError as e:  # a file of a run this project never writes (a link out of it, nested too deep)
+            return fail("compare", str(e))
         print(f"comparison written to {out / 'compare.md'} ({len(files)} files)")
         return 0
     if not args.preset:
@@ -404,7 +408,7 @@ def compare_main(argv: list[str]) -> int:
 
     try:  # every check before the cluster is joined and before any run starts
         jobs, _ = plan(out, arms, presets, seeds, extra, config_of, 1)
-    except CompareError as e:
+    except (CompareError, RunDirError) as e:
         return fail("compare", str(e))
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
@@ -443,8 +447,11 @@ def compare_main(argv: list[str]) -> int:
     from evaluation.compare.rundirs import read_run
 
     run_dirs = [out / f"{arm}-s{seed}" for arm in arms for seed in seeds]
-    failed = [d.name for d in run_dirs if not read_run(d).complete]
-    files = compare_runs(run_dirs, out, launched=[j.name for j in jobs], **common)
+    try:
+        failed = [d.name for d in run_dirs if not read_run(d).complete]
+        files = compare_runs(run_dirs, out, launched=[j.name for j in jobs], **common)
+    except RunDirError as e:
+        return fail("compare", str(e))
     print(f"comparison written to {out / 'compare.md'} ({len(files)} files)")
     if failed:
         for name in failed:

@@ -75,6 +75,7 @@ def eval_main(argv: list[str]) -> int:
     """Entry point of ``populora eval`` (see the module docstring); returns the exit status."""
     from evaluation.progress import SettingsMismatch
     from populora_env.checks import ConfigError
+    from selfplay.rundir import EVAL, RunDirError
 
     try:
         if any(a == "--samples" or a.startswith("--samples=") for a in argv):
@@ -89,9 +90,9 @@ def eval_main(argv: list[str]) -> int:
         results = run_eval(cfg)
     except ConfigError as exc:  # one line per bad value, as train's: --field: reason
         return config_error("eval", exc)
-    except (BenchmarkUnavailable, EvalDataError, FileNotFoundError, SettingsMismatch, ValueError) as exc:
+    except (BenchmarkUnavailable, EvalDataError, FileNotFoundError, SettingsMismatch, ValueError, RunDirError) as exc:
         return fail("eval", str(exc))
-    out = cfg.out_dir or f"{cfg.run_dir}/eval"
+    out = cfg.out_dir or f"{cfg.run_dir}/{EVAL}"
     print(f"wrote {out}/results.json and {out}/results.md")
     for bench, rec in results["benchmarks"].items():
         who = "students" if rec.get("headline") == "students" else "population"

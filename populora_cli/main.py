@@ -98,17 +98,10 @@ def _take_overrides(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 
 def _train(cmd: str, argv: list[str]) -> int:
-    from selfplay.config import (
-        ConfigError,
-        TrainConfig,
-        from_dict,
-        list_presets,
-        load_preset,
-        read_config_json,
-        to_dict,
-    )
-    from selfplay.config_changes import drop_retired
+    from selfplay.config import ConfigError, TrainConfig, list_presets, load_preset, to_dict
+    from selfplay.config_changes import SavedRun, plan_resume, read_saved_run
     from selfplay.plugins import PluginError, load_plugins, normalize_plugin
+    from selfplay.rundir import CONFIG, CONFIG_HISTORY, RunDirError
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--preset", default=None)
@@ -120,36 +113,29 @@ def _train(cmd: str, argv: list[str]) -> int:
         return _fail(cmd, "--override: only with --resume (it names settings of a resumed run allowed to change)")
     arm = ARMS[cmd]
     assignment: dict[str, str] | None = None
-    saved_config: dict = {}
+    saved: SavedRun | None = None
     try:
-        if known.resume:
-            cfg_path = Path(known.resume) / "config.json"
-            if not cfg_path.is_file():
-                return _fail(cmd, f"--resume: {cfg_path} not found (is {known.resume} a run directory?)")
-            saved = read_config_json(cfg_path, "resume")
-            if not isinstance(saved.get("config"), dict):
-                return _fail(cmd, f"--resume: {cfg_path} is not a run configuration (no \"config\" object)")
-            try:
-                default = from_dict(TrainConfig, drop_retired(saved["config"]))
-            except ConfigError as e:
-                return _fail(cmd, f"--resume: {cfg_path}: {e.field}: {e.reason}")
-            saved_config = to_dict(default)  # a field added since the run was written: its default, no difference
+        if known.resume:  # config.json read once, here; selfplay.resume gets what was read and compared
+            saved = read_saved_run(known.resume)
+            # the run's plugins are code from its directory: imported only when named on this command line again
+            default = dataclasses.replace(saved.config, plugins=())
             if known.preset:  # its values, compared with the run's below: every difference is listed
                 default = load_preset(known.preset)
-            arm = saved.get("arm", arm)
-            mapping = saved.get("mapping") or {}
-            assignment = mapping.get("agent_to_member")
+            arm = saved.record.get("arm", arm)
+            assignment = saved.assignment
         else:
             default = load_preset(known.preset or "cpu-smoke")
     except ConfigError as e:
         return _config_error(cmd, e)
+    except RunDirError as e:
+        return _fail(cmd, f"--resume: {e}")
     presets = ", ".join(list_presets())
     with _json_dict_rule():
         cfg = tyro.cli(TrainConfig, default=default, args=argv, prog=f"populora {cmd}",
                        description=(TrainConfig.__doc__ or "") + f" Shipped presets: {presets}. "
                        "--dry-run prints the resolved configuration as JSON and exits. With --resume RUN_DIR, "
                        "--override FIELD [FIELD ...] allows the named settings (dotted, e.g. trainer.lr) to differ "
-                       "from the run's config.json; the change is recorded in RUN_DIR/config_history.jsonl.")
+                       f"from the run's {CONFIG}; the change is recorded in RUN_DIR/{CONFIG_HISTORY}.")
     if known.resume:
         cfg = dataclasses.replace(cfg, resume=Path(known.resume))
     elif cmd == "baseline":
@@ -158,18 +144,22 @@ def _train(cmd: str, argv: list[str]) -> int:
         cfg = azr_config(cfg)
         assignment = azr_mapping()
     cfg = dataclasses.replace(cfg, plugins=tuple(normalize_plugin(p) for p in cfg.plugins))
+    unnamed = [p for p in saved.config.plugins if p not in cfg.plugins] if saved is not None else []
+    if unnamed:
+        return _fail(cmd, f"--resume: {saved.run.entry(CONFIG)} names the plugin(s) {', '.join(unnamed)}; a run's "
+                          "plugins are imported only when named on the command line: if you trust them, add "
+                          f"--plugins {' '.join(unnamed)}")
     try:
         load_plugins(cfg.plugins)
     except PluginError as e:
         return _fail(cmd, f"--plugins: {e}")
     if cfg.name is None and cfg.run_dir is None and not known.resume:
         cfg = dataclasses.replace(cfg, name=f"{Path(cfg.preset).stem}-{arm}-s{cfg.seed}")
+    plan = None
     try:
         cfg.validate()
-        if known.resume:  # the run's own configuration: a difference is refused (or recorded) before any work
-            from selfplay.config_changes import check_changes
-
-            check_changes(saved_config, to_dict(cfg), overrides or ())
+        if saved is not None:  # the run's own configuration: a difference is refused (or recorded) before any work
+            plan = plan_resume(cfg, overrides or (), saved)
     except ConfigError as e:
         return _config_error(cmd, e)
     if known.dry_run:
@@ -177,10 +167,9 @@ def _train(cmd: str, argv: list[str]) -> int:
         return 0
     from selfplay.checkpoint import CheckpointError
     from selfplay.resume import resume_point
-    from selfplay.rundir import RunDirError
 
     try:  # new run or resume, decided and checked once; the lock is held until the run ends
-        with resume_point(cfg, overrides or (), cmd) as point:
+        with resume_point(cfg, overrides or (), cmd, plan) as point:
             return _train_locked(cmd, cfg, assignment, arm, point)
     except (RunDirError, CheckpointError) as e:  # before the model loads
         return _fail(cmd, str(e))
@@ -193,7 +182,7 @@ def _train_locked(cmd: str, cfg: Any, assignment: dict[str, str] | None, arm: st
     from populora_env.rewards import RewardSchemeError
     from selfplay.config import ConfigError
     from selfplay.distributed.cluster import ClusterError
-    from selfplay.rundir import RunDirError, os_error_line
+    from selfplay.rundir import CONFIG, RunDirError, os_error_line
 
     target = point.run_dir
     if cfg.backend == "ray":  # the cluster can hold the run (resources, run directory on every node): exit 2 if not
@@ -219,7 +208,7 @@ def _train_locked(cmd: str, cfg: Any, assignment: dict[str, str] | None, arm: st
         return _fail(cmd, str(e))
     except OSError as e:  # a full disk, a folder that became unwritable, ...: one line, no traceback
         logging.getLogger(__name__).debug("the run stopped", exc_info=True)
-        again = f"; continue it with --resume {target}" if (target / "config.json").is_file() else ""
+        again = f"; continue it with --resume {target}" if (target / CONFIG).is_file() else ""
         return _fail(cmd, f"{os_error_line(e)}{again}")
     from evaluation.report import make_report
 
@@ -254,10 +243,11 @@ def _report(argv: list[str]) -> int:
         if not Path(r).is_dir():
             return _fail("report", f"run directory {r} does not exist")
     from evaluation.report import make_report
+    from selfplay.rundir import RunDirError
 
     try:
         out = make_report(args.runs, out=args.out, smoothing=args.smoothing)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError, RunDirError) as e:
         return _fail("report", str(e))
     print(f"report written to {out}")
     return 0

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import numbers
 import os
@@ -30,12 +29,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from agents.models import RANDOM_PREFIX, random_shapes
+from agents.models import HF_CONFIG, RANDOM_PREFIX, random_shapes
 from agents.trainer import TrainerConfig
 from evolution.pbt import PBTConfig
 from populora_env.checks import check_bool, check_choice, check_section, renamed
 from populora_env.config import ConfigError, EnvConfig, check, check_int, check_number
 from selfplay.distributed.config import RAY_INSTALL_HINT, RayConfig, ray_installed
+from selfplay.rundir import RunFileError, parse_json
 
 __all__ = [
     "ConfigError",
@@ -425,38 +425,22 @@ def preset_path(preset: str) -> Path | None:
     return Path(str(shipped)) if shipped.is_file() else None
 
 
-def _depth(value: Any) -> int:
-    """Nesting depth of a JSON value (iterative: a hostile file cannot exhaust the stack here)."""
-    deepest, todo = 0, [(value, 1)]
-    while todo:
-        v, d = todo.pop()
-        deepest = max(deepest, d)
-        if d > MAX_CONFIG_DEPTH:
-            break
-        if isinstance(v, dict):
-            todo.extend((x, d + 1) for x in v.values())
-        elif isinstance(v, list):
-            todo.extend((x, d + 1) for x in v)
-    return deepest
-
-
 def read_config_json(path: Path, field_name: str) -> dict:
     """The JSON object in ``path`` (a preset or a run's ``config.json``), within :data:`MAX_CONFIG_BYTES` and
-    :data:`MAX_CONFIG_DEPTH`; :class:`ConfigError` for ``field_name`` naming the file otherwise."""
+    :data:`MAX_CONFIG_DEPTH`, with no key twice in one object (JSON would keep the last one silently:
+    ``{"seed": 1, "seed": 2}`` trains seed 2); :class:`ConfigError` for ``field_name`` naming the file otherwise."""
     try:
         size = path.stat().st_size
         if size > MAX_CONFIG_BYTES:
             raise ConfigError(field_name, f"{path} is {size} bytes, more than a run configuration can be "
                                           f"({MAX_CONFIG_BYTES} bytes)")
-        data = json.loads(path.read_text())
-    except RecursionError:
-        raise ConfigError(field_name, f"{path} nests deeper than {MAX_CONFIG_DEPTH} levels") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = parse_json(path.read_text(), path, MAX_CONFIG_DEPTH, unique_keys=True)
+    except RunFileError as exc:
+        raise ConfigError(field_name, f"{path} {exc.reason}") from None
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(field_name, f"cannot read {path}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(field_name, f"{path} must hold a JSON object, got {type(data).__name__}")
-    if _depth(data) > MAX_CONFIG_DEPTH:
-        raise ConfigError(field_name, f"{path} nests deeper than {MAX_CONFIG_DEPTH} levels")
     return data
 
 
@@ -511,12 +495,12 @@ def _model_config_file(model: str) -> Path | None:
     directory, or a built-in model already converted into the cache."""
     p = Path(model).expanduser()
     if p.is_dir():
-        return p / "config.json" if (p / "config.json").is_file() else None
+        return p / HF_CONFIG if (p / HF_CONFIG).is_file() else None
     if model in KNOWN_MODELS:
         from agents import models
 
         name = {"tiny-random": "tiny-random-llama", "smollm2-135m": "smollm2-135m-instruct-fp32"}[model]
-        f = models.cache_dir() / f"{name}-{models._CACHE_VERSION}" / "config.json"
+        f = models.cache_dir() / f"{name}-{models._CACHE_VERSION}" / HF_CONFIG
         return f if f.is_file() else None
     return None
 

@@ -36,6 +36,7 @@ from selfplay.mapping import AgentMapping
 from selfplay.members import model_device
 from selfplay.parts import build_parts
 from selfplay.rollouts import CompletionId, rollouts_from_round
+from selfplay.rundir import LINEAGE
 from selfplay.seeding import SeedingReport, seed_before_training
 
 
@@ -96,7 +97,7 @@ class SelfPlayLoop:
         """Build every part (the slow part: model loading) with :func:`selfplay.parts.build_parts`: locally its
         :func:`selfplay.members.build_members`, the builder the Ray actors call too."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        parts = build_parts(self.cfg, self.run_dir, self.assignment, self.run_dir / "lineage.jsonl")
+        parts = build_parts(self.cfg, self.run_dir, self.assignment, self.run_dir / LINEAGE)
         self.env, self.mapping, self.pbt = parts.env, parts.mapping, parts.pbt
         self.population, self.generator, self.trainer = parts.population, parts.generator, parts.trainer
         self.tokenizer, self.backend = parts.tokenizer, parts.backend

@@ -10,6 +10,7 @@ from typing import Any
 
 from evaluation.compare.rundirs import METRIC_LABELS
 from evaluation.compare.summary import REFERENCE, TREATMENT
+from selfplay.rundir import SUMMARY
 
 ARM_COLOURS = {TREATMENT: "tab:blue", REFERENCE: "tab:orange"}
 
@@ -77,7 +78,7 @@ def render_markdown(result: dict[str, Any], figures: list[str]) -> str:
         lines.append(f"- excluded `{path}`: {why}")
     if result["launched"]:
         lines.append(f"- launched or resumed by this call: {', '.join(result['launched'])}")
-    lines += ["", "## Training metrics (run_summary.json history)", ""]
+    lines += ["", f"## Training metrics ({SUMMARY} history)", ""]
     rows = []
     for metric, blocks in result["metrics"].items():
         label = METRIC_LABELS.get(metric, metric)
