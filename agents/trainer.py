@@ -27,8 +27,19 @@ needs the log-probs of the policy before the first step: the first mini-batch's 
 forward pass (detached: nothing has stepped yet, so rho == 1 there exactly), every other mini-batch's from a
 no-grad pass before the first step, laid out as that mini-batch's steps lay it out (the same micro-batches);
 with the KL-in-reward term, which needs them for the advantages, all of them come from that no-grad pass.
-``use_behaviour_logprobs=True`` uses ``Rollout.logprobs`` (the generator's, e.g. vLLM's) instead, which also
-corrects generator/trainer numerical mismatch.
+``use_behaviour_logprobs=True`` uses ``Rollout.logprobs`` (the generator's, e.g. vLLM's) instead.
+
+Rollout/trainer mismatch. The generator's log-probs ``lp_mu`` (``Rollout.logprobs``: the engine that sampled,
+e.g. vLLM in bf16 with its own kernels) and the trainer's own ``lp_old`` for the same tokens under the same
+weights differ numerically; per update the trainer reports, over the completion tokens of the rollouts that
+carry log-probs, with ``delta_t = lp_old_t - lp_mu_t``: ``mismatch_abs_mean`` = mean |delta_t|,
+``mismatch_abs_max`` = max |delta_t|, and ``mismatch_kl`` = mean (exp(delta_t) - 1 - delta_t), the k3 estimate
+of KL(mu || pi_old) from mu's own samples (non-negative, 0 iff they agree). ``lp_old`` is the trainer's
+log-prob before the update's first optimizer step: each row's first forward in a one-step update, the no-grad
+pass's for the later mini-batches of a multi-step one (with ``use_behaviour_logprobs`` only the first
+mini-batch is measured: there is no such pass). Rows that take no pass (the zero-advantage skip) are not
+measured. ``is_correction`` (``"tis"``, ``"mis"``) weighs each token's surrogate by the importance weight
+``w_t = exp(delta_t)`` truncated or masked at ``is_cap`` (``agents.losses.policy_loss``'s ``is_weights``).
 
 Rows whose advantages are all zero (``skip_zero_advantage``): when the loss declares that such a row adds
 exactly zero to it and to its gradient (``agents.losses.zero_advantage_rows_add_zero``: the clipped surrogate
@@ -68,14 +79,16 @@ from agents.losses import (
 from agents.nonfinite import finite_update
 from agents.rollout import Rollout
 from agents.weighting import ROLE_WEIGHTINGS, role_loss_weights
-from populora_env.checks import check, check_bool, check_choice, check_int, check_number, shown
+from populora_env.checks import ConfigError, check, check_bool, check_choice, check_int, check_number, shown
 
-__all__ = ["TrainerConfig", "PolicyGradientTrainer", "KL_MODES", "LORA_IMPLS", "PACKINGS", "PACKED_ATTENTIONS"]
+__all__ = ["TrainerConfig", "PolicyGradientTrainer", "IS_CORRECTIONS", "KL_MODES", "LORA_IMPLS", "PACKINGS",
+           "PACKED_ATTENTIONS"]
 
 KL_MODES = ("off", "reward", "loss")
 PACKINGS = ("prefix", "none")
-PACKED_ATTENTIONS = ("tree", "mask")
+PACKED_ATTENTIONS = ("tree", "mask", "flex")
 LORA_IMPLS = ("fused", "peft")
+IS_CORRECTIONS = ("none", "tis", "mis")
 
 
 @dataclass
@@ -144,11 +157,25 @@ class TrainerConfig:
     summation order). "none": one right-padded row per rollout (the layout before packing; for equality
     tests and ablations). Models whose attention takes no 4D mask (flash-attention kernels) use "none"
     whatever this says."""
-    packed_attention: Literal["tree", "mask"] = "tree"
+    packed_attention: Literal["tree", "mask", "flex"] = "tree"
     """How the prefix-shared layout's attention runs. "tree": per query block over its ancestor columns only
-    (``agents.tree_attention``: the pairs the tree mask forbids are never computed); "mask": one dense SDPA
-    call with the L x L additive mask (the computation before tree attention; for equality tests and
-    ablations). The same values up to float summation order."""
+    (``agents.tree_attention``: the pairs the tree mask forbids are never computed; on CUDA each block runs
+    the flash kernel with a lower-right causal bias); "flex": PyTorch's flex_attention with the tree's block
+    mask, compiled (CUDA only: it has no CPU backward); "mask": one dense SDPA call with the L x L additive mask
+    (the computation before tree attention; for equality tests and ablations). The same values up to float
+    summation order (docs/vllm.md, "Attention of packed rows on a GPU", says which and why)."""
+    max_tokens_per_row: int | None = None
+    """Most token slots one forward pass of the update holds (the packed row: every shared prompt prefix once
+    plus the completions; padded: rows x the longest): micro-batches close before a rollout that would exceed
+    it, so the activations of a pass are bounded by it (``agents.forward``; a single longer rollout is a pass
+    of its own). None: only ``micro_batch_size`` bounds a pass (the CPU presets)."""
+    is_correction: Literal["none", "tis", "mis"] = "none"
+    """Importance correction for the gap between the generator's sampling log-probs (``Rollout.logprobs``) and
+    the trainer's: each token's surrogate is weighted by ``w_t = pi_old(a_t) / mu(a_t)``, "tis" truncated at
+    ``is_cap`` (min(w_t, C)), "mis" masked above it (w_t if w_t <= C else 0); "none": unweighted (on CPU the HF
+    generator and the trainer agree to float rounding). Math: ``agents.losses.policy_loss``."""
+    is_cap: float = 2.0
+    """The cap C of ``is_correction`` (TIS's truncation, MIS's mask threshold); >= 1."""
     lora_impl: Literal["fused", "peft"] = "fused"
     """How the member's LoRA modules run in the update. "fused": ``base(x) + s (x A^T) B^T`` with the low-rank
     product added by one ``addmm`` (:meth:`agents.population.LoRAPopulation.single`: two full-size passes per
@@ -211,6 +238,13 @@ class TrainerConfig:
         check_choice("packing", self.packing, PACKINGS)
         check_choice("packed_attention", self.packed_attention, PACKED_ATTENTIONS)
         check_choice("lora_impl", self.lora_impl, LORA_IMPLS)
+        if self.max_tokens_per_row is not None:
+            check_int("max_tokens_per_row", self.max_tokens_per_row, 16, 1 << 24)
+        check_choice("is_correction", self.is_correction, IS_CORRECTIONS)
+        check_number("is_cap", self.is_cap, low=1.0, high=1e6)
+        check(self.is_correction == "none" or not self.use_behaviour_logprobs, "is_correction",
+              f"{self.is_correction!r} weighs the ratio with the trainer's own log-probs as its denominator; "
+              "use_behaviour_logprobs puts the generator's there: set one of them")
 
     @property
     def resolved_kl_estimator(self) -> str:
@@ -232,6 +266,9 @@ class _Targets:
     role_rows: dict[str, Tensor]  # role -> [B] float indicator of its rows (empty without meta roles)
     norm_len: float  # the constant L of seq-mean-token-sum-norm
     live: set[int] | None  # rows with a non-zero advantage, which take passes (skip_zero_advantage); None: all
+    rollout_lp: Tensor | None = None  # [B, Tc] the generator's log-probs (None: no rollout carries them)
+    has_rollout_lp: list[bool] = field(default_factory=list)  # per row: its log-probs are there and aligned
+    measured: set[int] = field(default_factory=set)  # rows whose mismatch is tallied (each once per update)
 
     def old_logprobs(self, rows: list[int], lp: Tensor) -> Tensor:
         """The behaviour log-probs of ``rows`` for a forward that gave ``lp``: its own, detached, when on-policy;
@@ -259,6 +296,7 @@ class _Tally:
     pg_losses: list[float] = field(default_factory=list)
     grad_norms: list[float] = field(default_factory=list)
     skipped: int = 0  # optimizer steps skipped as non-finite
+    mismatch: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # |delta| and k3 sums, max, n
     zero_steps: int = 0  # optimizer steps on exact zero gradients (all-zero advantages, no passes)
     zero_rows: int = 0  # rows left out of an optimizer step's passes (all-zero advantages), summed over steps
 
@@ -275,6 +313,17 @@ class _Tally:
             rm = m * sel[rows].to(m.device).unsqueeze(-1)
             self.role_ent[role] += float((ent.detach() * rm).sum().item())
             self.role_tok[role] += float(rm.sum().item())
+
+    def add_mismatch(self, delta: Tensor, m: Tensor) -> None:
+        """``delta`` = the trainer's minus the generator's log-probs ``[rows, Tc]`` over the tokens ``m``."""
+        n = float(m.sum().item())
+        if n == 0:
+            return
+        d = delta.detach().double() * m
+        self.mismatch["abs"] += float(d.abs().sum().item())
+        self.mismatch["k3"] += float(((torch.expm1(d) - d) * m).sum().item())
+        self.mismatch["max"] = max(self.mismatch["max"], float(d.abs().max().item()))
+        self.mismatch["tokens"] += n
 
 
 class PolicyGradientTrainer:
@@ -293,8 +342,12 @@ class PolicyGradientTrainer:
         self._advantage = get_advantage(self.config.advantage)
         cfg = self.config
         self.forward = PolicyForward(population, packing=cfg.packing, packed_attention=cfg.packed_attention,
-                                     micro_batch_size=cfg.micro_batch_size, logprob_chunk_size=cfg.logprob_chunk_size)
+                                     micro_batch_size=cfg.micro_batch_size, logprob_chunk_size=cfg.logprob_chunk_size,
+                                     max_tokens_per_row=cfg.max_tokens_per_row)
         """The update's forward passes (``agents.forward``)."""
+        if cfg.packed_attention == "flex" and self.forward.packs_prefix and self.forward.device.type != "cuda":
+            raise ConfigError("trainer.packed_attention", "'flex' needs a CUDA device (PyTorch's flex_attention has "
+                              f"no backward on {self.forward.device.type}); use 'tree' there")
 
     @property
     def forward_tokens(self) -> int:
@@ -407,7 +460,8 @@ class PolicyGradientTrainer:
             adv = self._advantages(rollouts, batch, rewards, groups, token_rewards=token_rewards)
         role_w = role_loss_weights(_roles(rollouts), batch.mask, cfg.role_weighting, cfg.loss_agg_mode, mini)
         norm_len = float(cfg.norm_len or batch.mask.shape[1])
-        return _Targets(adv, old_lp, pending, ref_lp, role_w, _role_rows(rollouts), norm_len, live)
+        rollout_lp, has = _generator_logprobs(rollouts, batch, required=cfg.is_correction != "none")
+        return _Targets(adv, old_lp, pending, ref_lp, role_w, _role_rows(rollouts), norm_len, live, rollout_lp, has)
 
     def _advantages(self, rollouts: list[Rollout], batch: RolloutBatch, rewards: Tensor, groups: list[Hashable],
                     token_rewards: Tensor | None) -> Tensor:
@@ -495,9 +549,11 @@ class PolicyGradientTrainer:
         device = lp.device
         m = batch.mask[rows].to(device)
         ref_lp = None if targets.ref_lp is None else targets.ref_lp[rows].to(device)
+        old = targets.old_logprobs(rows, lp)
+        is_weights = self._mismatch(rows, lp, old, m, targets, tally)
         out = policy_loss(
             lp,
-            targets.old_logprobs(rows, lp),
+            old,
             targets.adv[rows].to(device),
             m,
             clip_eps_low=cfg.clip_eps_low,
@@ -507,6 +563,7 @@ class PolicyGradientTrainer:
             ref_logprobs=ref_lp if cfg.kl_mode == "loss" else None,
             kl_estimator=cfg.resolved_kl_estimator,
             token_weights=None if targets.role_w is None else targets.role_w[rows].to(device),
+            is_weights=is_weights,
             **self._loss_coefs,
             **norms,
         )
@@ -517,6 +574,34 @@ class PolicyGradientTrainer:
             kl_tok = kl_penalty(lp.detach(), ref_lp, cfg.resolved_kl_estimator)
             tally.sums["kl"] += float((kl_tok * m).sum().item())
         return float(out.loss.detach().item()), float(out.pg_loss.item())
+
+    def _mismatch(self, rows: list[int], lp: Tensor, old: Tensor, m: Tensor, targets: _Targets, tally: _Tally
+                  ) -> Tensor | None:
+        """Tally the rollout/trainer mismatch of ``rows`` not measured yet (module docstring) and return the
+        importance weights of ``is_correction`` ``[rows, Tc]`` (None with ``"none"``; ``agents.losses``).
+
+        The trainer's pre-step log-probs are ``old`` (its own behaviour log-probs), or with
+        ``use_behaviour_logprobs`` (``old`` is then the generator's) this forward's own before any step."""
+        cfg = self.config
+        if targets.rollout_lp is None:
+            return None
+        mu = targets.rollout_lp[rows].to(lp.device)
+        pre = None if cfg.use_behaviour_logprobs and tally.grad_norms else (
+            lp.detach() if cfg.use_behaviour_logprobs else old)
+        if pre is not None:
+            new = torch.tensor([i not in targets.measured and targets.has_rollout_lp[i] for i in rows],
+                               dtype=m.dtype, device=m.device)
+            tally.add_mismatch(pre - mu, m * new.unsqueeze(-1))
+            targets.measured.update(i for i in rows if targets.has_rollout_lp[i])
+        if cfg.is_correction == "none":
+            return None
+        w = torch.exp((old - mu).clamp(min=-20.0, max=20.0))
+        capped = w > cfg.is_cap
+        tally.sums["is_weight_mean"] += float((w * m).sum().item())
+        tally.sums["is_capped_frac"] += float((capped.to(m.dtype) * m).sum().item())
+        if cfg.is_correction == "tis":
+            return w.clamp(max=cfg.is_cap)
+        return torch.where(capped, torch.zeros_like(w), w)
 
     def _metrics(self, batch: RolloutBatch, adv: Tensor, tally: _Tally, n_steps: int) -> dict[str, float]:
         """The update's metrics (``update``'s docstring) from its advantages and running sums."""
@@ -537,10 +622,34 @@ class PolicyGradientTrainer:
         }
         for key, total in tally.sums.items():
             metrics[key] = total / max(tally.tokens, 1.0)
+        if tally.mismatch["tokens"] > 0:
+            n = tally.mismatch["tokens"]
+            metrics |= {"mismatch_abs_mean": tally.mismatch["abs"] / n, "mismatch_abs_max": tally.mismatch["max"],
+                        "mismatch_kl": tally.mismatch["k3"] / n}
         for role, n in tally.role_tok.items():
             if n > 0:
                 metrics[f"entropy/{role}"] = tally.role_ent[role] / n
         return metrics
+
+
+def _generator_logprobs(rollouts: Sequence[Rollout], batch: RolloutBatch, required: bool
+                        ) -> tuple[Tensor | None, list[bool]]:
+    """The generator's log-probs ``[B, Tc]`` and, per row, whether it carries them aligned with its completion
+    (``(None, [])`` when no rollout does); ``required`` (an importance correction): every row must, else
+    ``ValueError`` naming the first that does not."""
+    has = [r.logprobs is not None and len(r.logprobs) == len(r.completion_ids) for r in rollouts]
+    if required and not all(has):
+        i = has.index(False)
+        got = "no logprobs" if rollouts[i].logprobs is None else f"{len(rollouts[i].logprobs)} logprobs"
+        raise ValueError(f"is_correction needs the generator's log-probs: rollout {i} has {got} for "
+                         f"{len(rollouts[i].completion_ids)} completion tokens")
+    if not any(has):
+        return None, []
+    out = torch.zeros_like(batch.mask)
+    for i, r in enumerate(rollouts):
+        if has[i]:
+            out[i, : len(r.logprobs)] = torch.tensor(r.logprobs, dtype=out.dtype)
+    return out, has
 
 
 def _live_rows(adv: Tensor) -> set[int]:
