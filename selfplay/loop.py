@@ -18,8 +18,9 @@ step, phase, agent, index), so a resumed run repeats the uninterrupted one.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from agents.generation import Completion, GenerationRequest
+from agents.generation.limit import dropped
 from agents.generation.threads import generation_threads
 from populora_env.results import RoundOutcome
 from selfplay.config import TrainConfig
@@ -38,6 +40,8 @@ from selfplay.parts import build_parts
 from selfplay.rollouts import CompletionId, rollouts_from_round
 from selfplay.rundir import LINEAGE
 from selfplay.seeding import SeedingReport, seed_before_training
+
+log = logging.getLogger(__name__)
 
 
 def derive_seed(*parts: int | str) -> int:
@@ -61,6 +65,8 @@ class StepRecord:
         evolution: the PBT step's lineage records (empty when nothing was replaced).
         times: seconds per phase (``generation``, ``sandbox``, ``update``, ``evolution``, ``step``; the run adds
             ``checkpoint``).
+        dropped_prompts: role -> prompts the prompt-length rule dropped before generation this step (every role,
+            0 included, when ``generation.max_prompt_tokens`` is set; empty otherwise).
     """
 
     step: int
@@ -71,6 +77,7 @@ class StepRecord:
     member_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     evolution: list[dict] = field(default_factory=list)
     times: dict[str, float] = field(default_factory=dict)
+    dropped_prompts: dict[str, int] = field(default_factory=dict)
 
 
 class SelfPlayLoop:
@@ -167,6 +174,21 @@ class SelfPlayLoop:
             raise RuntimeError(f"generator returned no completion for {missing[:5]}")
         return completions, prompts, seconds
 
+    def _dropped(self, completions: Mapping[CompletionId, Completion]) -> dict[str, int]:
+        """Role -> completions that stand for prompts over ``generation.max_prompt_tokens`` (never generated;
+        ``agents.generation.limit``), with one log line when there are any; empty without a limit."""
+        limit = self.cfg.generation.max_prompt_tokens
+        if limit is None:
+            return {}
+        roles = self.mapping.agent_roles
+        counts = Counter(roles.get(agent, "?") for (agent, _), c in completions.items() if dropped(c))
+        out = {role: counts.get(role, 0) for role in sorted(set(roles.values()) | set(counts))}
+        if counts:
+            log.warning("step %d: dropped %s prompt(s) longer than %d tokens before generation (scored as format "
+                        "errors, not trained on)", self.step + 1,
+                        " and ".join(f"{n} {role}" for role, n in out.items()), limit)
+        return out
+
     @staticmethod
     def _actions(completions: Mapping[CompletionId, Completion], agents: Sequence[str]) -> dict[str, tuple[str, ...]]:
         """Each agent's completion texts in observation order (the env's action format)."""
@@ -200,6 +222,7 @@ class SelfPlayLoop:
             raise RuntimeError("the env finished a round without an outcome")
         completions.update(solved)
         prompts.update(solve_prompts)
+        dropped_prompts = self._dropped(completions)
 
         t0 = time.perf_counter()
         batches = rollouts_from_round(outcome, completions, self.mapping)
@@ -223,7 +246,7 @@ class SelfPlayLoop:
             step=self.step, outcome=outcome, completions=completions, prompts=prompts, mapping=self.mapping,
             member_metrics=member_metrics, evolution=events,
             times={"generation": gen_s + gen2_s, "sandbox": sandbox_s, "update": update_s,
-                   "evolution": time.perf_counter() - t0})
+                   "evolution": time.perf_counter() - t0}, dropped_prompts=dropped_prompts)
         record.times["step"] = time.perf_counter() - t_step
         return record
 
