@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import tyro
 
+from populora_cli import gpu_memory
 from populora_cli.errors import config_error as _config_error
 from populora_cli.errors import fail as _fail
 
@@ -108,6 +109,7 @@ def _train(cmd: str, argv: list[str]) -> int:
     pre.add_argument("--resume", default=None)
     pre.add_argument("--dry-run", action="store_true")
     known, _ = pre.parse_known_args(argv)
+    argv, gpu_gib = gpu_memory.take_flag(argv)
     argv, overrides = _take_overrides([a for a in argv if a != "--dry-run"])
     if overrides is not None and not known.resume:
         return _fail(cmd, "--override: only with --resume (it names settings of a resumed run allowed to change)")
@@ -162,6 +164,11 @@ def _train(cmd: str, argv: list[str]) -> int:
             plan = plan_resume(cfg, overrides or (), saved)
     except ConfigError as e:
         return _config_error(cmd, e)
+    if gpu_gib is not None:  # the GPU memory plan: printed with --dry-run, a gate without
+        members = len(set(assignment.values())) if assignment else cfg.env.num_teachers + cfg.env.num_students
+        status = gpu_memory.check(cmd, [(arm, cfg, members)], gpu_gib, known.dry_run)
+        if status is not None:
+            return status
     if known.dry_run:
         print(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
         return 0
