@@ -59,6 +59,8 @@ def step_scalars(record: StepRecord) -> dict[str, float]:
     out[tags.REPLACEMENTS] = float(len(record.evolution))
     for role, n in record.dropped_prompts.items():
         out[tags.dropped_prompts(role)] = float(n)
+    for phase, n in record.memory.items():
+        out[tags.memory(phase)] = n / 2**30
     return out
 
 

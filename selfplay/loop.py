@@ -37,6 +37,7 @@ from selfplay.finite import NonFiniteGuard, check_rewards
 from selfplay.mapping import AgentMapping
 from selfplay.members import model_device
 from selfplay.parts import build_parts
+from selfplay.phase_memory import PhaseMemory
 from selfplay.rollouts import CompletionId, rollouts_from_round
 from selfplay.rundir import LINEAGE
 from selfplay.seeding import SeedingReport, seed_before_training
@@ -67,6 +68,8 @@ class StepRecord:
             ``checkpoint``).
         dropped_prompts: role -> prompts the prompt-length rule dropped before generation this step (every role,
             0 included, when ``generation.max_prompt_tokens`` is set; empty otherwise).
+        memory: peak GPU bytes per phase (``generation``, ``update``, ``evolution``; the run adds
+            ``checkpoint``; :class:`~selfplay.phase_memory.PhaseMemory`); empty off CUDA.
     """
 
     step: int
@@ -78,6 +81,7 @@ class StepRecord:
     evolution: list[dict] = field(default_factory=list)
     times: dict[str, float] = field(default_factory=dict)
     dropped_prompts: dict[str, int] = field(default_factory=dict)
+    memory: dict[str, int] = field(default_factory=dict)
 
 
 class SelfPlayLoop:
@@ -108,6 +112,7 @@ class SelfPlayLoop:
         self.env, self.mapping, self.pbt = parts.env, parts.mapping, parts.pbt
         self.population, self.generator, self.trainer = parts.population, parts.generator, parts.trainer
         self.tokenizer, self.backend = parts.tokenizer, parts.backend
+        self.memory = PhaseMemory(self.device if self.backend is None else "cpu")  # local CUDA runs only
         self.step = 0
         self._seeded = False
         self.seeding: SeedingReport | None = None  # the base model's seeding stage (env.seed_tasks), if any
@@ -160,7 +165,7 @@ class SelfPlayLoop:
         if not requests:
             return completions, prompts, 0.0
         t0 = time.perf_counter()
-        with generation_threads(g.threads, self.device):
+        with generation_threads(g.threads, self.device), self.memory.phase("generation"):
             generated = self.generator.generate(requests)
         seconds = time.perf_counter() - t0
         for c in generated:
@@ -227,7 +232,8 @@ class SelfPlayLoop:
         t0 = time.perf_counter()
         batches = rollouts_from_round(outcome, completions, self.mapping)
         check_rewards(batches, cfg.env.reward_scheme)  # real and finite in float32, else RewardSchemeError
-        member_metrics = self.trainer.update_many({m: batches[m] for m in self.mapping.members if batches.get(m)})
+        with self.memory.phase("update"):
+            member_metrics = self.trainer.update_many({m: batches[m] for m in self.mapping.members if batches.get(m)})
         self.nonfinite.observe(self.step + 1, member_metrics)  # NonFiniteTraining before this step's checkpoint
         self.generator.refresh(list(member_metrics))
         update_s = time.perf_counter() - t0
@@ -237,16 +243,18 @@ class SelfPlayLoop:
         events: list[dict] = []
         if self.pbt is not None:
             member_ratings = {m: outcome.ratings[self.mapping.agents_of(m)[0]] for m in self.mapping.members}
-            events = self.pbt.maybe_evolve(
-                self.step, self.mapping.roles, self.population, member_ratings,
-                lambda m: [self.env.reset_rating(a) for a in self.mapping.agents_of(m)])
+            with self.memory.phase("evolution"):
+                events = self.pbt.maybe_evolve(
+                    self.step, self.mapping.roles, self.population, member_ratings,
+                    lambda m: [self.env.reset_rating(a) for a in self.mapping.agents_of(m)])
             if events:
                 self.generator.refresh([e["culled"] for e in events])
         record = StepRecord(
             step=self.step, outcome=outcome, completions=completions, prompts=prompts, mapping=self.mapping,
             member_metrics=member_metrics, evolution=events,
             times={"generation": gen_s + gen2_s, "sandbox": sandbox_s, "update": update_s,
-                   "evolution": time.perf_counter() - t0}, dropped_prompts=dropped_prompts)
+                   "evolution": time.perf_counter() - t0}, dropped_prompts=dropped_prompts,
+            memory=self.memory.take())
         record.times["step"] = time.perf_counter() - t_step
         return record
 

@@ -8,6 +8,7 @@ Scalars are logged at ``global_step`` = training step. Families (CleanRL/TRL sty
 - ``programs/``: complexity of the valid programs and coverage of the task distribution;
 - ``validity/<reason>``: proposals with that outcome this step (``validity/valid`` for valid ones);
 - ``time/<phase>``: seconds per phase of the step;
+- ``memory/<phase>``: peak GPU memory (GiB) per phase of the step (CUDA runs only);
 - ``evolution/replacements``: members replaced by the PBT step;
 - ``generation/dropped_prompts/<role>``: prompts over the length limit dropped before generation this step;
 - ``pairs/<teacher>/<student>/{attempts,correct}``: the matched pair's attempts and correct ones this step
@@ -146,6 +147,12 @@ PAIR_KEYS = ("attempts", "correct")
 TIME_PHASES = ("generation", "sandbox", "update", "evolution", "checkpoint")
 REPLACEMENTS = "evolution/replacements"
 DROPPED_PROMPTS = "generation/dropped_prompts"
+MEMORY_PREFIX = "memory/"
+
+
+def memory(phase: str) -> str:
+    """Peak GPU memory (GiB) the run's tensors held during ``phase`` of this step (CUDA runs only)."""
+    return f"{MEMORY_PREFIX}{phase}"
 
 
 def dropped_prompts(role: str) -> str:
