@@ -240,7 +240,7 @@ def _run_plan(run_dir: Path, arm: str, gpu_gib: float | None) -> dict:
     except Exception as e:  # noqa: BLE001 - a record of why, never a crash of the check
         return {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
     # max_memory_allocated excludes the CUDA context and the allocator's slack, which the plan allows for
-    return {"status": "ok", "peak_gib": round(plan.peak / 2**30, 2),
+    return {"status": "ok", "gpu_gib": gpu_gib, "peak_gib": round(plan.peak / 2**30, 2),
             "tensors_gib": round(plan.peak / 2**30 - CUDA_RESERVE_GIB, 2), "fits": plan.fits,
             "lines": [[label, round(n / 2**30, 3), how] for label, n, how in plan.lines]}
 
@@ -276,10 +276,10 @@ def training_run(args, out_dir: Path, arm: str, timeout: float, gpu_gib: float |
     rec["plan"] = _run_plan(run_dir, arm, gpu_gib) if (run_dir / "config.json").is_file() else {
         "status": "skipped", "reason": "the run wrote no config.json"}
     peaks = rec.get("peak_gpu_memory_gib") or {}
-    if peaks and rec["plan"].get("status") == "ok":
-        measured = max(peaks.values())
-        rec["plan"] |= {"measured_peak_gib": round(measured, 2),
-                        "measured_over_plan": round(measured / rec["plan"]["tensors_gib"], 3)}
+    if rec["plan"].get("status") == "ok":  # the measured peak: CUDA runs only
+        measured = max(peaks.values()) if peaks else None
+        rec["plan"] |= {"measured_peak_gib": None if measured is None else round(measured, 2),
+                        "measured_over_plan": None if measured is None else round(measured / rec["plan"]["tensors_gib"], 3)}
     if rec["status"] != "ok":
         rec["log_tail"] = _log_tail(rec["log"])
     return rec
@@ -381,8 +381,8 @@ def probe(model: str, dry: bool) -> dict:
                  "prompt": {"shared": shared, "own": own, "rollouts": 4},
                  "load_seconds": round(time.perf_counter() - t0, 1), "updates": []}
     attentions = ("tree", "flex") if cuda else ("tree",)
-    if not cuda:
-        rec["flex"] = {"status": "skipped", "reason": "flex_attention has no backward on CPU (PyTorch)"}
+    rec["flex"] = ({"status": "measured"} if cuda else
+                   {"status": "skipped", "reason": "flex_attention has no backward on CPU (PyTorch)"})
     for attention in attentions:
         cfg = dataclasses.replace(tcfg, packed_attention=attention)
         trainer = PolicyGradientTrainer(pop, cfg)
@@ -554,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.budget_s - (time.perf_counter() - start) - reserve
 
     env = environment()
-    gpu_gib = env.get("gpu_memory_gib")
+    gpu_gib = env.get("gpu_memory_gib") or (80.0 if args.dry else None)  # --dry plans for a nominal 80 GiB
     report: dict = {"format_version": FORMAT_VERSION, "dry": args.dry, "started": time.strftime("%FT%T%z"),
                     "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                     "setup": setup_rec, "environment": env, "vllm_checks": None, "runs": {}, "probe": None,

@@ -195,11 +195,14 @@ class SelfPlayLoop:
         return out
 
     @staticmethod
-    def _actions(completions: Mapping[CompletionId, Completion], agents: Sequence[str]) -> dict[str, tuple[str, ...]]:
-        """Each agent's completion texts in observation order (the env's action format)."""
-        by_agent: dict[str, dict[int, str]] = defaultdict(dict)
+    def _actions(completions: Mapping[CompletionId, Completion], agents: Sequence[str]
+                 ) -> dict[str, tuple[str | None, ...]]:
+        """Each agent's completion texts in observation order (the env's action format); ``None`` for a prompt
+        the length rule dropped: the env scores a non-string as a format error whatever the prompt set (an empty
+        text can parse under a pre-filled answer opening)."""
+        by_agent: dict[str, dict[int, str | None]] = defaultdict(dict)
         for (agent, index), c in completions.items():
-            by_agent[agent][index] = c.text
+            by_agent[agent][index] = None if dropped(c) else c.text
         return {a: tuple(by_agent[a][k] for k in sorted(by_agent[a])) for a in agents}
 
     # ------------------------------------------------------------------------------------ a step

@@ -105,8 +105,9 @@ def _activations(cfg: TrainConfig, shape, tokens: int, head: int, checkpointing:
                             targets=cfg.target_modules, attention=cfg.trainer.packed_attention, cuda=cuda)
 
 
-def memory_plan(cfg: TrainConfig, members: int, gpu_gib: float) -> MemoryPlan:
-    """The plan of ``cfg`` with ``members`` adapters on a GPU of ``gpu_gib`` GiB (module docstring).
+def memory_plan(cfg: TrainConfig, members: int, gpu_gib: float, advise: bool = True) -> MemoryPlan:
+    """The plan of ``cfg`` with ``members`` adapters on a GPU of ``gpu_gib`` GiB (module docstring); ``advise``:
+    when it does not fit, find what to change (each change is planned again and kept only if it fits).
 
     Raises:
         ValueError: the model's configuration cannot be read without a download."""
@@ -163,43 +164,67 @@ def memory_plan(cfg: TrainConfig, members: int, gpu_gib: float) -> MemoryPlan:
         if kv_tokens < g.vllm_max_model_len:
             plan.problems.append(f"vLLM's KV cache holds {kv_tokens:,} tokens, fewer than vllm_max_model_len "
                                  f"{g.vllm_max_model_len:,} (vLLM would refuse to start)")
-            if static + least_share + _least_activations(cfg, shape, longest, cuda) <= plan.gpu_bytes:
-                plan.advice.append(f"--generation.vllm-gpu-memory-utilization "
-                                   f"{least_share / plan.gpu_bytes + 0.005:.2f} or more, or a smaller "
-                                   "--generation.vllm-max-model-len")
     plan.peak = static + step + vllm
     if plan.peak > plan.gpu_bytes:
         plan.problems.append(f"estimated peak {_gib(plan.peak)} > {_gib(plan.gpu_bytes)}")
-        _advise(plan, cfg, shape, static, vllm, least_share, (full, ckpt), longest, cuda)
+    if plan.problems and advise:
+        _advise(plan, cfg, members, gpu_gib, static + _least_activations(cfg, shape, longest, cuda) + least_share)
     return plan
 
 
-def _advise(plan: MemoryPlan, cfg: TrainConfig, shape, static: int, vllm: int, least_share: int,
-            full_ckpt: tuple[int, int], longest: int, cuda: bool) -> None:
-    """What to change so that the plan fits (module docstring): each change alone, with its effect."""
+def _advise(plan: MemoryPlan, cfg: TrainConfig, members: int, gpu_gib: float, smallest: int) -> None:
+    """What to change so that the plan fits (module docstring): each change that fits alone, with its effect;
+    else the changes together; else the GPU the least of every setting needs (``smallest`` bytes)."""
+    import dataclasses
+
     t, g = cfg.trainer, cfg.generation
-    full, ckpt = full_ckpt
-    act = ckpt if t.gradient_checkpointing else full
-    over = plan.peak - plan.gpu_bytes
-    room = plan.gpu_bytes - static - vllm  # what the update's activations may take
-    if not t.gradient_checkpointing and full - ckpt >= over:
-        plan.advice.append(f"--trainer.gradient-checkpointing (activations {_gib(full)} -> {_gib(ckpt)})")
-    for cap in range(64 * 1024, 1023, -1024):  # the largest multiple of 1,024 tokens whose pass fits
-        tokens, head, _, _ = _pass(cfg, cap)
-        new = _activations(cfg, shape, tokens, head, t.gradient_checkpointing, cuda)
-        if new <= room:
-            if new < act and (t.max_tokens_per_row is None or cap < t.max_tokens_per_row):
-                plan.advice.append(f"--trainer.max-tokens-per-row {cap} (activations {_gib(act)} -> {_gib(new)})")
-            break
-    if g.engine == "vllm" and vllm - over >= least_share:
-        plan.advice.append(f"--generation.vllm-gpu-memory-utilization {int((vllm - over) / plan.gpu_bytes * 100) / 100:.2f}"
-                           f" (vLLM's KV cache needs at least {least_share / plan.gpu_bytes:.2f} for "
-                           f"vllm_max_model_len {g.vllm_max_model_len:,})")
-    if not plan.advice:
-        smallest = static + _least_activations(cfg, shape, longest, cuda) + least_share
-        plan.advice.append(f"a GPU with at least {-(-smallest // GIB)} GiB (the base copies, adapters, the least "
-                           "vLLM share and the activations of one longest rollout need that much), or a smaller "
-                           "model")
+
+    def trained(c: TrainConfig, **kw) -> TrainConfig:
+        return dataclasses.replace(c, trainer=dataclasses.replace(c.trainer, **kw))
+
+    def generated(c: TrainConfig, **kw) -> TrainConfig:
+        return dataclasses.replace(c, generation=dataclasses.replace(c.generation, **kw))
+
+    def peak(c: TrainConfig) -> MemoryPlan:
+        return memory_plan(c, members, gpu_gib, advise=False)
+
+    def largest_cap(c: TrainConfig) -> int | None:  # the largest multiple of 1,024 tokens whose pass fits
+        start = min(64 * 1024, c.trainer.max_tokens_per_row or 64 * 1024)
+        return next((cap for cap in range(start - 1024, 1023, -1024) if peak(trained(c, max_tokens_per_row=cap)).fits),
+                    None)
+
+    def largest_share(c: TrainConfig) -> float | None:  # the largest vLLM share, in hundredths, that fits
+        top = int(round(c.generation.vllm_gpu_memory_utilization * 100))
+        return next((u / 100 for u in range(top - 1, 4, -1)
+                     if peak(generated(c, vllm_gpu_memory_utilization=u / 100)).fits), None)
+
+    if not t.gradient_checkpointing and peak(trained(cfg, gradient_checkpointing=True)).fits:
+        plan.advice.append("--trainer.gradient-checkpointing")
+    cap = largest_cap(cfg)
+    if cap is not None:
+        plan.advice.append(f"--trainer.max-tokens-per-row {cap}")
+    share = largest_share(cfg) if g.engine == "vllm" else None
+    if share is not None:
+        plan.advice.append(f"--generation.vllm-gpu-memory-utilization {share:.2f}")
+    if plan.advice:
+        return
+    both = trained(cfg, gradient_checkpointing=True)
+    changes = [] if t.gradient_checkpointing else ["--trainer.gradient-checkpointing"]
+    cap = largest_cap(both)
+    if cap is not None:
+        plan.advice.append(" and ".join([*changes, f"--trainer.max-tokens-per-row {cap}"]))
+        return
+    if g.engine == "vllm":
+        for u in range(int(round(g.vllm_gpu_memory_utilization * 100)) - 1, 4, -1):
+            c = generated(both, vllm_gpu_memory_utilization=u / 100)
+            cap = largest_cap(c)
+            if cap is not None:
+                plan.advice.append(" and ".join([*changes, f"--trainer.max-tokens-per-row {cap}",
+                                                 f"--generation.vllm-gpu-memory-utilization {u / 100:.2f}"]))
+                return
+    plan.advice.append(f"a GPU with at least {-(-smallest // GIB)} GiB (the base copies, adapters, the least vLLM share "
+                       "and the activations of one longest rollout with checkpointing need that much), or a smaller "
+                       "model")
 
 
 def _least_activations(cfg: TrainConfig, shape, longest: int, cuda: bool) -> int:

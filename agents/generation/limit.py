@@ -7,9 +7,9 @@ run would meet the same prompt at the same step). :class:`PromptLimit` wraps a
 (:func:`agents.generation.hf.encode_prompt`: chat template and response prefix included); a request over the
 limit is answered without generating, with ``n`` empty completions (no tokens, no log-probs,
 ``finish_reason == "length"``, ``extra["dropped"] == "prompt_too_long"`` and ``extra["prompt_tokens"]``); the
-others go to the wrapped backend in one call, as they came. The run layer counts the dropped ones per role and
-trains on none of them; the env, given the empty text, scores each as the format error it is
-(docs/azr.md §14).
+others go to the wrapped backend in one call, as they came. The run layer counts the dropped ones per role,
+trains on none of them and hands the env no text for them (``None``, which the env scores as a format error
+under every prompt set; docs/azr.md §14).
 """
 
 from __future__ import annotations
