@@ -330,7 +330,8 @@ def _masked_mean(x: Tensor, m: Tensor) -> float:
 
 
 def _check_inputs(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor,
-                  clip_eps_low: float, clip_eps_high: float, token_weights: Tensor | None) -> None:
+                  clip_eps_low: float, clip_eps_high: float, token_weights: Tensor | None,
+                  is_weights: Tensor | None = None) -> None:
     """Refuse tensors of different shapes and clip ranges outside ``0 <= eps_low < 1``, ``eps_high >= 0``."""
     if not (logprobs.shape == old_logprobs.shape == advantages.shape == response_mask.shape):
         raise ValueError(
@@ -342,8 +343,9 @@ def _check_inputs(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, re
         raise ValueError(
             f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {clip_eps_low}, {clip_eps_high}"
         )
-    if token_weights is not None and token_weights.shape != response_mask.shape:
-        raise ValueError(f"token_weights must be {tuple(response_mask.shape)}, got {tuple(token_weights.shape)}")
+    for name, w in (("token_weights", token_weights), ("is_weights", is_weights)):
+        if w is not None and w.shape != response_mask.shape:
+            raise ValueError(f"{name} must be {tuple(response_mask.shape)}, got {tuple(w.shape)}")
 
 
 def _ratio_metrics(ratio: Tensor, log_ratio: Tensor, adv: Tensor, pg1: Tensor, pg2: Tensor, m: Tensor,
@@ -399,12 +401,10 @@ def policy_loss(
         token_weights: ``[B, T]`` loss weights w (e.g. ``agents.weighting.role_loss_weights``): every per-token
             loss matrix (surrogate, entropy, KL, extra terms) is aggregated as ``agg(w * l)``; the metrics stay
             unweighted means. None: w = 1.
-        is_weights: ``[B, T]`` the sampler's importance weights w'_t (module docstring: TIS / MIS), multiplying
-            the surrogate's per-token terms only (detached here). None: no correction.
+        is_weights: ``[B, T]`` TIS / MIS weights w'_t (module docstring) of the surrogate's terms only; None: 1.
     """
-    _check_inputs(logprobs, old_logprobs, advantages, response_mask, clip_eps_low, clip_eps_high, token_weights)
-    if is_weights is not None and is_weights.shape != response_mask.shape:
-        raise ValueError(f"is_weights must be {tuple(response_mask.shape)}, got {tuple(is_weights.shape)}")
+    _check_inputs(logprobs, old_logprobs, advantages, response_mask, clip_eps_low, clip_eps_high, token_weights,
+                  is_weights)
     m = response_mask.to(logprobs.dtype)
     w = None if token_weights is None else token_weights.detach().to(logprobs.dtype)
 
@@ -416,9 +416,7 @@ def policy_loss(
     ratio = torch.exp(log_ratio)
     pg1 = -adv * ratio
     pg2 = -adv * torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
-    pg_mat = torch.maximum(pg1, pg2)
-    if is_weights is not None:
-        pg_mat = pg_mat * is_weights.detach().to(pg_mat.dtype)
+    pg_mat = torch.maximum(pg1, pg2) if is_weights is None else torch.maximum(pg1, pg2) * is_weights.detach()
     norms = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_len": norm_len}
     pg_loss = agg_loss(weighted(pg_mat), m, loss_agg_mode, **norms)
     loss = pg_loss

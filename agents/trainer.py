@@ -163,7 +163,7 @@ class TrainerConfig:
     the flash kernel with a lower-right causal bias); "flex": PyTorch's flex_attention with the tree's block
     mask, compiled (CUDA only: it has no CPU backward); "mask": one dense SDPA call with the L x L additive mask
     (the computation before tree attention; for equality tests and ablations). The same values up to float
-    summation order (docs/vllm.md, "Attention of packed rows on a GPU", says which and why)."""
+    summation order (docs/vllm.md, "Attention of packed rows", says which and why)."""
     max_tokens_per_row: int | None = None
     """Most token slots one forward pass of the update holds (the packed row: every shared prompt prefix once
     plus the completions; padded: rows x the longest): micro-batches close before a rollout that would exceed
