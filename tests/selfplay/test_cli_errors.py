@@ -28,6 +28,8 @@ def _one_error_line(err: str) -> str:
         (["--env.reward-scheme", "no-such-scheme"], "--env.reward-scheme"),
         (["--env.task-types", "deduction", "guessing"], "--env.task-types"),
         (["--trainer.advantage", "no-such-estimator"], "--trainer.advantage"),
+        (["--trainer.advantage-kwargs", '{"foo": 1}'], "--trainer.advantage-kwargs: estimator "
+         "'reinforce_pp_baseline' takes no keyword argument 'foo'"),
         (["--preset", "no-such-preset"], "--preset"),
         (["--env.num-teachers", "0"], "--env.num-teachers"),
     ],
