@@ -32,6 +32,7 @@ from evaluation.data import BenchmarkUnavailable, EvalDataError, parse_benchmark
 from evaluation.runner import EvalConfig, run_eval
 from evaluation.samples import score_samples
 from populora_cli.errors import config_error, fail
+from populora_cli.parsing import parse
 
 
 @dataclass
@@ -53,7 +54,7 @@ class SamplesArgs:
 
 
 def _samples(argv: list[str]) -> int:
-    args = tyro.cli(SamplesArgs, args=argv, prog="populora eval --samples")
+    args = parse(SamplesArgs, argv, "populora eval --samples")
     benches = parse_benchmarks(args.benchmark)
     if args.limit is not None and args.limit < 1:
         return fail("eval", f"--limit: must be >= 1, got {args.limit}")
@@ -81,10 +82,11 @@ def eval_main(argv: list[str]) -> int:
             return _samples(argv)
         if not argv or all(a.startswith("-") for a in argv) and not any(a in ("-h", "--help") for a in argv):
             return fail("eval", "give a run directory (populora eval runs/<name>) or --samples FILE --benchmark NAME")
-        cfg = tyro.cli(EvalConfig, args=argv, prog="populora eval", config=(tyro.conf.PositionalRequiredArgs, tyro.conf.PositionalMetavarFromFieldName),
-                       description="Greedy pass@1 (and avg@k over sampled answers) of every member of a run (the "
-                       "students as the headline rows), the base model and a baseline run, on offline code and "
-                       "math benchmarks, with AZR's aggregate rows (docs/eval.md).")
+        cfg = parse(EvalConfig, argv, "populora eval", extra_flags=("--samples",),
+                    config=(tyro.conf.PositionalRequiredArgs, tyro.conf.PositionalMetavarFromFieldName),
+                    description="Greedy pass@1 (and avg@k over sampled answers) of every member of a run (the "
+                    "students as the headline rows), the base model and a baseline run, on offline code and math "
+                    "benchmarks, with AZR's aggregate rows (docs/eval.md).")
         cfg.validate()  # refuse livecodebench / unknown names / bad values before loading anything
         results = run_eval(cfg)
     except ConfigError as exc:  # one line per bad value, as train's: --field: reason

@@ -19,7 +19,6 @@ A bad flag or config value exits with status 2 and one line naming the field, be
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -34,6 +33,7 @@ import tyro
 
 from populora_cli.errors import config_error as _config_error
 from populora_cli.errors import fail as _fail
+from populora_cli.parsing import ArgumentParser, UsageError, parse
 
 if TYPE_CHECKING:
     from selfplay.resume import ResumePoint
@@ -58,8 +58,11 @@ def _json_dict_rule() -> Any:
 
     registry = ConstructorRegistry()
 
-    def parse(args: list[str]) -> dict:
-        value = json.loads(args[0])
+    def parse_json(args: list[str]) -> dict:
+        try:
+            value = json.loads(args[0])
+        except json.JSONDecodeError as e:
+            raise ValueError(f"expected a JSON object, got {args[0]!r} ({e.msg} at character {e.pos})") from None
         if not isinstance(value, dict):
             raise ValueError(f"expected a JSON object, got {args[0]!r}")
         return value
@@ -68,7 +71,7 @@ def _json_dict_rule() -> Any:
     def _rule(info: PrimitiveTypeInfo) -> PrimitiveConstructorSpec | None:
         if typing.get_origin(info.type) is not dict:
             return None
-        return PrimitiveConstructorSpec(nargs=1, metavar="JSON", instance_from_str=parse,
+        return PrimitiveConstructorSpec(nargs=1, metavar="JSON", instance_from_str=parse_json,
                                         is_instance=lambda x: isinstance(x, dict),
                                         str_from_instance=lambda x: [json.dumps(x)])
 
@@ -110,7 +113,7 @@ def _train(cmd: str, argv: list[str]) -> int:
     from selfplay.config_changes import drop_retired
     from selfplay.plugins import PluginError, load_plugins, normalize_plugin
 
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = ArgumentParser(add_help=False)
     pre.add_argument("--preset", default=None)
     pre.add_argument("--resume", default=None)
     pre.add_argument("--dry-run", action="store_true")
@@ -145,8 +148,9 @@ def _train(cmd: str, argv: list[str]) -> int:
         return _config_error(cmd, e)
     presets = ", ".join(list_presets())
     with _json_dict_rule():
-        cfg = tyro.cli(TrainConfig, default=default, args=argv, prog=f"populora {cmd}",
-                       description=(TrainConfig.__doc__ or "") + f" Shipped presets: {presets}. "
+        cfg = parse(TrainConfig, argv, f"populora {cmd}", default=default,
+                    extra_flags=("--preset", "--resume", "--dry-run", "--override"),
+                    description=(TrainConfig.__doc__ or "") + f" Shipped presets: {presets}. "
                        "--dry-run prints the resolved configuration as JSON and exits. With --resume RUN_DIR, "
                        "--override FIELD [FIELD ...] allows the named settings (dotted, e.g. trainer.lr) to differ "
                        "from the run's config.json; the change is recorded in RUN_DIR/config_history.jsonl.")
@@ -249,7 +253,9 @@ class ReportArgs:
 
 
 def _report(argv: list[str]) -> int:
-    args = tyro.cli(ReportArgs, args=argv, prog="populora report")
+    args = parse(ReportArgs, argv, "populora report")
+    if not args.runs:
+        return _fail("report", "RUNS: required (give one or more run directories)")
     for r in args.runs:
         if not Path(r).is_dir():
             return _fail("report", f"run directory {r} does not exist")
@@ -283,18 +289,24 @@ class EvolveArgs:
 
 
 def _evolve(argv: list[str]) -> int:
-    args = tyro.cli(EvolveArgs, args=argv, prog="populora evolve")
-    from evolution.adapters_io import evolve_dirs, parse_params
+    args = parse(EvolveArgs, argv, "populora evolve")
+    from evolution.adapters_io import PROVENANCE_NAME, EvolveError, evolve_dirs, parse_params
     from selfplay.rundir import os_error_line
 
     try:
         params = parse_params(args.param)
+    except ValueError as e:
+        return _fail("evolve", f"--param: {e}")
+    try:
         out = evolve_dirs(args.op, args.parents, args.out, params, seed=args.seed)
-    except (ValueError, KeyError, FileNotFoundError) as e:
-        return _fail("evolve", str(e).strip("'\""))
+    except EvolveError as e:
+        return _fail("evolve", f"--{e.argument}: {e}")
+    except FileNotFoundError as e:
+        return _fail("evolve", f"--parents: {e}")
     except OSError as e:  # writing the child: a full disk, --out under a file, ...
         return _fail("evolve", f"cannot write --out {args.out}: {os_error_line(e)}")
-    print(f"child adapter written to {out}")
+    print(f"child adapter written to {out} (how it was made: {out / PROVENANCE_NAME})")
+    print(f"  score it: populora eval --adapters {out} --benchmarks humaneval --limit 20")
     return 0
 
 
@@ -311,8 +323,24 @@ def _eval(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``populora`` console script."""
+    """Entry point of the ``populora`` console script. A command line that cannot be parsed is one line on
+    stderr and exit 2; output cut off by a closed pipe (``populora train --help | head``) ends quietly."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    cmd = argv[0] if argv else ""
+    try:
+        try:
+            return _dispatch(argv)
+        except UsageError as e:
+            return _fail(cmd, str(e))
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away: nothing more can be shown, and no traceback should be
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush at exit fails quietly too
+        return 128 + 13  # as if killed by SIGPIPE, the shells' convention
+
+
+def _dispatch(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
