@@ -33,6 +33,7 @@ import tyro
 
 from populora_cli.errors import config_error as _config_error
 from populora_cli.errors import fail as _fail
+from populora_cli.logs import DEFAULT, configure, summary, take_verbosity
 from populora_cli.parsing import ArgumentParser, UsageError, parse
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 USAGE = __doc__ or ""
+_VERBOSITY = DEFAULT
+"""The output level of this invocation (``--verbose`` / ``--quiet``; :mod:`populora_cli.logs`)."""
 COMMANDS = ("train", "baseline", "report", "eval", "evolve", "compare")
 
 
@@ -111,7 +114,7 @@ def _train(cmd: str, argv: list[str]) -> int:
         to_dict,
     )
     from selfplay.config_changes import drop_retired
-    from selfplay.plugins import PluginError, load_plugins, normalize_plugin
+    from selfplay.plugins import PluginError
 
     pre = ArgumentParser(add_help=False)
     pre.add_argument("--preset", default=None)
@@ -156,24 +159,17 @@ def _train(cmd: str, argv: list[str]) -> int:
                        "from the run's config.json; the change is recorded in RUN_DIR/config_history.jsonl.")
     if known.resume:
         cfg = dataclasses.replace(cfg, resume=Path(known.resume))
-    elif cmd == "baseline":
-        from baselines.azr import azr_config, azr_mapping
+    from populora_cli.api import prepare
 
-        cfg = azr_config(cfg)
-        assignment = azr_mapping()
-    cfg = dataclasses.replace(cfg, plugins=tuple(normalize_plugin(p) for p in cfg.plugins))
     try:
-        load_plugins(cfg.plugins)
-    except PluginError as e:
-        return _fail(cmd, f"--plugins: {e}")
-    if cfg.name is None and cfg.run_dir is None and not known.resume:
-        cfg = dataclasses.replace(cfg, name=f"{Path(cfg.preset).stem}-{arm}-s{cfg.seed}")
-    try:
-        cfg.validate()
+        cfg, new_assignment = prepare(cfg, arm)  # the baseline's transform, plugins, the run's name, validate()
+        assignment = assignment or new_assignment
         if known.resume:  # the run's own configuration: a difference is refused (or recorded) before any work
             from selfplay.config_changes import check_changes
 
             check_changes(saved_config, to_dict(cfg), overrides or ())
+    except PluginError as e:
+        return _fail(cmd, f"--plugins: {e}")
     except ConfigError as e:
         return _config_error(cmd, e)
     if known.dry_run:
@@ -194,27 +190,17 @@ def _train(cmd: str, argv: list[str]) -> int:
 
 def _train_locked(cmd: str, cfg: Any, assignment: dict[str, str] | None, arm: str, point: ResumePoint
                   ) -> int:
+    from populora_cli.api import run_arm
     from populora_env.rewards import RewardSchemeError
+    from selfplay.checkpoint import CheckpointError
     from selfplay.config import ConfigError
     from selfplay.distributed.cluster import ClusterError
+    from selfplay.finite import NonFiniteTraining
     from selfplay.rundir import RunDirError, os_error_line
 
     target = point.run_dir
-    if cfg.backend == "ray":  # the cluster can hold the run (resources, run directory on every node): exit 2 if not
-        from dataclasses import asdict
-
-        from selfplay.distributed.cluster import member_count, preflight, sandbox_limits
-
-        try:
-            preflight(cfg.ray, member_count(cfg, assignment), target, asdict(sandbox_limits(cfg)))
-        except ClusterError as e:
-            return _fail(cmd, str(e))
-    from selfplay.checkpoint import CheckpointError
-    from selfplay.finite import NonFiniteTraining
-    from selfplay.run import train_from
-
     try:
-        run_dir = train_from(point, cfg, assignment, meta={"arm": arm})
+        run = run_arm(point, cfg, arm, assignment, report=False)
     except ConfigError as e:
         return _config_error(cmd, e)
     except RewardSchemeError as e:
@@ -228,11 +214,11 @@ def _train_locked(cmd: str, cfg: Any, assignment: dict[str, str] | None, arm: st
     from evaluation.report import make_report
 
     try:
-        make_report([run_dir])
+        report = make_report([run.run_dir])
     except OSError as e:
-        return _fail(cmd, f"the run finished in {run_dir}, but its report could not be written: {os_error_line(e)}")
-    print(f"run directory: {run_dir}")
-    print(f"  tensorboard --logdir {run_dir}")
+        return _fail(cmd, f"the run finished in {run.run_dir}, but its report could not be written: "
+                          f"{os_error_line(e)}")
+    print(summary(dataclasses.replace(run, report=report), _VERBOSITY))
     return 0
 
 
@@ -341,7 +327,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    global _VERBOSITY
+    argv, _VERBOSITY = take_verbosity(argv)
+    configure(_VERBOSITY)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0
