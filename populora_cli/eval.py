@@ -4,10 +4,13 @@ Usage::
 
     populora eval runs/<name> [--baseline runs/<other>] [--benchmarks humaneval,humaneval+,mbpp+,gsm8k,...]
                   [--limit N] [--backend auto|hf|vllm] [--device auto|cpu|cuda] [--restart] [...]
+    populora eval --adapters DIR [DIR ...] [--model NAME] [--benchmarks ...] [same flags as a run]
     populora eval --samples FILE.jsonl --benchmark humaneval[,humaneval+] [--json] [--limit N]
                   [--data-dir DIR] [--results FILE.jsonl]
 
-The run mode's flags are the fields of :class:`evaluation.runner.EvalConfig` (``populora eval --help`` lists
+The run mode's flags are the fields of :class:`evaluation.runner.EvalConfig` (the adapters mode's too: each
+directory is an entry named after it, e.g. a child of ``populora evolve``, on the base model its
+``adapter_config.json`` names or ``--model``) (``populora eval --help`` lists
 them with their documentation); the samples mode's are :class:`SamplesArgs`. docs/eval.md has the
 per-benchmark settings (prompts, stop strings, budgets) and what the results hold.
 
@@ -33,6 +36,14 @@ from evaluation.runner import EvalConfig, run_eval
 from evaluation.samples import score_samples
 from populora_cli.errors import config_error, fail
 from populora_cli.parsing import parse
+
+
+@dataclass
+class AdaptersEvalConfig(EvalConfig):
+    """``populora eval --adapters DIR [DIR ...]``: bare PEFT adapter directories instead of a run directory."""
+
+    run_dir: tyro.conf.Suppress[str | None] = None
+    adapters: tuple[str, ...] = ()
 
 
 @dataclass
@@ -80,9 +91,12 @@ def eval_main(argv: list[str]) -> int:
     try:
         if any(a == "--samples" or a.startswith("--samples=") for a in argv):
             return _samples(argv)
-        if not argv or all(a.startswith("-") for a in argv) and not any(a in ("-h", "--help") for a in argv):
-            return fail("eval", "give a run directory (populora eval runs/<name>) or --samples FILE --benchmark NAME")
-        cfg = parse(EvalConfig, argv, "populora eval", extra_flags=("--samples",),
+        adapters = any(a == "--adapters" or a.startswith("--adapters=") for a in argv)
+        if not adapters and (not argv or all(a.startswith("-") for a in argv)
+                             and not any(a in ("-h", "--help") for a in argv)):
+            return fail("eval", "give a run directory (populora eval runs/<name>), --adapters DIR [DIR ...] or "
+                        "--samples FILE --benchmark NAME")
+        cfg = parse(AdaptersEvalConfig if adapters else EvalConfig, argv, "populora eval", extra_flags=("--samples",),
                     config=(tyro.conf.PositionalRequiredArgs, tyro.conf.PositionalMetavarFromFieldName),
                     description="Greedy pass@1 (and avg@k over sampled answers) of every member of a run (the "
                     "students as the headline rows), the base model and a baseline run, on offline code and math "
@@ -93,7 +107,7 @@ def eval_main(argv: list[str]) -> int:
         return config_error("eval", exc)
     except (BenchmarkUnavailable, EvalDataError, FileNotFoundError, SettingsMismatch, ValueError) as exc:
         return fail("eval", str(exc))
-    out = cfg.out_dir or f"{cfg.run_dir}/eval"
+    out = cfg.out_dir or f"{cfg.run_dir or cfg.adapters[0]}/eval"
     print(f"wrote {out}/results.json and {out}/results.md")
     for bench, rec in results["benchmarks"].items():
         who = "students" if rec.get("headline") == "students" else "population"

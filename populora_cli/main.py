@@ -12,7 +12,11 @@ Sub-commands::
     populora evolve   --op ties --parents DIR_A DIR_B --out DIR_C [--param density=0.5]
     populora compare  --preset P --seeds N --out DIR [--backend local|ray] [--parallel K]  # arms over seeds
     populora compare  --from RUN_DIR [RUN_DIR ...] --out DIR
+    populora list     [schemes|estimators|operators|presets|models|benchmarks] [--plugins FILE.py ...]
+    populora test-scheme    NAME [--plugins FILE.py ...] [--kwargs JSON]   # every branch, scripted, no model
+    populora test-estimator NAME [--plugins FILE.py ...] [--kwargs JSON]
 
+Any sub-command takes --verbose (every library's log lines and warnings) or --quiet (warnings only).
 A bad flag or config value exits with status 2 and one line naming the field, before any work starts
 (``populora train: error: --trainer.lr: must be > 0, got -1``; populora_cli.errors).
 """
@@ -24,7 +28,6 @@ import json
 import logging
 import os
 import sys
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -34,7 +37,7 @@ import tyro
 from populora_cli.errors import config_error as _config_error
 from populora_cli.errors import fail as _fail
 from populora_cli.logs import DEFAULT, configure, summary, take_verbosity
-from populora_cli.parsing import ArgumentParser, UsageError, parse
+from populora_cli.parsing import ArgumentParser, UsageError, json_dict_rule, parse
 
 if TYPE_CHECKING:
     from selfplay.resume import ResumePoint
@@ -46,39 +49,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 USAGE = __doc__ or ""
 _VERBOSITY = DEFAULT
 """The output level of this invocation (``--verbose`` / ``--quiet``; :mod:`populora_cli.logs`)."""
-COMMANDS = ("train", "baseline", "report", "eval", "evolve", "compare")
+COMMANDS = ("train", "baseline", "report", "eval", "evolve", "compare", "list", "test-scheme", "test-estimator")
 
 
 # ----------------------------------------------------------------------------------- train/baseline
 
 ARMS = {"train": "population", "baseline": "baseline"}
-
-
-def _json_dict_rule() -> Any:
-    """tyro rule: every ``dict`` field is one JSON argument (``--env.reward-kwargs '{"extreme_reward": -0.5}'``)
-    instead of one flag per key of its default."""
-    from tyro.constructors import ConstructorRegistry, PrimitiveConstructorSpec, PrimitiveTypeInfo
-
-    registry = ConstructorRegistry()
-
-    def parse_json(args: list[str]) -> dict:
-        try:
-            value = json.loads(args[0])
-        except json.JSONDecodeError as e:
-            raise ValueError(f"expected a JSON object, got {args[0]!r} ({e.msg} at character {e.pos})") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"expected a JSON object, got {args[0]!r}")
-        return value
-
-    @registry.primitive_rule
-    def _rule(info: PrimitiveTypeInfo) -> PrimitiveConstructorSpec | None:
-        if typing.get_origin(info.type) is not dict:
-            return None
-        return PrimitiveConstructorSpec(nargs=1, metavar="JSON", instance_from_str=parse_json,
-                                        is_instance=lambda x: isinstance(x, dict),
-                                        str_from_instance=lambda x: [json.dumps(x)])
-
-    return registry
 
 
 def _take_overrides(argv: list[str]) -> tuple[list[str], list[str] | None]:
@@ -150,7 +126,7 @@ def _train(cmd: str, argv: list[str]) -> int:
     except ConfigError as e:
         return _config_error(cmd, e)
     presets = ", ".join(list_presets())
-    with _json_dict_rule():
+    with json_dict_rule():
         cfg = parse(TrainConfig, argv, f"populora {cmd}", default=default,
                     extra_flags=("--preset", "--resume", "--dry-run", "--override"),
                     description=(TrainConfig.__doc__ or "") + f" Shipped presets: {presets}. "
@@ -346,6 +322,14 @@ def _dispatch(argv: list[str]) -> int:
         from populora_cli.compare import compare_main
 
         return compare_main(rest)
+    if cmd == "list":
+        from populora_cli.listing import list_main
+
+        return list_main(rest)
+    if cmd in ("test-scheme", "test-estimator"):
+        from populora_cli.plugin_check import check_main
+
+        return check_main(cmd, rest)
     return _fail(cmd, f"unknown command (choose one of: {', '.join(COMMANDS)})")
 
 

@@ -18,13 +18,14 @@ import contextlib
 import dataclasses
 import difflib
 import io
+import json
 import re
 import sys
 import typing
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["ArgumentParser", "UsageError", "dataclass_flags", "parse", "reason", "unknown_flag"]
+__all__ = ["ArgumentParser", "UsageError", "dataclass_flags", "json_dict_rule", "parse", "reason", "unknown_flag"]
 
 _FALSE = ("false", "no", "off", "0")
 _TRUE = ("true", "yes", "on", "1")
@@ -137,7 +138,8 @@ def _message(event: Any, argv: Sequence[str], flags: Sequence[str], switches: Se
         flag = _argument_flag(event.argument) if event.argument is not None else "argument"
         return f"{flag}: {reason(event.message)}"
     if kind == "InvalidChoice":
-        return f"{_argument_flag(event.argument)}: invalid choice {event.value!r} (choose from {', '.join(event.choices)})"
+        choices = sorted(c for c in event.choices if c != "None")  # an optional positional's None is its absence
+        return f"{_argument_flag(event.argument)}: invalid choice {event.value!r} (choose from {', '.join(choices)})"
     if kind == "BadValue":
         flag = _argument_flag(event.argument)
         if event.reason == "too_few_values":
@@ -193,6 +195,33 @@ def parse(cls: type, argv: Sequence[str], prog: str, *, extra_flags: Iterable[st
         raise
     sys.stderr.write(captured.getvalue())  # what tyro said about a successful parse (warnings), if anything
     return value
+
+
+def json_dict_rule() -> Any:
+    """tyro rule: every ``dict`` field is one JSON argument (``--env.reward-kwargs '{"extreme_reward": -0.5}'``)
+    instead of one flag per key of its default."""
+    from tyro.constructors import ConstructorRegistry, PrimitiveConstructorSpec, PrimitiveTypeInfo
+
+    registry = ConstructorRegistry()
+
+    def parse_json(args: list[str]) -> dict:
+        try:
+            value = json.loads(args[0])
+        except json.JSONDecodeError as e:
+            raise ValueError(f"expected a JSON object, got {args[0]!r} ({e.msg} at character {e.pos})") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"expected a JSON object, got {args[0]!r}")
+        return value
+
+    @registry.primitive_rule
+    def _rule(info: PrimitiveTypeInfo) -> PrimitiveConstructorSpec | None:
+        if typing.get_origin(info.type) is not dict:
+            return None
+        return PrimitiveConstructorSpec(nargs=1, metavar="JSON", instance_from_str=parse_json,
+                                        is_instance=lambda x: isinstance(x, dict),
+                                        str_from_instance=lambda x: [json.dumps(x)])
+
+    return registry
 
 
 # ------------------------------------------------------------------------------------------ argparse
