@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from populora_cli.api import Run
 
-__all__ = ["PROJECT_PACKAGES", "QUIET", "VERBOSE", "configure", "summary", "take_verbosity"]
+__all__ = ["PROJECT_PACKAGES", "QUIET", "VERBOSE", "configure", "program", "summary", "take_verbosity"]
 
 PROJECT_PACKAGES = ("populora_env", "agents", "evolution", "selfplay", "baselines", "evaluation", "populora_cli")
 QUIET, DEFAULT, VERBOSE = -1, 0, 1
@@ -64,7 +64,7 @@ def configure(level: int = DEFAULT) -> None:
             warnings.filterwarnings("default", category=category, module=rf"{name}(\.|$)")
 
 
-def _program() -> str:
+def program() -> str:
     """How the user called the command (``.venv/bin/populora`` or ``populora``), so the next command printed
     works as shown."""
     argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("populora")
@@ -78,7 +78,7 @@ def _seconds(s: float) -> str:
 def summary(run: Run, level: int = DEFAULT) -> str:
     """The end of a run in a few lines: steps and time, the last step's rates and rewards, where the run is and
     what to run next (``--quiet``: the first two lines only)."""
-    prog = _program()
+    prog = program()
     rates = []
     for key, label in (("valid_rate", "valid"), ("solve_rate", "solve"), ("teacher_reward", "teacher reward"),
                        ("student_reward", "student reward")):
@@ -88,7 +88,8 @@ def summary(run: Run, level: int = DEFAULT) -> str:
         else:
             at = "" if last[0] == run.steps else f" (step {last[0]})"
             rates.append(f"{label} {last[1]:.3f}{at}")
-    head = f"finished {run.steps} step{'s' * (run.steps != 1)} in {_seconds(run.seconds)} ({run.arm}): {', '.join(rates)}"
+    head = (f"finished: {run.steps} step{'s' * (run.steps != 1)} ({run.arm}; {_seconds(run.seconds)} in this call), "
+            f"last step: {', '.join(rates)}")
     lines = [head, f"run directory: {run.run_dir}"]
     if level <= QUIET:
         return "\n".join(lines)
@@ -96,6 +97,6 @@ def summary(run: Run, level: int = DEFAULT) -> str:
         lines.append(f"  report: {run.report / 'summary.md'} and its figures")
     tensorboard = Path(prog).with_name("tensorboard") if "/" in prog else Path("tensorboard")
     lines += ["next:",
-              f"  {prog} eval {run.run_dir} --benchmarks humaneval,gsm8k --limit 20   # score the members",
+              f"  {prog} eval {run.run_dir} --benchmarks humaneval,gsm8k --limit 10   # score the members",
               f"  {tensorboard} --logdir {run.run_dir}   # every logged value"]
     return "\n".join(lines)

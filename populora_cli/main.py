@@ -36,7 +36,7 @@ import tyro
 
 from populora_cli.errors import config_error as _config_error
 from populora_cli.errors import fail as _fail
-from populora_cli.logs import DEFAULT, configure, summary, take_verbosity
+from populora_cli.logs import DEFAULT, configure, program, summary, take_verbosity
 from populora_cli.parsing import ArgumentParser, UsageError, json_dict_rule, parse
 
 if TYPE_CHECKING:
@@ -132,7 +132,9 @@ def _train(cmd: str, argv: list[str]) -> int:
                     description=(TrainConfig.__doc__ or "") + f" Shipped presets: {presets}. "
                        "--dry-run prints the resolved configuration as JSON and exits. With --resume RUN_DIR, "
                        "--override FIELD [FIELD ...] allows the named settings (dotted, e.g. trainer.lr) to differ "
-                       "from the run's config.json; the change is recorded in RUN_DIR/config_history.jsonl.")
+                       "from the run's config.json; the change is recorded in RUN_DIR/config_history.jsonl. Any sub-command "
+                    "takes --verbose (every library's log lines, warnings and loading bars) or --quiet (warnings and "
+                    "the run's final lines only).")
     if known.resume:
         cfg = dataclasses.replace(cfg, resume=Path(known.resume))
     from populora_cli.api import prepare
@@ -268,7 +270,7 @@ def _evolve(argv: list[str]) -> int:
     except OSError as e:  # writing the child: a full disk, --out under a file, ...
         return _fail("evolve", f"cannot write --out {args.out}: {os_error_line(e)}")
     print(f"child adapter written to {out} (how it was made: {out / PROVENANCE_NAME})")
-    print(f"  score it: populora eval --adapters {out} --benchmarks humaneval --limit 20")
+    print(f"  score it: {program()} eval --adapters {out} --benchmarks humaneval,gsm8k --limit 10")
     return 0
 
 
