@@ -80,7 +80,8 @@ COVERED: dict[str, Cover] = {
     ".venv/bin/populora report runs/cpu-smoke-population-s0 runs/cpu-smoke-baseline-s0": Cover(
         (AFTER_MAIN_JOB, "tests/selfplay/test_logging_contract.py::test_report_draws_the_matrix_retention_and_roles"),
         "run verbatim on tiny-random stand-ins of the main job's population and baseline runs"),
-    ".venv/bin/populora eval runs/cpu-smoke-population-s0 --baseline runs/cpu-smoke-baseline-s0 --limit 10": Cover(
+    ".venv/bin/populora eval runs/cpu-smoke-population-s0 --baseline runs/cpu-smoke-baseline-s0 --benchmarks "
+    "humaneval,gsm8k --limit 10": Cover(
         (AFTER_MAIN_JOB, "tests/evaluation/test_runner.py::test_run_eval_tiny_population"),
         "run as written (plus --max-new-tokens 16) on tiny-random stand-ins of both runs; a tiny-random population "
         "with a baseline run through run_eval"),
@@ -296,6 +297,12 @@ def test_every_readme_command_is_run(readme_files: dict[str, str]) -> None:
             _node_exists(node)
         if Path(cmd.split()[0]).name == "populora":
             _check_flags(cmd, readme_files)
+
+
+def test_every_readme_command_is_written_as_a_new_user_runs_it() -> None:
+    """From the checkout's root, with the installer's venv: ``.venv/bin/...`` (or the installer itself)."""
+    bare = [c for _, c in readme_commands() if not c.startswith((".venv/bin/", "bash scripts/install.sh"))]
+    assert not bare, f"README commands without their .venv/bin/ prefix: {bare}"
 
 
 def test_the_mapping_names_only_readme_commands() -> None:

@@ -55,6 +55,15 @@ BAD = [
     (["report"], "populora report: error: RUNS: required (give one or more run directories)"),
     (["report", "runs/x", "--smoothing", "high"], "populora report: error: --smoothing: expected a number, got 'high'"),
     (["report", "runs/x", "--outt", "y"], "populora report: error: --outt: unknown flag (did you mean --out?)"),
+    # list, test-scheme, test-estimator: tyro
+    (["list", "everything"], "populora list: error: kind: invalid choice 'everything' (choose from benchmarks, "
+     "estimators, losses, models, operators, presets, schemes)"),
+    (["list", "--plugin", "x.py"], "populora list: error: --plugin: unknown flag (did you mean --plugins?)"),
+    (["test-scheme"], "populora test-scheme: error: name: required"),
+    (["test-scheme", "populora", "--kwargs", "nope"], "populora test-scheme: error: --kwargs: expected a JSON "
+     "object, got 'nope' (Expecting value at character 0)"),
+    (["test-estimator", "grpo", "--kwarg", "{}"], "populora test-estimator: error: --kwarg: unknown flag (did you "
+     "mean --kwargs?)"),
     # compare: argparse
     (["compare", "--seeds", "x"], "populora compare: error: --seeds: expected an int, got 'x'"),
     (["compare", "--paralel", "2"], "populora compare: error: --paralel: unknown flag (did you mean --parallel?)"),
