@@ -367,9 +367,11 @@ def compare_main(argv: list[str]) -> int:
         missing = [d for d in args.from_dirs if not Path(d).is_dir()]
         if missing:
             return fail("compare", f"--from: {', '.join(missing)} is not a directory")
-        out.mkdir(parents=True, exist_ok=True)
-        files = compare_runs([Path(d) for d in args.from_dirs], out, **common)
-        print(f"comparison written to {out / 'compare.md'} ({len(files)} files)")
+        from populora_cli.api import compare
+
+        result = compare(args.from_dirs, out, tail=args.tail, reps=args.reps, bootstrap_seed=args.bootstrap_seed,
+                         eval_score=args.eval_score)
+        print(f"comparison written to {out / 'compare.md'} ({len(result.files)} files)")
         return 0
     if not args.preset:
         return fail("compare", "--preset: required (or --from RUN_DIR ...)")

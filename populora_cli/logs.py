@@ -47,13 +47,14 @@ def take_verbosity(argv: Sequence[str]) -> tuple[list[str], int]:
 
 def configure(level: int = DEFAULT) -> None:
     """Set log levels, warning filters and the libraries' progress bars for ``level`` (see the module
-    docstring). Call it before anything imports transformers (its bars are switched by the environment)."""
+    docstring). Call it before anything imports transformers (its bars are switched by the environment). The log
+    levels are set only where nobody configured logging yet (the root logger has no handler)."""
     root = logging.getLogger()
-    if not root.handlers:
+    if not root.handlers:  # logging set up by someone else (an application, pytest) is left as they set it
         logging.basicConfig(format=FORMAT)
-    root.setLevel(logging.INFO if level >= VERBOSE else logging.WARNING)
-    for name in PROJECT_PACKAGES:
-        logging.getLogger(name).setLevel(logging.WARNING if level <= QUIET else logging.INFO)
+        root.setLevel(logging.INFO if level >= VERBOSE else logging.WARNING)
+        for name in PROJECT_PACKAGES:
+            logging.getLogger(name).setLevel(logging.WARNING if level <= QUIET else logging.INFO)
     if level >= VERBOSE:
         warnings.simplefilter("default")
         return
