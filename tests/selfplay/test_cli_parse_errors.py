@@ -103,3 +103,17 @@ def test_compare_help_says_95_percent() -> None:
         main(["compare", "--help"])
     out = out.getvalue()
     assert "95 % bootstrap" in " ".join(out.split()) and "%%" not in out
+
+
+def test_without_tyro_s_hook_its_box_is_squeezed_to_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tyro's parse-error hook is private (tyro._errors): where a tyro lacks it, its error box, caught from
+    stderr, still becomes one line."""
+    import tyro._errors
+
+    from populora_cli.main import EvolveArgs
+    from populora_cli.parsing import UsageError, parse
+
+    monkeypatch.delattr(tyro._errors, "on_parse_error")
+    with pytest.raises(UsageError) as err:
+        parse(EvolveArgs, ["--op", "ties", "--parents", "a", "--out", "b", "--seed", "x"], "populora evolve")
+    assert "\n" not in str(err.value) and "--seed" in str(err.value) and "'x'" in str(err.value), str(err.value)
