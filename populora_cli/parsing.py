@@ -158,7 +158,9 @@ def _squeeze(text: str) -> str:
     """The first line of text inside tyro's error box (box-drawing characters and the title dropped)."""
     lines = [re.sub(r"[│╭╮╰╯─]+", " ", ln).strip() for ln in text.splitlines()]
     lines = [ln for ln in lines if ln]
-    return lines[1] if len(lines) > 1 else (lines[0] if lines else "cannot parse the command line")
+    line = lines[1] if len(lines) > 1 else (lines[0] if lines else "cannot parse the command line")
+    m = re.fullmatch(r"Error parsing (\S+): (.*)", line)
+    return f"{m.group(1)}: {reason(m.group(2))}" if m else line
 
 
 def parse(cls: type, argv: Sequence[str], prog: str, *, extra_flags: Iterable[str] = (), **kwargs: Any) -> Any:

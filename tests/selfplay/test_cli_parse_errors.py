@@ -116,4 +116,4 @@ def test_without_tyro_s_hook_its_box_is_squeezed_to_one_line(monkeypatch: pytest
     monkeypatch.delattr(tyro._errors, "on_parse_error")
     with pytest.raises(UsageError) as err:
         parse(EvolveArgs, ["--op", "ties", "--parents", "a", "--out", "b", "--seed", "x"], "populora evolve")
-    assert "\n" not in str(err.value) and "--seed" in str(err.value) and "'x'" in str(err.value), str(err.value)
+    assert str(err.value) == "--seed: expected an int, got 'x'"
