@@ -92,11 +92,18 @@ class Comparison:
 # ------------------------------------------------------------------------------------------ configuration
 
 
-def _merge(base: dict[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+def _merge(cls: type, base: dict[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` (a config of dataclass ``cls`` as a dict) with ``changes``: a section (a nested dataclass) given
+    as a dict changes only the fields it names; any other value, dict-valued settings included
+    (``reward_kwargs``, ``operators``), replaces the field's."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
     out = dict(base)
     for key, value in changes.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), dict) and key not in ("reward_kwargs",):
-            out[key] = _merge(out[key], value)
+        section = hints.get(key)
+        if isinstance(value, Mapping) and dataclasses.is_dataclass(section) and isinstance(out.get(key), dict):
+            out[key] = _merge(section, out[key], value)
         else:
             out[key] = value
     return out
@@ -115,7 +122,7 @@ def resolve_config(config: TrainConfig | str | Path | Mapping[str, Any] | None =
         base = config
     else:
         base = from_dict(TrainConfig, {k: v for k, v in dict(config).items() if not k.startswith("_")})
-    data = _merge(to_dict(base), settings)
+    data = _merge(TrainConfig, to_dict(base), settings)
     return from_dict(TrainConfig, data)
 
 

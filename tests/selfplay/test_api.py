@@ -24,6 +24,14 @@ def test_a_preset_with_settings_is_the_preset_with_those_fields_changed() -> Non
     assert to_dict(cfg) == expected
 
 
+def test_a_dict_setting_replaces_the_default_and_a_section_merges() -> None:
+    cfg = resolve_config("tiny", pbt={"operators": {"dare": 1.0}}, env={"reward_kwargs": {"x": 1}})
+    assert cfg.pbt.operators == {"dare": 1.0}  # not merged into the default's families
+    assert cfg.pbt.interval == load_preset("tiny").pbt.interval  # the section's other fields kept
+    assert cfg.env.reward_kwargs == {"x": 1} and cfg.env.num_students == 2
+    assert resolve_config("tiny", env={"trueskill": {"mu": 30.0}}).env.trueskill.sigma == pytest.approx(25 / 3)
+
+
 def test_a_dict_and_a_train_config_are_configurations_too() -> None:
     base = load_preset("tiny")
     assert to_dict(resolve_config(base, seed=4)) == {**to_dict(base), "seed": 4}
