@@ -24,6 +24,7 @@ A bad flag or config value exits with status 2 and one line naming the field, be
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import logging
 import os
@@ -332,7 +333,9 @@ def _dispatch(argv: list[str]) -> int:
         from populora_cli.plugin_check import check_main
 
         return check_main(cmd, rest)
-    return _fail(cmd, f"unknown command (choose one of: {', '.join(COMMANDS)})")
+    close = difflib.get_close_matches(cmd, COMMANDS, n=1)
+    return _fail(cmd, f"unknown command (choose one of: {', '.join(COMMANDS)})"
+                      + (f"; did you mean {close[0]}?" if close else ""))
 
 
 if __name__ == "__main__":

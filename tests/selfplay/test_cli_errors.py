@@ -59,7 +59,10 @@ def test_resume_of_a_non_run_exits_2(cli, tmp_path: Path) -> None:
 def test_unknown_command_exits_2() -> None:
     p = populora("fly", timeout=60)
     assert p.returncode == 2
-    assert p.stderr.strip() == "populora fly: error: unknown command (choose one of: train, baseline, report, eval, evolve, compare)"
+    assert p.stderr.strip() == ("populora fly: error: unknown command (choose one of: train, baseline, report, eval, "
+                                "evolve, compare, list, test-scheme, test-estimator)")
+    p = populora("trian", timeout=60)
+    assert p.returncode == 2 and p.stderr.strip().endswith("; did you mean train?")
 
 
 def test_help_documents_the_flags() -> None:
