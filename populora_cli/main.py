@@ -223,13 +223,13 @@ def _report(argv: list[str]) -> int:
         return _fail("report", "RUNS: required (give one or more run directories)")
     for r in args.runs:
         if not Path(r).is_dir():
-            return _fail("report", f"run directory {r} does not exist")
+            return _fail("report", f"RUNS: run directory {r} does not exist")
     from evaluation.report import make_report
 
     try:
         out = make_report(args.runs, out=args.out, smoothing=args.smoothing)
     except (FileNotFoundError, ValueError) as e:
-        return _fail("report", str(e))
+        return _fail("report", f"RUNS: {e}")
     print(f"report written to {out}")
     return 0
 

@@ -55,6 +55,7 @@ BAD = [
     (["report"], "populora report: error: RUNS: required (give one or more run directories)"),
     (["report", "runs/x", "--smoothing", "high"], "populora report: error: --smoothing: expected a number, got 'high'"),
     (["report", "runs/x", "--outt", "y"], "populora report: error: --outt: unknown flag (did you mean --out?)"),
+    (["report", "/nonexistent/run"], "populora report: error: RUNS: run directory /nonexistent/run does not exist"),
     # list, test-scheme, test-estimator: tyro
     (["list", "everything"], "populora list: error: kind: invalid choice 'everything' (choose from benchmarks, "
      "estimators, losses, models, operators, presets, schemes)"),
