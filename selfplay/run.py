@@ -135,7 +135,7 @@ def train_from(point: ResumePoint, cfg: TrainConfig, assignment: Mapping[str, st
     if peaks:
         summary["peak_gpu_memory_gib"] = peaks
     write_json(run_dir / SUMMARY, summary)
-    log.info("run finished: %s", json.dumps({k: v for k, v in summary.items() if k != "history"}))
+    log.debug("run finished: %s", json.dumps({k: v for k, v in summary.items() if k != "history"}))
     return run_dir
 
 

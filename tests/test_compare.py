@@ -137,11 +137,11 @@ def _compare_in_process(*args: str) -> int:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--seeds", "2"], "--preset is required"),
-    (["--preset", "cpu-smoke"], "--seeds N"),
+    (["--seeds", "2"], "--preset: required"),
+    (["--preset", "cpu-smoke"], "--seeds: required"),
     (["--preset", "cpu-smoke", "--seeds", "2", "--arms", "population,nobody"], "--arms"),
     (["--preset", "cpu-smoke", "--seeds", "2", "--parallel", "0"], "--parallel"),
-    (["--preset", "cpu-smoke", "--seeds", "2", "--ray-address", "x:1"], "--ray-address needs --backend ray"),
+    (["--preset", "cpu-smoke", "--seeds", "2", "--ray-address", "x:1"], "--ray-address: needs --backend ray"),
     (["--preset", "cpu-smoke", "--seeds", "1", "--tail", "0"], "--tail"),
     (["--from", "/nonexistent/run"], "is not a directory"),
 ])
