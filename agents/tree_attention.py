@@ -65,7 +65,8 @@ FLEX_BLOCK = 128
 """Tile size (queries x keys) of the flex path's ``BlockMask`` (flex_attention's default)."""
 kernels_used: Counter[str] = Counter()
 """Attention calls per kernel since the caller last cleared it (module docstring): ``block-mask``,
-``block-causal``, ``flex-compiled``, ``flex-eager``, ``dense-mask`` (the SDPA fallback without blocks)."""
+``block-causal`` (``block-causal-expanded``: a grouped-query call was refused and the heads expanded),
+``flex-compiled``, ``flex-eager``, ``dense-mask`` (the SDPA fallback without blocks)."""
 
 TREE_ATTENTION = "populora_tree"
 """The name this attention function is registered under in transformers' ``AttentionInterface``."""
@@ -154,7 +155,7 @@ def tree_attention_forward(
     B, H, L, _ = query.shape
     causal_bias = query.is_cuda if tree_causal_bias is None else tree_causal_bias
     kernels_used["block-causal" if causal_bias else "block-mask"] += 1
-    if causal_bias and key.shape[1] != H and not _flash_takes(query, key, value, dropout):
+    if causal_bias and key.shape[1] != H and (_EXPAND_KV or not _flash_takes(query, key, value, dropout)):
         # without flash, only the memory-efficient kernel takes the causal bias fused, and it wants every head
         key, value = (x.repeat_interleave(H // x.shape[1], dim=1) for x in (key, value))
     gqa = {"enable_gqa": True} if key.shape[1] != H else {}
@@ -179,8 +180,7 @@ def tree_attention_forward(
             if seen == 0:
                 o = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, **gqa)
             elif causal_bias:  # the same visibility as a bias the fused CUDA kernels take (module docstring)
-                o = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(n, seen + n),
-                                                   dropout_p=dropout, scale=scaling, **gqa)
+                o = _causal_block(q, k, v, n, seen, dropout, scaling, H)
             else:  # every ancestor key, then the block's own keys causally (bottom-right aligned)
                 o = F.scaled_dot_product_attention(q, k, v, attn_mask=_lower_right(n, seen, query.device),
                                                    dropout_p=dropout, scale=scaling, **gqa)
@@ -194,6 +194,30 @@ def tree_attention_forward(
         rows.append(torch.cat(parts, dim=2) if len(parts) > 1 else parts[0])
     out = torch.cat(rows, dim=0) if B > 1 else rows[0]
     return out.transpose(1, 2).contiguous(), None
+
+
+_EXPAND_KV = False
+"""Set once a grouped-query causal-bias call was refused by the installed PyTorch: later calls expand the keys and
+values to the query heads first (recorded as ``block-causal-expanded``)."""
+
+
+def _causal_block(q: Tensor, k: Tensor, v: Tensor, n: int, seen: int, dropout: float, scaling: float | None,
+                  heads: int) -> Tensor:
+    """One block's attention with its mask as a lower-right causal bias; if this PyTorch refuses the bias with
+    grouped-query attention, the keys and values are expanded to the query heads (the same values) from then on."""
+    global _EXPAND_KV
+    gqa = k.shape[1] != heads
+    if gqa and not _EXPAND_KV:
+        try:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(n, seen + n),
+                                                  dropout_p=dropout, scale=scaling, enable_gqa=True)
+        except RuntimeError:
+            _EXPAND_KV = True
+            kernels_used["block-causal-expanded"] += 1
+    if gqa:
+        k, v = (x.repeat_interleave(heads // x.shape[1], dim=1) for x in (k, v))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(n, seen + n), dropout_p=dropout,
+                                          scale=scaling)
 
 
 def causal_lower_right(n: int, kv: int):

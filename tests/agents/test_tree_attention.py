@@ -304,3 +304,29 @@ def test_flex_attention_gives_the_models_log_probs(population):
         assert ta.kernels_used["flex-eager" if attention == "flex" else "block-mask"] > 0
     torch.testing.assert_close(out["flex"], out["tree"], atol=GPU_TOL, rtol=GPU_TOL)
     assert out["tree"].abs().sum() > 0
+
+
+def test_a_refused_grouped_query_causal_bias_expands_the_heads(monkeypatch):
+    """Where the installed PyTorch refuses the causal bias with grouped-query attention, the blocks expand the keys
+    and values to the query heads (the same values) and say so in ``kernels_used``."""
+    from torch.nn.attention.bias import CausalBias
+
+    real = F.scaled_dot_product_attention
+
+    def picky(q, k, v, attn_mask=None, **kwargs):
+        if isinstance(attn_mask, CausalBias):  # patched out of F, the bias is dispatched by hand
+            if kwargs.get("enable_gqa"):
+                raise RuntimeError("no grouped-query attention with this bias here")
+            return CausalBias._dispatch(q, k, v, attn_mask, **kwargs)
+        return real(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(ta, "_EXPAND_KV", False)
+    monkeypatch.setattr(ta, "_flash_takes", lambda *args: True)  # as on CUDA with flash: GQA tried first
+    packed, (q, k, v), module, _ = _attention_case(4, 2)
+    tree = {"tree_blocks": packed.blocks, "tree_pad_start": packed.pad_start}
+    want, _ = ta.tree_attention_forward(module, q, k, v, None, scaling=0.3, **tree)
+    monkeypatch.setattr(ta.F, "scaled_dot_product_attention", picky)
+    ta.kernels_used.clear()
+    got, _ = ta.tree_attention_forward(module, q, k, v, None, scaling=0.3, tree_causal_bias=True, **tree)
+    torch.testing.assert_close(got, want, atol=GPU_TOL, rtol=GPU_TOL)
+    assert ta.kernels_used["block-causal-expanded"] == 1 and ta._EXPAND_KV
