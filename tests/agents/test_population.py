@@ -320,8 +320,6 @@ def test_constructor_errors(tiny_base):
         LoRAPopulation(base, ["__base__"])
 
 
-
-
 BF16_MODULE_TOL = 0.01
 """One LoRA module on a bf16 base: the fused product in bf16 against the same math in float32, same (bf16)
 input: gradients of A and B within 1 % of the largest entry (measured 0.35 % and 0.27 %: bf16 rounding)."""
