@@ -27,8 +27,19 @@ needs the log-probs of the policy before the first step: the first mini-batch's 
 forward pass (detached: nothing has stepped yet, so rho == 1 there exactly), every other mini-batch's from a
 no-grad pass before the first step, laid out as that mini-batch's steps lay it out (the same micro-batches);
 with the KL-in-reward term, which needs them for the advantages, all of them come from that no-grad pass.
-``use_behaviour_logprobs=True`` uses ``Rollout.logprobs`` (the generator's, e.g. vLLM's) instead, which also
-corrects generator/trainer numerical mismatch.
+``use_behaviour_logprobs=True`` uses ``Rollout.logprobs`` (the generator's, e.g. vLLM's) instead.
+
+Rollout/trainer mismatch. The generator's log-probs ``lp_mu`` (``Rollout.logprobs``: the engine that sampled,
+e.g. vLLM in bf16 with its own kernels) and the trainer's own ``lp_old`` for the same tokens under the same
+weights differ numerically; per update the trainer reports, over the completion tokens of the rollouts that
+carry log-probs, with ``delta_t = lp_old_t - lp_mu_t``: ``mismatch_abs_mean`` = mean |delta_t|,
+``mismatch_abs_max`` = max |delta_t|, and ``mismatch_kl`` = mean (exp(delta_t) - 1 - delta_t), the k3 estimate
+of KL(mu || pi_old) from mu's own samples (non-negative, 0 iff they agree). ``lp_old`` is the trainer's
+log-prob before the update's first optimizer step: each row's first forward in a one-step update, the no-grad
+pass's for the later mini-batches of a multi-step one (with ``use_behaviour_logprobs`` only the first
+mini-batch is measured: there is no such pass). Rows that take no pass (the zero-advantage skip) are not
+measured. ``is_correction`` (``"tis"``, ``"mis"``) weighs each token's surrogate by the importance weight
+``w_t = exp(delta_t)`` truncated or masked at ``is_cap`` (``agents.losses.policy_loss``'s ``is_weights``).
 
 Rows whose advantages are all zero (``skip_zero_advantage``): when the loss declares that such a row adds
 exactly zero to it and to its gradient (``agents.losses.zero_advantage_rows_add_zero``: the clipped surrogate
@@ -64,10 +75,19 @@ from agents.losses import (
 )
 from agents.nonfinite import finite_update
 from agents.rollout import Rollout
-from agents.trainer_config import KL_MODES, LORA_IMPLS, PACKED_ATTENTIONS, PACKINGS, TrainerConfig
+from agents.trainer_config import (
+    IS_CORRECTIONS,
+    KL_MODES,
+    LORA_IMPLS,
+    PACKED_ATTENTIONS,
+    PACKINGS,
+    TrainerConfig,
+)
 from agents.weighting import role_loss_weights
+from populora_env.checks import ConfigError
 
-__all__ = ["TrainerConfig", "PolicyGradientTrainer", "KL_MODES", "LORA_IMPLS", "PACKINGS", "PACKED_ATTENTIONS"]
+__all__ = ["TrainerConfig", "PolicyGradientTrainer", "IS_CORRECTIONS", "KL_MODES", "LORA_IMPLS", "PACKINGS",
+           "PACKED_ATTENTIONS"]
 
 @dataclass
 class _Targets:
@@ -81,6 +101,9 @@ class _Targets:
     role_rows: dict[str, Tensor]  # role -> [B] float indicator of its rows (empty without meta roles)
     norm_len: float  # the constant L of seq-mean-token-sum-norm
     live: set[int] | None  # rows with a non-zero advantage, which take passes (skip_zero_advantage); None: all
+    rollout_lp: Tensor | None = None  # [B, Tc] the generator's log-probs (None: no rollout carries them)
+    has_rollout_lp: list[bool] = field(default_factory=list)  # per row: its log-probs are there and aligned
+    measured: set[int] = field(default_factory=set)  # rows whose mismatch is tallied (each once per update)
 
     def old_logprobs(self, rows: list[int], lp: Tensor) -> Tensor:
         """The behaviour log-probs of ``rows`` for a forward that gave ``lp``: its own, detached, when on-policy;
@@ -108,6 +131,7 @@ class _Tally:
     pg_losses: list[float] = field(default_factory=list)
     grad_norms: list[float] = field(default_factory=list)
     skipped: int = 0  # optimizer steps skipped as non-finite
+    mismatch: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # |delta| and k3 sums, max, n
     zero_steps: int = 0  # optimizer steps on exact zero gradients (all-zero advantages, no passes)
     zero_rows: int = 0  # rows left out of an optimizer step's passes (all-zero advantages), summed over steps
 
@@ -124,6 +148,17 @@ class _Tally:
             rm = m * sel[rows].to(m.device).unsqueeze(-1)
             self.role_ent[role] += float((ent.detach() * rm).sum().item())
             self.role_tok[role] += float(rm.sum().item())
+
+    def add_mismatch(self, delta: Tensor, m: Tensor) -> None:
+        """``delta`` = the trainer's minus the generator's log-probs ``[rows, Tc]`` over the tokens ``m``."""
+        n = float(m.sum().item())
+        if n == 0:
+            return
+        d = delta.detach().double() * m
+        self.mismatch["abs"] += float(d.abs().sum().item())
+        self.mismatch["k3"] += float(((torch.expm1(d) - d) * m).sum().item())
+        self.mismatch["max"] = max(self.mismatch["max"], float(d.abs().max().item()))
+        self.mismatch["tokens"] += n
 
 
 class PolicyGradientTrainer:
@@ -142,8 +177,12 @@ class PolicyGradientTrainer:
         self._advantage = get_advantage(self.config.advantage)
         cfg = self.config
         self.forward = PolicyForward(population, packing=cfg.packing, packed_attention=cfg.packed_attention,
-                                     micro_batch_size=cfg.micro_batch_size, logprob_chunk_size=cfg.logprob_chunk_size)
+                                     micro_batch_size=cfg.micro_batch_size, logprob_chunk_size=cfg.logprob_chunk_size,
+                                     max_tokens_per_row=cfg.max_tokens_per_row)
         """The update's forward passes (``agents.forward``)."""
+        if cfg.packed_attention == "flex" and self.forward.packs_prefix and self.forward.device.type != "cuda":
+            raise ConfigError("trainer.packed_attention", "'flex' needs a CUDA device (PyTorch's flex_attention has "
+                              f"no backward on {self.forward.device.type}); use 'tree' there")
 
     @property
     def forward_tokens(self) -> int:
@@ -256,7 +295,8 @@ class PolicyGradientTrainer:
             adv = self._advantages(rollouts, batch, rewards, groups, token_rewards=token_rewards)
         role_w = role_loss_weights(_roles(rollouts), batch.mask, cfg.role_weighting, cfg.loss_agg_mode, mini)
         norm_len = float(cfg.norm_len or batch.mask.shape[1])
-        return _Targets(adv, old_lp, pending, ref_lp, role_w, _role_rows(rollouts), norm_len, live)
+        rollout_lp, has = _generator_logprobs(rollouts, batch, required=cfg.is_correction != "none")
+        return _Targets(adv, old_lp, pending, ref_lp, role_w, _role_rows(rollouts), norm_len, live, rollout_lp, has)
 
     def _advantages(self, rollouts: list[Rollout], batch: RolloutBatch, rewards: Tensor, groups: list[Hashable],
                     token_rewards: Tensor | None) -> Tensor:
@@ -344,9 +384,11 @@ class PolicyGradientTrainer:
         device = lp.device
         m = batch.mask[rows].to(device)
         ref_lp = None if targets.ref_lp is None else targets.ref_lp[rows].to(device)
+        old = targets.old_logprobs(rows, lp)
+        is_weights = self._mismatch(rows, lp, old, m, targets, tally)
         out = policy_loss(
             lp,
-            targets.old_logprobs(rows, lp),
+            old,
             targets.adv[rows].to(device),
             m,
             clip_eps_low=cfg.clip_eps_low,
@@ -356,6 +398,7 @@ class PolicyGradientTrainer:
             ref_logprobs=ref_lp if cfg.kl_mode == "loss" else None,
             kl_estimator=cfg.resolved_kl_estimator,
             token_weights=None if targets.role_w is None else targets.role_w[rows].to(device),
+            is_weights=is_weights,
             **self._loss_coefs,
             **norms,
         )
@@ -366,6 +409,34 @@ class PolicyGradientTrainer:
             kl_tok = kl_penalty(lp.detach(), ref_lp, cfg.resolved_kl_estimator)
             tally.sums["kl"] += float((kl_tok * m).sum().item())
         return float(out.loss.detach().item()), float(out.pg_loss.item())
+
+    def _mismatch(self, rows: list[int], lp: Tensor, old: Tensor, m: Tensor, targets: _Targets, tally: _Tally
+                  ) -> Tensor | None:
+        """Tally the rollout/trainer mismatch of ``rows`` not measured yet (module docstring) and return the
+        importance weights of ``is_correction`` ``[rows, Tc]`` (None with ``"none"``; ``agents.losses``).
+
+        The trainer's pre-step log-probs are ``old`` (its own behaviour log-probs), or with
+        ``use_behaviour_logprobs`` (``old`` is then the generator's) this forward's own before any step."""
+        cfg = self.config
+        if targets.rollout_lp is None:
+            return None
+        mu = targets.rollout_lp[rows].to(lp.device)
+        pre = None if cfg.use_behaviour_logprobs and tally.grad_norms else (
+            lp.detach() if cfg.use_behaviour_logprobs else old)
+        if pre is not None:
+            new = torch.tensor([i not in targets.measured and targets.has_rollout_lp[i] for i in rows],
+                               dtype=m.dtype, device=m.device)
+            tally.add_mismatch(pre - mu, m * new.unsqueeze(-1))
+            targets.measured.update(i for i in rows if targets.has_rollout_lp[i])
+        if cfg.is_correction == "none":
+            return None
+        w = torch.exp((old - mu).clamp(min=-20.0, max=20.0))
+        capped = w > cfg.is_cap
+        tally.sums["is_weight_mean"] += float((w * m).sum().item())
+        tally.sums["is_capped_frac"] += float((capped.to(m.dtype) * m).sum().item())
+        if cfg.is_correction == "tis":
+            return w.clamp(max=cfg.is_cap)
+        return torch.where(capped, torch.zeros_like(w), w)
 
     def _metrics(self, batch: RolloutBatch, adv: Tensor, tally: _Tally, n_steps: int) -> dict[str, float]:
         """The update's metrics (``update``'s docstring) from its advantages and running sums."""
@@ -386,10 +457,34 @@ class PolicyGradientTrainer:
         }
         for key, total in tally.sums.items():
             metrics[key] = total / max(tally.tokens, 1.0)
+        if tally.mismatch["tokens"] > 0:
+            n = tally.mismatch["tokens"]
+            metrics |= {"mismatch_abs_mean": tally.mismatch["abs"] / n, "mismatch_abs_max": tally.mismatch["max"],
+                        "mismatch_kl": tally.mismatch["k3"] / n}
         for role, n in tally.role_tok.items():
             if n > 0:
                 metrics[f"entropy/{role}"] = tally.role_ent[role] / n
         return metrics
+
+
+def _generator_logprobs(rollouts: Sequence[Rollout], batch: RolloutBatch, required: bool
+                        ) -> tuple[Tensor | None, list[bool]]:
+    """The generator's log-probs ``[B, Tc]`` and, per row, whether it carries them aligned with its completion
+    (``(None, [])`` when no rollout does); ``required`` (an importance correction): every row must, else
+    ``ValueError`` naming the first that does not."""
+    has = [r.logprobs is not None and len(r.logprobs) == len(r.completion_ids) for r in rollouts]
+    if required and not all(has):
+        i = has.index(False)
+        got = "no logprobs" if rollouts[i].logprobs is None else f"{len(rollouts[i].logprobs)} logprobs"
+        raise ValueError(f"is_correction needs the generator's log-probs: rollout {i} has {got} for "
+                         f"{len(rollouts[i].completion_ids)} completion tokens")
+    if not any(has):
+        return None, []
+    out = torch.zeros_like(batch.mask)
+    for i, r in enumerate(rollouts):
+        if has[i]:
+            out[i, : len(r.logprobs)] = torch.tensor(r.logprobs, dtype=out.dtype)
+    return out, has
 
 
 def _live_rows(adv: Tensor) -> set[int]:

@@ -57,6 +57,10 @@ def step_scalars(record: StepRecord) -> dict[str, float]:
     for phase, seconds in record.times.items():
         out[tags.STEP_SECONDS if phase == "step" else tags.time(phase)] = float(seconds)
     out[tags.REPLACEMENTS] = float(len(record.evolution))
+    for role, n in record.dropped_prompts.items():
+        out[tags.dropped_prompts(role)] = float(n)
+    for phase, n in record.memory.items():
+        out[tags.memory(phase)] = n / 2**30
     return out
 
 
@@ -152,7 +156,7 @@ def _update_scalars(members: Mapping[str, Mapping[str, float]]) -> dict[str, flo
     and per role the members' entropy over that role's tokens only (trainer metric ``entropy/<role>``)."""
     out: dict[str, float] = {}
     for m, mm in members.items():
-        for key in (*tags.MEMBER_KEYS, tags.SYNC):
+        for key in (*tags.MEMBER_KEYS, tags.SYNC, *tags.MISMATCH_KEYS, *tags.IS_KEYS):
             if mm.get(key) is not None:
                 out[tags.member(m, key)] = float(mm[key])
     for tag, key in tags.LOSS_KEYS.items():

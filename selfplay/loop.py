@@ -18,8 +18,9 @@ step, phase, agent, index), so a resumed run repeats the uninterrupted one.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from agents.generation import Completion, GenerationRequest
+from agents.generation.limit import dropped
 from agents.generation.threads import generation_threads
 from populora_env.results import RoundOutcome
 from selfplay.config import TrainConfig
@@ -35,9 +37,12 @@ from selfplay.finite import NonFiniteGuard, check_rewards
 from selfplay.mapping import AgentMapping
 from selfplay.members import model_device
 from selfplay.parts import build_parts
+from selfplay.phase_memory import PhaseMemory
 from selfplay.rollouts import CompletionId, rollouts_from_round
 from selfplay.rundir import LINEAGE
 from selfplay.seeding import SeedingReport, seed_before_training
+
+log = logging.getLogger(__name__)
 
 
 def derive_seed(*parts: int | str) -> int:
@@ -61,6 +66,10 @@ class StepRecord:
         evolution: the PBT step's lineage records (empty when nothing was replaced).
         times: seconds per phase (``generation``, ``sandbox``, ``update``, ``evolution``, ``step``; the run adds
             ``checkpoint``).
+        dropped_prompts: role -> prompts the prompt-length rule dropped before generation this step (every role,
+            0 included, when ``generation.max_prompt_tokens`` is set; empty otherwise).
+        memory: peak GPU bytes per phase (``generation``, ``update``, ``evolution``; the run adds
+            ``checkpoint``; :class:`~selfplay.phase_memory.PhaseMemory`); empty off CUDA.
     """
 
     step: int
@@ -71,6 +80,8 @@ class StepRecord:
     member_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     evolution: list[dict] = field(default_factory=list)
     times: dict[str, float] = field(default_factory=dict)
+    dropped_prompts: dict[str, int] = field(default_factory=dict)
+    memory: dict[str, int] = field(default_factory=dict)
 
 
 class SelfPlayLoop:
@@ -101,6 +112,7 @@ class SelfPlayLoop:
         self.env, self.mapping, self.pbt = parts.env, parts.mapping, parts.pbt
         self.population, self.generator, self.trainer = parts.population, parts.generator, parts.trainer
         self.tokenizer, self.backend = parts.tokenizer, parts.backend
+        self.memory = PhaseMemory(self.device if self.backend is None else "cpu")  # local CUDA runs only
         self.step = 0
         self._seeded = False
         self.seeding: SeedingReport | None = None  # the base model's seeding stage (env.seed_tasks), if any
@@ -153,7 +165,7 @@ class SelfPlayLoop:
         if not requests:
             return completions, prompts, 0.0
         t0 = time.perf_counter()
-        with generation_threads(g.threads, self.device):
+        with generation_threads(g.threads, self.device), self.memory.phase("generation"):
             generated = self.generator.generate(requests)
         seconds = time.perf_counter() - t0
         for c in generated:
@@ -167,12 +179,30 @@ class SelfPlayLoop:
             raise RuntimeError(f"generator returned no completion for {missing[:5]}")
         return completions, prompts, seconds
 
+    def _dropped(self, completions: Mapping[CompletionId, Completion]) -> dict[str, int]:
+        """Role -> completions that stand for prompts over ``generation.max_prompt_tokens`` (never generated;
+        ``agents.generation.limit``), with one log line when there are any; empty without a limit."""
+        limit = self.cfg.generation.max_prompt_tokens
+        if limit is None:
+            return {}
+        roles = self.mapping.agent_roles
+        counts = Counter(roles.get(agent, "?") for (agent, _), c in completions.items() if dropped(c))
+        out = {role: counts.get(role, 0) for role in sorted(set(roles.values()) | set(counts))}
+        if counts:
+            log.warning("step %d: dropped %s prompt(s) longer than %d tokens before generation (scored as format "
+                        "errors, not trained on)", self.step + 1,
+                        " and ".join(f"{n} {role}" for role, n in out.items()), limit)
+        return out
+
     @staticmethod
-    def _actions(completions: Mapping[CompletionId, Completion], agents: Sequence[str]) -> dict[str, tuple[str, ...]]:
-        """Each agent's completion texts in observation order (the env's action format)."""
-        by_agent: dict[str, dict[int, str]] = defaultdict(dict)
+    def _actions(completions: Mapping[CompletionId, Completion], agents: Sequence[str]
+                 ) -> dict[str, tuple[str | None, ...]]:
+        """Each agent's completion texts in observation order (the env's action format); ``None`` for a prompt
+        the length rule dropped: the env scores a non-string as a format error whatever the prompt set (an empty
+        text can parse under a pre-filled answer opening)."""
+        by_agent: dict[str, dict[int, str | None]] = defaultdict(dict)
         for (agent, index), c in completions.items():
-            by_agent[agent][index] = c.text
+            by_agent[agent][index] = None if dropped(c) else c.text
         return {a: tuple(by_agent[a][k] for k in sorted(by_agent[a])) for a in agents}
 
     # ------------------------------------------------------------------------------------ a step
@@ -200,11 +230,13 @@ class SelfPlayLoop:
             raise RuntimeError("the env finished a round without an outcome")
         completions.update(solved)
         prompts.update(solve_prompts)
+        dropped_prompts = self._dropped(completions)
 
         t0 = time.perf_counter()
         batches = rollouts_from_round(outcome, completions, self.mapping)
         check_rewards(batches, cfg.env.reward_scheme)  # real and finite in float32, else RewardSchemeError
-        member_metrics = self.trainer.update_many({m: batches[m] for m in self.mapping.members if batches.get(m)})
+        with self.memory.phase("update"):
+            member_metrics = self.trainer.update_many({m: batches[m] for m in self.mapping.members if batches.get(m)})
         self.nonfinite.observe(self.step + 1, member_metrics)  # NonFiniteTraining before this step's checkpoint
         self.generator.refresh(list(member_metrics))
         update_s = time.perf_counter() - t0
@@ -214,16 +246,18 @@ class SelfPlayLoop:
         events: list[dict] = []
         if self.pbt is not None:
             member_ratings = {m: outcome.ratings[self.mapping.agents_of(m)[0]] for m in self.mapping.members}
-            events = self.pbt.maybe_evolve(
-                self.step, self.mapping.roles, self.population, member_ratings,
-                lambda m: [self.env.reset_rating(a) for a in self.mapping.agents_of(m)])
+            with self.memory.phase("evolution"):
+                events = self.pbt.maybe_evolve(
+                    self.step, self.mapping.roles, self.population, member_ratings,
+                    lambda m: [self.env.reset_rating(a) for a in self.mapping.agents_of(m)])
             if events:
                 self.generator.refresh([e["culled"] for e in events])
         record = StepRecord(
             step=self.step, outcome=outcome, completions=completions, prompts=prompts, mapping=self.mapping,
             member_metrics=member_metrics, evolution=events,
             times={"generation": gen_s + gen2_s, "sandbox": sandbox_s, "update": update_s,
-                   "evolution": time.perf_counter() - t0})
+                   "evolution": time.perf_counter() - t0}, dropped_prompts=dropped_prompts,
+            memory=self.memory.take())
         record.times["step"] = time.perf_counter() - t_step
         return record
 

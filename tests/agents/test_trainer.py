@@ -581,3 +581,89 @@ def test_learns_a_toy_verifiable_reward(population, advantage):
     assert len(changed) == len(before["ma"])  # every trainable tensor of the trained member moved
     for other in ("mb", "mc"):
         assert all(torch.equal(before[other][k], after[other][k]) for k in before[other])
+
+
+# ------------------------------------------------------------------------ rollout/trainer mismatch, TIS / MIS
+
+
+def _with_generator_logprobs(pop, rollouts, offsets):
+    """``rollouts`` carrying the member's own log-probs plus a fixed offset per token (as a generator whose
+    numerics differ would report them), and the trainer's log-probs."""
+    trainer = PolicyGradientTrainer(pop, TrainerConfig())
+    batch = pack_rollouts(rollouts)
+    with pop.activate("ma"):
+        own = trainer.forward.logprobs_no_grad(batch, reference=False)
+    out = []
+    for i, r in enumerate(rollouts):
+        n = len(r.completion_ids)
+        mu = (own[i, :n] + offsets[i, :n]).tolist()
+        out.append(Rollout(r.prompt_ids, r.completion_ids, r.reward, r.group, r.scope, logprobs=mu))
+    return out, own, batch
+
+
+def test_mismatch_is_measured_against_the_generators_logprobs(population):
+    """mismatch_abs_mean / mismatch_abs_max / mismatch_kl are mean |d|, max |d| and mean(exp(d) - 1 - d) over the
+    completion tokens, d = the trainer's log-prob minus the generator's (agents.trainer's docstring)."""
+    pop = population(nonzero_std=0.5)
+    rollouts = make_rollouts(6, seed=3)
+    g = torch.Generator().manual_seed(0)
+    offsets = 0.3 * torch.randn(6, 8, generator=g)
+    with_lp, _, batch = _with_generator_logprobs(pop, rollouts, offsets)
+    metrics = PolicyGradientTrainer(pop, TrainerConfig(skip_zero_advantage=False)).update("ma", with_lp)
+    d = -offsets[:, : batch.mask.shape[1]][batch.mask.bool()].double()
+    assert metrics["mismatch_abs_mean"] == pytest.approx(float(d.abs().mean()), rel=1e-4, abs=1e-6)
+    assert metrics["mismatch_abs_max"] == pytest.approx(float(d.abs().max()), rel=1e-4, abs=1e-6)
+    assert metrics["mismatch_kl"] == pytest.approx(float((torch.expm1(d) - d).mean()), rel=1e-3, abs=1e-6)
+    plain = PolicyGradientTrainer(population(nonzero_std=0.5)).update("ma", rollouts)  # no log-probs: no metric
+    assert "mismatch_kl" not in plain
+
+
+def test_hf_generators_logprobs_agree_with_the_trainers(population, tiny_tokenizer):
+    """On CPU the HF generator samples with the trainer's numbers: the mismatch of its rollouts is float
+    rounding (why ``is_correction`` is ``none`` on CPU)."""
+    from agents.generation import GenerationRequest, HFGenerator
+
+    pop = population(nonzero_std=0.5)
+    completions = HFGenerator(pop, tiny_tokenizer).generate(
+        [GenerationRequest("ma", "def f(x):", max_new_tokens=8, n=4, seed=1, chat=False)])
+    rollouts = [Rollout(c.prompt_token_ids, c.token_ids, float(i), group=i, logprobs=c.logprobs)
+                for i, c in enumerate(completions)]
+    metrics = PolicyGradientTrainer(pop, TrainerConfig(skip_zero_advantage=False)).update("ma", rollouts)
+    assert metrics["mismatch_abs_max"] < 1e-4 and metrics["mismatch_kl"] < 1e-8
+
+
+@pytest.mark.parametrize("mode", ["tis", "mis"])
+def test_importance_correction_weighs_the_loss_as_its_docstring_says(population, monkeypatch, mode):
+    """TIS: each token's surrogate times min(w, C); MIS: times w where w <= C, else 0; w = exp(lp_trainer -
+    lp_generator). With one optimizer step rho = 1, so pg_loss = sum(-A w' m) / N_tok; the gradient is the
+    uncorrected one with each token's term weighted."""
+    cap = 1.2
+    pop = population(nonzero_std=0.5)
+    rollouts = make_rollouts(6, seed=4)
+    offsets = 0.4 * torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
+    with_lp, own, batch = _with_generator_logprobs(pop, rollouts, offsets)
+    cfg = TrainerConfig(is_correction=mode, is_cap=cap, skip_zero_advantage=False)
+    trainer = PolicyGradientTrainer(pop, cfg)
+    adv = trainer._advantages(with_lp, batch, torch.tensor([r.reward for r in with_lp]), [r.group for r in with_lp],
+                              token_rewards=None)
+    w = torch.exp(own - rollout_logprobs(with_lp, batch))
+    weight = w.clamp(max=cap) if mode == "tis" else torch.where(w > cap, torch.zeros_like(w), w)
+    m = batch.mask
+    metrics = trainer.update("ma", with_lp)
+    assert metrics["pg_loss"] == pytest.approx(float((-adv * weight * m).sum() / m.sum()), rel=1e-4, abs=1e-6)
+    assert metrics["is_capped_frac"] == pytest.approx(float(((w > cap).float() * m).sum() / m.sum()), abs=1e-6)
+    assert 0 < metrics["is_capped_frac"] < 1
+    plain = PolicyGradientTrainer(population(nonzero_std=0.5), TrainerConfig(skip_zero_advantage=False))
+    assert plain.update("ma", with_lp)["pg_loss"] == pytest.approx(float((-adv * m).sum() / m.sum()), rel=1e-4,
+                                                                     abs=1e-6)
+
+
+def test_importance_correction_needs_the_generators_logprobs(population):
+    from populora_env.checks import ConfigError
+
+    with pytest.raises(ValueError, match="rollout 0 has no logprobs"):
+        PolicyGradientTrainer(population(), TrainerConfig(is_correction="tis")).update("ma", make_rollouts())
+    with pytest.raises(ConfigError, match="is_correction.*use_behaviour_logprobs"):
+        TrainerConfig(is_correction="mis", use_behaviour_logprobs=True).validate()
+    with pytest.raises(ConfigError, match="is_cap"):
+        TrainerConfig(is_correction="tis", is_cap=0.5).validate()
