@@ -1,9 +1,8 @@
 """Host-side handling of Python literals: call arguments, output reprs, value canonicalisation, type signatures.
 
 Nothing here executes model-written text. Only ``ast.parse``, ``ast.literal_eval``, ``ast.unparse`` and string
-handling are used on the host; every execution happens in the sandbox. The two snippets of sandbox code at the
-bottom (:data:`PLAIN_HELPER`, :func:`with_heap_padding`) are *our* code that runs next to the model's program
-inside the sandbox.
+handling are used on the host; every execution happens in the sandbox. The snippet of sandbox code at the bottom
+(:func:`with_heap_padding`) is *our* code that runs before the model's program inside the sandbox.
 """
 
 from __future__ import annotations
@@ -14,54 +13,9 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-#: Marker that :data:`PLAIN_HELPER` puts into its exception text when a value is not plain literal data.
+#: Marker in the error text of a sandbox job whose value had to be plain data and was not
+#: (``ExecJob(plain=True)``: the sandbox's harness checks the value's exact types after the call returned).
 NOT_LITERAL_MARKER = "POPULORA_NOT_LITERAL"
-
-#: Name of the plain-data guard defined by :data:`PLAIN_HELPER` (a dunder name: the safety policy bans
-#: model-written code from touching it).
-PLAIN_GUARD = "__populora_plain__"
-
-#: Sandbox-side guard appended *after* the model's program: returns its argument unchanged if it is built only
-#: from builtin literal types (exact types, no subclasses, no cycles), raises otherwise. It stops a program from
-#: returning an object whose ``__eq__`` always answers ``True`` (reward hacking of the equality check). Every
-#: builtin it uses is taken from ``__builtins__`` (which the safety policy forbids programs to touch), so a
-#: program that shadows ``type``, ``list``... at module level cannot fool it.
-PLAIN_HELPER = f'''
-
-def {PLAIN_GUARD}(value):
-    b = __builtins__
-    b = b if b.__class__ is {{}}.__class__ else b.__dict__
-    kind_of = b["type"]
-    atoms = (b["int"], b["float"], b["complex"], b["str"], b["bytes"], b["bool"], kind_of(None))
-    containers = (b["list"], b["tuple"], b["set"], b["frozenset"])
-    mapping = b["dict"]
-    stack = [value]
-    count = 0
-    while stack:
-        item = stack.pop()
-        count += 1
-        if count > 200000:
-            raise b["ValueError"]("{NOT_LITERAL_MARKER}: value too large or cyclic")
-        kind = kind_of(item)
-        plain = False
-        for atom in atoms:
-            if kind is atom:
-                plain = True
-        if plain:
-            continue
-        for container in containers:
-            if kind is container:
-                plain = True
-        if plain:
-            stack.extend(item)
-            continue
-        if kind is mapping:
-            stack.extend(item.keys())
-            stack.extend(item.values())
-            continue
-        raise b["TypeError"]("{NOT_LITERAL_MARKER}: " + kind.__name__)
-    return value
-'''
 
 #: Statement run before the program in the second determinism run: it moves the heap so that
 #: address-dependent values (``repr(object())``, ``id()``, default hashes, set order of such objects) differ

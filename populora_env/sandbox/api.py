@@ -112,12 +112,18 @@ class ExecJob:
             a ``compare_to`` that is not a literal is refused here.
         timeout_s: per-job wall-clock override of :attr:`Limits.timeout_s` (finite, at most
             :data:`MAX_TIMEOUT_S`).
+        plain: the call's value must be plain data, built only from exact builtin types (``int``, ``float``,
+            ``complex``, ``str``, ``bytes``, ``bool``, ``None``, ``list``, ``tuple``, ``set``, ``frozenset``,
+            ``dict``; no subclass, no cycle); otherwise the result is an ``"error"`` whose text holds
+            :data:`~populora_env.literals.NOT_LITERAL_MARKER`. The check and the ``repr`` are the harness's,
+            made after the call returned (:attr:`ExecResult.plain`).
     """
 
     code: str
     call: str | None = None
     compare_to: str | None = None
     timeout_s: float | None = None
+    plain: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.code, str):
@@ -126,6 +132,10 @@ class ExecJob:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"ExecJob.{name} must be str or None, got {type(value).__name__}")
+        if not isinstance(self.plain, bool):
+            raise TypeError(f"ExecJob.plain must be a bool, got {type(self.plain).__name__}")
+        if self.plain and self.call is None:
+            raise ValueError("ExecJob.plain needs a call whose value is checked")
         if self.compare_to is not None and self.call is None:
             raise ValueError("ExecJob.compare_to needs a call whose value it is compared with")
         if self.compare_to is not None:
@@ -149,6 +159,9 @@ class ExecResult:
         error: exception type and message with a short traceback tail, or a description of the limit
             or crash; ``None`` when nothing went wrong.
         seconds: wall-clock time of the job as measured by its worker.
+        plain: ``value`` is the ``repr`` of plain data (exact builtin types only), checked and printed by the
+            sandbox's harness after the call had returned, with no other thread of the job alive: what the
+            call really returned. ``False``: the text came from the job's own code (a ``__repr__``), a claim.
     """
 
     status: Status
@@ -157,6 +170,7 @@ class ExecResult:
     stdout: str = ""
     error: str | None = None
     seconds: float = 0.0
+    plain: bool = False
 
     @property
     def ok(self) -> bool:
