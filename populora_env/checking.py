@@ -38,7 +38,7 @@ from typing import Any
 from populora_env.checks import check_bool, check_int
 from populora_env.literals import (
     ArgsError,
-    literal_equal,
+    literal_matches,
     literal_value,
     parse_call_args,
     parse_expression,
@@ -177,7 +177,7 @@ class AnswerChecker:
             ok, _ = literal_value(canonical)
             if not ok:
                 return AttemptOutcome(True, False, Reason.NOT_LITERAL, "answer is not a Python literal")
-            if literal_equal(task.output, canonical):  # two literals: compared here, no job needed
+            if literal_matches(canonical, task.output):  # two literals: compared here, no job needed
                 return AttemptOutcome(True, True, None, "")
             return AttemptOutcome(True, False, Reason.WRONG, "value differs")
         if task.task_type is TaskType.ABDUCTION:
@@ -222,7 +222,7 @@ def _verdict(results: Sequence[ExecResult], jobs: Sequence[tuple[ExecJob, str]])
         failed = failure_reason(result)
         if failed is not None:
             return AttemptOutcome(True, False, failed[0], failed[1])
-        if result.value is None or not literal_equal(result.value, expected):
+        if result.value is None or not literal_matches(result.value, expected):
             return AttemptOutcome(True, False, Reason.WRONG, "value differs")
     return AttemptOutcome(True, True, None, "")
 

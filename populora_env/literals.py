@@ -193,6 +193,79 @@ def literal_equal(text_a: str, text_b: str) -> bool:
         return False
 
 
+#: Characters a claim may have beyond :func:`max_equal_repr_chars` of its expected value (room for a claim
+#: printed by other means than the sandbox's harness, e.g. with spaces; a harness-printed one needs none).
+CLAIM_SLACK_CHARS = 64
+
+
+def max_equal_repr_chars(value: Any) -> int:
+    """An upper bound on the length of ``repr(v)`` for any plain value ``v == value`` (Python's ``==`` on
+    builtin literals: ``1 == 1.0 == True == (1+0j)``, a ``set`` equals a ``frozenset``, dict and set order do
+    not count). Linear in the size of ``value``, no recursion.
+
+    Per atom: a string or bytes has one ``repr``; a number may be equal to a number of another type, so the
+    bound is the longest of its int, float and complex forms (an integral float such as ``1e+308`` equals an
+    int of 309 digits); containers add their brackets and ``", "`` separators (a set may be printed as
+    ``frozenset({...})``). Used to refuse a job's claim that is too long to equal an expected value *before*
+    parsing it: parsing costs time in proportion to the claim, this bound only to the expected value.
+    """
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if item is None or kind is bool:
+            total += 6  # True == 1 == 1.0 == (1+0j): '(1+0j)'
+        elif kind is int:
+            digits = item.bit_length() * 0.30103 + 2  # (no str(): an int may be beyond Python's text limit)
+            total += max(int(digits) + 1, 30)  # its float and complex forms: at most 24 + '(' '+0j)'
+        elif kind is float:
+            total += _float_bound(item)
+        elif kind is complex:
+            total += _float_bound(item.real) if item.imag == 0 else len(repr(item))
+        elif kind is str or kind is bytes:
+            total += len(repr(item))
+        elif kind in (list, tuple, set, frozenset):
+            total += 2 * len(item) + 3 + (11 if kind in (set, frozenset) else 0)  # brackets, ', ', 'frozenset()'
+            stack.extend(item)
+        elif kind is dict:
+            total += 4 * len(item) + 2
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        else:  # not a literal value: nothing is equal to it as a literal
+            total += len(repr(item))
+    return total
+
+
+def _float_bound(value: float) -> int:
+    text = len(repr(value))
+    if value == value and value not in (float("inf"), float("-inf")) and value == int(value):
+        text = max(text, int(abs(value)).bit_length() * 31 // 100 + 3)  # the equal int's digits (and sign)
+    return text + 6  # '(' and '+0j)' of the equal complex
+
+
+def literal_matches(claim: str, expected: str) -> bool:
+    """Whether a job's ``claim`` (a ``repr`` text) is a literal equal to the ``expected`` literal, as
+    :func:`literal_equal`, but refusing before parsing a claim longer than any ``repr`` of a value equal to the
+    expected one (:func:`max_equal_repr_chars` + :data:`CLAIM_SLACK_CHARS`): the host's cost is bounded by the
+    expected value's size, not by what a job chooses to send. Total (never raises)."""
+    ok_e, val_e = literal_value(expected)
+    if not ok_e or not isinstance(claim, str):
+        return False
+    try:
+        bound = max_equal_repr_chars(val_e) + CLAIM_SLACK_CHARS
+    except Exception:  # noqa: BLE001 - total by contract
+        return False
+    if len(claim) > bound:
+        return False
+    ok_c, val_c = literal_value(claim)
+    if not ok_c:
+        return False
+    try:
+        return bool(val_c == val_e)
+    except Exception:  # noqa: BLE001 - RecursionError on deep values
+        return False
+
+
 def canonical_form(value: Any) -> Any:
     """A hashable, order-normalised form of a literal value for equality *of runs* (determinism check).
 
@@ -215,12 +288,21 @@ def canonical_form(value: Any) -> Any:
 
 def same_value(repr_a: str, repr_b: str) -> bool:
     """Whether two output reprs denote the same value (identical strings, or equal canonical literal forms).
-    Total: never raises (values too deep or with unprintable members compare as different)."""
+    ``repr_b`` is refused before it is parsed when it is longer than any repr of a value equal to ``repr_a``
+    (:func:`max_equal_repr_chars`): the cost is bounded by the first, the reference. Total: never raises (values
+    too deep or with unprintable members compare as different)."""
     if repr_a == repr_b:
         return True
     ok_a, val_a = literal_value(repr_a)
+    if not ok_a or not isinstance(repr_b, str):
+        return False
+    try:
+        if len(repr_b) > max_equal_repr_chars(val_a) + CLAIM_SLACK_CHARS:
+            return False
+    except Exception:  # noqa: BLE001 - total by contract
+        return False
     ok_b, val_b = literal_value(repr_b)
-    if not (ok_a and ok_b):
+    if not ok_b:
         return False
     try:
         return canonical_form(val_a) == canonical_form(val_b)

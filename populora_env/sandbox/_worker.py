@@ -245,7 +245,7 @@ class Worker:
         self.bounding: list[int] = []  # capabilities in the worker's bounding set (dropped by the zygote)
         self.mounted = False
         self.base_dev = 0
-        self.attrs: dict | None = None  # the worker's own scheduling/rlimit attributes at start-up
+        self.attrs: dict | None = None  # the worker's and zygote's scheduling/rlimit attributes at start-up
         self._arch = os.uname().machine
         self.pid = os.getpid()
         self.req_fd = 0
@@ -293,7 +293,7 @@ class Worker:
         self.keep_fds = [int(fd) for fd in zygote.get("keep_fds", [])]
         with open(f"/proc/{self.zpid}/statm") as fh:  # the zygote's size: every job child starts as a copy
             self.baseline_as = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-        self.attrs = self._attributes()
+        self.attrs = self._all_attributes()
         return {
             "type": "ready",
             "pid": os.getpid(),
@@ -913,32 +913,39 @@ class Worker:
             else:
                 if left:
                     problems.append(f"job area: {len(left)} entries left after the wipe")
-        now = self._attributes()
+        now = self._all_attributes()
         for key, value in self.attrs.items():
             if now.get(key) != value:
                 problems.append(f"worker {key} changed from {value!r} to {now.get(key)!r}")
         return "; ".join(problems) or None
 
-    def _attributes(self) -> dict:
-        """The worker's own attributes a job might try to change for good (each read is one syscall)."""
+    def _attributes(self, pid: int = 0) -> dict:
+        """The attributes of this worker (``pid`` 0) or of its zygote a job might try to change for good (each
+        read is one syscall)."""
         out: dict = {
-            "nice": os.getpriority(os.PRIO_PROCESS, 0),
-            "policy": os.sched_getscheduler(0),
-            "sched_priority": os.sched_getparam(0).sched_priority,
-            "affinity": sorted(os.sched_getaffinity(0)),
-            "rlimits": [resource.getrlimit(r) for r in _RLIMITS],
+            "nice": os.getpriority(os.PRIO_PROCESS, pid),
+            "policy": os.sched_getscheduler(pid),
+            "sched_priority": os.sched_getparam(pid).sched_priority,
+            "affinity": sorted(os.sched_getaffinity(pid)),
+            "rlimits": [resource.prlimit(pid, r) if pid else resource.getrlimit(r) for r in _RLIMITS],
         }
         nr = _SYS_IOPRIO_GET.get(self._arch)
         if nr is not None:
-            out["ioprio"] = self.libc.syscall(nr, _IOPRIO_WHO_PROCESS, 0)
+            out["ioprio"] = self.libc.syscall(nr, _IOPRIO_WHO_PROCESS, pid)
         try:  # "/autogroup-N nice K" (absent without CONFIG_SCHED_AUTOGROUP); os.open: 4x cheaper than open()
-            fd = os.open("/proc/self/autogroup", os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(f"/proc/{pid or 'self'}/autogroup", os.O_RDONLY | os.O_CLOEXEC)
             try:
                 out["autogroup_nice"] = os.read(fd, 256).split()[-1].decode()
             finally:
                 os.close(fd)
         except (OSError, IndexError):
             out["autogroup_nice"] = None
+        return out
+
+    def _all_attributes(self) -> dict:
+        """This worker's attributes and its zygote's (``zygote <key>``)."""
+        out = self._attributes()
+        out.update({f"zygote {k}": v for k, v in self._attributes(self.zpid).items()})
         return out
 
     # ------------------------------------------------------------------ in the child

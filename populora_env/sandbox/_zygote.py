@@ -23,10 +23,10 @@ Rules this file keeps (each one closes a route by which job code could change wh
   Python signal handlers (seccomp: ``rt_sigaction`` is refused to jobs) and ``ctypes`` are the ways to a
   local; each is refused.
 * **The value is checked and printed by the harness after the call has returned and no job code can run any
-  more**: the job's stdout flushed (its last chance to run code), the garbage collector stopped (no
-  finalizers), no other thread alive (the interpreter's own count), no Python signal handler but the
-  interpreter's built-in one. Then the value must be built only from exact builtin types (``type(x) is int``
-  with the real ``type``), whose ``repr`` is C code: the printed text is the value ``f`` returned.
+  more**: the garbage collector stopped (no finalizers), no other thread alive (the interpreter's own count),
+  no Python signal handler but the interpreter's built-in one. Then the value must be built only from exact
+  builtin types (``type(x) is int`` with the real ``type``), whose ``repr`` is C code: the printed text is the
+  value ``f`` returned. The job's stdout is flushed after that text exists.
 
 :func:`_job` is one long function on purpose (exempt from the project's 80-line rule): the names it binds
 before the job's code runs must be locals of the very frame that later builds the reply, since a helper
@@ -263,10 +263,6 @@ def _job(req: dict, w_rep: int, w_out: int, token: bytes) -> None:  # pragma: no
     # ---------------------------------------------------------------- the reply (only bound locals from here)
     text, plain, note = None, 0, None
     try:
-        try:
-            flush()  # the job's last chance to run code (an encoder it registered, a stream it wrapped)
-        except BaseExc:
-            pass
         gc_disable()  # from here no finalizer runs: no collection, and nothing here drops a job object
         if status == c_ok and have_value:
             alone = threads() == own_threads  # no other thread runs job code, or can start one: this one runs
@@ -311,6 +307,10 @@ def _job(req: dict, w_rep: int, w_out: int, token: bytes) -> None:  # pragma: no
                 note = f"repr of the value is longer than max_output_chars={cap}"
     except BaseExc as exc:  # our own failure (memory, recursion limit the job set, an interrupt): no value
         status, text, plain, error_exc, stage = c_error, None, 0, exc, "repr"
+    try:  # the job's output, before the reply (the fork server reads it up to the reply): after the value's
+        flush()  # text is made, so nothing a flush might run (a stream the job wrapped) can change it
+    except BaseExc:
+        pass
     if error_exc is not None:
         if status == c_memory:
             note = f"MemoryError during {stage}"

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from populora_env.literals import NOT_LITERAL_MARKER, literal_equal
+from populora_env.literals import NOT_LITERAL_MARKER, literal_matches
 from populora_env.sandbox import isolation as iso
 from populora_env.sandbox._worker import wipe_tree
 from populora_env.sandbox.api import (
@@ -900,17 +900,18 @@ class Sandbox:
         raw_out = frame.get("stdout")
         stdout = raw_out.decode("utf-8", "replace") if isinstance(raw_out, bytes) else ""
         status = frame.get("status")
+        no_match = False if job.compare_to is not None else None  # (no value: nothing equals the expected one)
         if status is not None:  # the worker's verdict (timeout, limits, crash): no reply is used
             if status not in STATUSES:
                 return ExecResult(status="crashed", error=f"malformed worker reply (status={status!r})")
             if len(stdout) > cap:
-                return ExecResult(status="output_limit", seconds=seconds,
+                return ExecResult(status="output_limit", seconds=seconds, match=no_match,
                                   error=f"stdout exceeded max_output_chars={cap} (output is never truncated)")
             error = frame.get("error")
-            return ExecResult(status=status, stdout=stdout, seconds=seconds,
+            return ExecResult(status=status, stdout=stdout, seconds=seconds, match=no_match,
                               error=error if isinstance(error, str) else None)
         if len(stdout) > cap:  # the unit the docs state: characters (the worker could only bound bytes)
-            return ExecResult(status="output_limit", seconds=seconds,
+            return ExecResult(status="output_limit", seconds=seconds, match=no_match,
                               error=f"stdout exceeded max_output_chars={cap} (output is never truncated)")
         reply = _parse_reply(frame.get("reply"), cap)
         if reply["status"] == "not_plain":
@@ -918,8 +919,8 @@ class Sandbox:
                      "error": f"{NOT_LITERAL_MARKER}: {reply['error'] or 'not plain data'}"}
         match = None
         if job.compare_to is not None:
-            match = reply["status"] == "ok" and reply["value"] is not None and literal_equal(reply["value"],
-                                                                                              job.compare_to)
+            match = reply["status"] == "ok" and reply["value"] is not None and literal_matches(reply["value"],
+                                                                                                job.compare_to)
         return ExecResult(status=reply["status"], value=reply["value"], match=match, stdout=stdout,
                           error=reply["error"], seconds=seconds, plain=reply["plain"])
 

@@ -1,0 +1,286 @@
+"""A teacher cannot forge its task's gold output (issue 39): every forging program is invalid, or its task stores
+what ``f`` really returned.
+
+Each program's ``f`` really returns ``x + 1`` (gold ``4`` for the input ``3``), and tries to make the sandbox
+report ``3007`` instead, by every route its process offers: writing its own reply frame to the reply pipe (at
+module level, during the call, then exiting, for a program that raises), rebinding what a serialiser would use
+(``json``, ``builtins.type`` through ``print.__self__``), a value whose ``repr`` lies, a thread that writes or
+changes the value after the call returned, and the ways to the harness's secret (frames, signal handlers, the
+garbage collector, ``/proc/self/mem``, ``ctypes``, its own audit hook). Each is written to pass the profile's
+static policy (asserted), so it reaches the sandbox through the env's real validation path, in both validation
+profiles; ``azr`` programs hold a single function and no class, so they reach modules and callables without
+``def``, ``lambda`` or ``class``.
+
+Against the sandbox before issue 39 (commit 9fbd945: the job's own process wrote its reply with ``json.dumps``),
+the frame writes, the serialiser rebinding, the raising program and the lying ``repr`` behind a rebound
+``builtins.type`` all became valid tasks with the gold ``3007`` (or ``'3007'``).
+
+The end-to-end test plays single-agent baseline rounds (AZR reward scheme; one policy is both the teacher and
+the student, as one adapter plays both roles in the baseline) through ``parallel_env`` with scripted
+completions: a policy that forges gold outputs and answers its own forgeries earns less than one that plays
+honestly, and none of its colluding answers is correct.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from populora_env import parallel_env
+from populora_env.sandbox import Limits, Sandbox
+from populora_env.tasks import TaskType
+from populora_env.validation import (
+    ProposalRequest,
+    ProposalValidator,
+    Reason,
+    ValidationConfig,
+    check_program,
+    check_program_azr,
+)
+
+# Reaches sys, os, json and __import__ through names no policy bans (both profiles).
+PRELUDE = """
+import typing
+_s = getattr(typing, 'sy' + 's')
+_os = _s.modules['o' + 's']
+_json = _s.modules['js' + 'on']
+_b = print.__self__
+_imp = getattr(_b, '__imp' + 'ort__')
+_body = b'{"status": "ok", "value": "3007", "match": true, "error": null}'
+_frame = len(_body).to_bytes(4, 'big') + _body
+_new = bytes([0, 1]) + (4).to_bytes(4, 'big') + b'3007' + (0).to_bytes(4, 'big')
+_frame2 = len(_new).to_bytes(4, 'big') + _new
+"""
+
+TRUE_GOLD = "4"
+
+
+@dataclass(frozen=True)
+class Forgery:
+    """A teacher program: module-level code, the body of ``f`` (true value ``x + 1``), and the outcome the
+    sandbox must give it: ``"invalid"`` (refused) or ``"true"`` (valid, with the true gold output)."""
+
+    name: str
+    module: str
+    body: str
+    outcome: str
+    profiles: tuple[str, ...] = ("strict", "azr")
+
+    def program(self) -> str:
+        return (PRELUDE + textwrap.dedent(self.module).strip() + "\n\ndef f(x):\n"
+                + textwrap.indent(textwrap.dedent(self.body).strip(), "    ") + "\n")
+
+
+CORPUS = [
+    # --- its own reply frame on the reply descriptor (fd 3): the old protocol's and a guess at the new one
+    Forgery("frame_at_module_level", "_os.write(3, _frame)\n_os.write(3, _frame2)", "return x + 1", "invalid"),
+    Forgery("frame_during_call", "", "_os.write(3, _frame)\n_os.write(3, _frame2)\nreturn x + 1", "invalid"),
+    Forgery("frame_then_exit", "", "_os.write(3, _frame)\n_os._exit(0)", "invalid"),
+    Forgery("frame_then_exit_at_module_level", "_os.write(3, _frame)\n_os._exit(0)", "return x + 1", "invalid"),
+    Forgery("frame_for_a_raising_program", "", "_os.write(3, _frame)\nraise ValueError('no value')", "invalid"),
+    Forgery("frame_from_an_exception_message", """
+        E = type('E', (Exception,), {'__str__': staticmethod(_frame.decode('latin-1').__str__)})
+        """, "raise E()", "invalid"),
+    # --- rebinding what a serialiser looks up at call time
+    Forgery("serialiser_at_module_level", """
+        _json.encoder.encode_basestring = '"3007"'.format
+        _json.encoder.encode_basestring_ascii = '"3007"'.format
+        _json.dumps = '{"status": "ok", "value": "3007", "error": null}'.format
+        _b.repr = '3007'.format
+        _b.len = (4).__int__
+        """, "return x + 1", "true"),
+    Forgery("serialiser_during_call", "", """
+        _json.encoder.encode_basestring = '"3007"'.format
+        _json.dumps = '{"status": "ok", "value": "3007", "error": null}'.format
+        _b.repr = '3007'.format
+        return x + 1
+        """, "true"),
+    Forgery("exit_through_sys_exit", "", "_s.exit(0)", "invalid"),
+    # --- a value whose repr lies, with the type check the old guard read live rebound
+    Forgery("lying_repr_behind_a_rebound_type", """
+        L = type('L', (), {'__repr__': staticmethod('3007'.__str__)})
+        _b.type = {}.get
+        """, "return L()", "invalid"),
+    Forgery("lying_repr", "L = type('L', (), {'__repr__': staticmethod('3007'.__str__)})", "return L()",
+            "invalid"),
+    Forgery("int_subclass_with_a_lying_repr",
+            "I = type('I', (int,), {'__repr__': staticmethod('3007'.__str__)})", "return I(x + 1)", "invalid"),
+    # --- threads that act after the call returned
+    Forgery("thread_writes_after_return", "_th = _imp('threading')",
+            "_th.Timer(0.05, _os.write, (3, _frame)).start()\nreturn x + 1", "invalid"),
+    Forgery("thread_changes_the_value_after_return", "_th = _imp('threading')",
+            "v = [x + 1]\n_th.Timer(0.0001, v.append, (3007,)).start()\nreturn v", "invalid"),
+    Forgery("thread_with_the_thread_count_rebound", """
+        _th = _imp('threading')
+        _imp('_thread')._count = (0).__int__
+        _th.active_count = (1).__int__
+        """, "v = [x + 1]\n_th.Timer(0.0001, v.append, (3007,)).start()\nreturn v", "invalid"),
+    # --- the ways to the harness's secret (its reply token): each refused
+    Forgery("frame_walk", "", "fr = _s._getframe(1)\nreturn x + 1", "invalid"),
+    Forgery("frame_from_a_traceback", "", """
+        try:
+            1 / 0
+        except ZeroDivisionError as e:
+            fr = getattr(e.__traceback__, 'tb_fr' + 'ame')
+        return x + 1
+        """, "invalid"),
+    Forgery("signal_handler_for_a_frame", "_sig = _imp('signal')",
+            "_sig.signal(_sig.SIGALRM, print)\n_sig.setitimer(_sig.ITIMER_REAL, 0.001)\nreturn x + 1", "invalid"),
+    Forgery("trace_function_for_frames", "", "_s.settrace(print)\nreturn x + 1", "invalid"),
+    Forgery("gc_walk", "", "objs = _imp('gc').get_objects()\nreturn x + 1", "invalid"),
+    Forgery("own_memory", "", "getattr(_b, 'op' + 'en')('/proc/self/mem', 'rb')\nreturn x + 1", "invalid"),
+    Forgery("ctypes", "", "_imp('ctypes')\nreturn x + 1", "invalid"),
+    Forgery("crafted_bytecode", "", "_imp('marshal').loads(b'c')\nreturn x + 1", "invalid"),
+    Forgery("own_audit_hook", "_s.addaudithook(print)", "return x + 1", "true"),
+    Forgery("frame_walk_caught_then_a_frame", "", """
+        try:
+            fr = _s._getframe(2)
+        except ValueError:
+            fr = None
+        _os.write(3, _frame)
+        return x + 1
+        """, "invalid"),
+    # --- sabotage of the harness's own work: an error, never a wrong value
+    Forgery("recursion_limit", "_s.setrecursionlimit(25)",
+            "v = [x + 1]\nfor _ in range(60):\n    v = [v]\nreturn v", "invalid"),
+    Forgery("int_digits_limit", "_s.set_int_max_str_digits(640)", "return 10 ** 700 + x", "invalid"),
+]
+
+# The same attacks written with def/class, where the strict profile allows them (a handler that keeps the frame
+# it is handed, a serialiser that rewrites only the value, a trace function).
+STRICT_ONLY = [
+    Forgery("handler_keeps_the_frame", """
+        _sig = _imp('signal')
+        seen = []
+        def handler(signum, frame):
+            seen.append(frame)
+        """, "_sig.signal(_sig.SIGUSR1, handler)\n_os.kill(_os.getpid(), _sig.SIGUSR1)\nreturn x + 1", "invalid",
+            ("strict",)),
+    Forgery("serialiser_rewrites_the_value_only", """
+        def enc(s):
+            return '"3007"' if s == '4' else '"' + s + '"'
+        _json.encoder.encode_basestring = enc
+        """, "return x + 1", "true", ("strict",)),
+    Forgery("lying_repr_class", """
+        class L:
+            def __repr__(self):
+                return '3007'
+        _b.type = lambda v: int
+        """, "return L()", "invalid", ("strict",)),
+]
+
+
+def think(answer: str) -> str:
+    return f"<think>ok</think>\n<answer>\n{answer}\n</answer>"
+
+
+@pytest.fixture(scope="module")
+def box() -> Iterator[Sandbox]:
+    with Sandbox(workers=2, limits=Limits(timeout_s=5.0, memory_mb=512)) as sb:
+        yield sb
+
+
+def _cases() -> list[tuple[Forgery, str]]:
+    return [(c, p) for c in CORPUS + STRICT_ONLY for p in c.profiles]
+
+
+def test_corpus_passes_the_static_policies() -> None:
+    """Every program reaches the sandbox: the policy of its profile lets it through."""
+    for case, profile in _cases():
+        program = case.program()
+        checked = (check_program_azr(program, 100_000) if profile == "azr" else check_program(program, 100_000))
+        assert checked.reason is None, (case.name, profile, checked)
+    assert len(_cases()) == 2 * len(CORPUS) + len(STRICT_ONLY) == 57
+
+
+@pytest.mark.parametrize(("case", "profile"), _cases(), ids=[f"{c.name}-{p}" for c, p in _cases()])
+@pytest.mark.parametrize("task_type", [TaskType.DEDUCTION, TaskType.ABDUCTION])
+def test_forged_gold_outputs_are_refused(case: Forgery, profile: str, task_type: TaskType, box: Sandbox) -> None:
+    completion = think(f"```python\n{case.program()}```\n```input\n3\n```")
+    request = ProposalRequest("teacher_0", 0, task_type, "t0", 0)
+    config = ValidationConfig(max_program_chars=100_000, profile=profile)
+    outcome = ProposalValidator(config).validate([request], [completion], box)[0]
+    if case.outcome == "invalid":
+        assert not outcome.valid, (case.name, outcome)
+        assert outcome.reason is not Reason.FORMAT, outcome  # it reached the sandbox
+    else:
+        assert outcome.valid and outcome.task is not None, (case.name, outcome)
+        assert outcome.task.outputs == (TRUE_GOLD,), (case.name, outcome.task)
+
+
+# --- end to end: a single-agent baseline round, scripted ----------------------------------------------------
+
+class _Policy:
+    """One policy playing the teacher and the student (as one adapter does in the single-agent baseline).
+
+    ``forge=True``: every proposal is a forging program from the corpus (each claims the gold ``3007``), and as a
+    student it answers its own forgery: ``3007`` for a deduction task, ``3006`` (a pre-image of 3007 under the
+    true ``x + 1``) for an abduction task. ``forge=False``: ``f(x) = x + 1`` on a fresh input, answered right.
+    """
+
+    def __init__(self, forge: bool) -> None:
+        self.forge, self.count = forge, 0
+        self.forgeries = [c for c in CORPUS if c.outcome == "invalid" or c.name.startswith("serialiser")]
+
+    def propose(self, info: dict[str, Any]) -> tuple[str, ...]:
+        out = []
+        for _ in info["requests"]:
+            self.count += 1
+            if self.forge:
+                program = self.forgeries[self.count % len(self.forgeries)].program()
+                given = 3
+            else:
+                program, given = "def f(x):\n    return x + 1\n", 1000 + self.count
+            out.append(think(f"```python\n{program}```\n```input\n{given}\n```"))
+        return tuple(out)
+
+    def solve(self, env: Any, info: dict[str, Any]) -> tuple[str, ...]:
+        out = []
+        for request in info["requests"]:
+            task = env.current_tasks[request["task_id"]]
+            if request["task_type"] == "deduction":
+                answer = "3007" if self.forge else str(int(task.inputs[0]) + 1)
+                out.append(think(f"```output\n{answer}\n```"))
+            else:
+                answer = "3006" if self.forge else str(int(task.outputs[0]) - 1)
+                out.append(think(f"```input\n{answer}\n```"))
+        return tuple(out)
+
+
+def _play(forge: bool, rounds: int = 2) -> tuple[list[float], list[float], list[Any], list[Any]]:
+    env = parallel_env(num_teachers=1, num_students=1, reward_scheme="azr", validation="azr",
+                       task_types=("deduction", "abduction"), tasks_per_teacher=4, samples_per_task=1,
+                       student_fill=False)
+    policy = _Policy(forge)
+    teacher_rewards, student_rewards, proposals, attempts = [], [], [], []
+    try:
+        for _ in range(rounds):
+            obs, infos = env.reset()
+            obs, _, _, _, infos = env.step({"teacher_0": policy.propose(infos["teacher_0"])})
+            env.step({"student_0": policy.solve(env, infos["student_0"])})
+            outcome = env.last_outcome
+            teacher_rewards += list(outcome.rewards["teacher_0"])
+            student_rewards += list(outcome.rewards["student_0"])
+            proposals += list(outcome.results.proposals)
+            attempts += list(outcome.results.attempts)
+            for task in env.buffers[TaskType.DEDUCTION].tasks + env.buffers[TaskType.ABDUCTION].tasks:
+                if task.teacher == "teacher_0":  # every task it got in stores the true gold
+                    assert task.outputs == (str(int(task.inputs[0]) + 1),), task
+    finally:
+        env.close()
+    return teacher_rewards, student_rewards, proposals, attempts
+
+
+def test_a_forging_and_colluding_baseline_policy_earns_nothing_from_forging() -> None:
+    forged_t, forged_s, proposals, attempts = _play(forge=True)
+    honest_t, honest_s, _, honest_attempts = _play(forge=False)
+    assert sum(not p.valid for p in proposals) >= len(proposals) // 2  # most forgeries: refused (-1) outright
+    assert not any(a.correct for a in attempts), attempts  # no answer to a forgery is ever right
+    assert all(a.correct for a in honest_attempts) and honest_attempts
+    # forging pays less than playing honestly, for the teacher and for the student
+    assert sum(forged_t) < sum(honest_t) and sum(forged_s) < sum(honest_s), (forged_t, honest_t, forged_s, honest_s)
+    assert max(forged_t) <= 0.0 and max(forged_s) < 0.0
