@@ -83,6 +83,7 @@ _ZSOCK_FD, _ZREQ_FD = 3, 4  # the zygote's socket and request pipe (see _zygote.
 _TOKEN_BYTES = 16
 _REPLY_SLACK = 64 * 1024
 _FIONREAD = 0x541B  # the same on x86_64 and aarch64
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
 _CHUNK = 64 * 1024
 _KEEP_CHUNKS = 2  # chunks a sink keeps (zeroed) between jobs; more are freed after being zeroed
 _ZEROS = bytes(_CHUNK)
@@ -740,7 +741,8 @@ class Worker:
             self.job_pid = int(msg["pid"])
             while self.pending:
                 self._answer(self.pending.pop(0))
-            meta = self._supervise(r_rep, r_out, t0, timeout, cap, lim, token)
+            backstop = (float(ctl.get("backstop_s") or timeout), bool(ctl.get("backstop_batch")))
+            meta = self._supervise(r_rep, r_out, t0, timeout, cap, lim, token, backstop)
             if self.probe_facts is not None:
                 meta["probe"] = self.probe_facts
             return meta
@@ -762,13 +764,21 @@ class Worker:
         return n.value
 
     def _supervise(self, r_rep: int, r_out: int, t0: float, timeout: float, cap: int, lim: dict,
-                   token: bytes) -> dict:
+                   token: bytes, ctl_backstop: tuple[float, bool]) -> dict:
         """Wait for the child's reply (its first frame, after the token), its output and its end; kill it, and
         read from the zygote how it ended.
+
+        The job's time limit is its own time, not the machine's: at the deadline the child is killed only if
+        it used ``timeout`` seconds of CPU or of its own wall time (time not spent waiting for a CPU, from
+        ``/proc/<pid>/schedstat``); a job that was kept waiting gets the time it waited. Past the backstop
+        (``ctl_backstop``: ten times the limit and 10 s, from the host) a job that still has not used its time
+        is stopped with status ``infra`` (the host retries it; its verdict is never "timeout" for the machine's
+        load), or ``timeout`` when the backstop is the host's batch deadline.
 
         Returns the result's metadata; the raw reply and output stay in the sinks (never decoded here).
         """
         deadline = t0 + timeout
+        backstop = t0 + float(ctl_backstop[0])
         rep, out = self.rep_sink, self.out_sink
         rep_cap = cap * 6 + _REPLY_SLACK  # at most 4 bytes per char of value and error text, plus framing
         out_cap = cap * 4 + 4  # UTF-8: cap chars are at most 4 * cap bytes
@@ -776,14 +786,22 @@ class Worker:
         for fd in open_fds:
             os.set_blocking(fd, False)
         timed_out = out_over = rep_over = forged = False
+        infra: str | None = None
         ended = None  # the zygote's report, when the child ended before its reply was complete
         reply = 0  # length of the first complete reply frame (token and header included), 0 while there is none
         head = _TOKEN_BYTES + _HEADER.size
         while (open_fds or ended is None) and not reply:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                timed_out = True
-                break
+                verdict, more = self._past_deadline(t0, timeout, backstop, ctl_backstop[1])
+                if verdict == "timeout":
+                    timed_out = True
+                    break
+                if verdict != "more":
+                    infra = verdict
+                    break
+                deadline = time.monotonic() + more
+                continue
             watch = open_fds + [self.zsock] + ([self.listener] if self.listener >= 0 else [])
             ready, _, _ = select.select(watch, [], [], remaining)
             if self.listener in ready:
@@ -840,7 +858,9 @@ class Worker:
         base["stdout"] = out.n
         if timed_out:
             return {**base, "status": "timeout",
-                    "error": f"wall-clock limit of {timeout:g} s exceeded; the job was killed"}
+                    "error": f"time limit of {timeout:g} s exceeded; the job was killed"}
+        if infra:
+            return {**base, "stdout": 0, "status": "infra", "error": infra}
         if forged:
             return {**base, "status": "crashed",
                     "error": "the job wrote to its reply channel itself (only the sandbox's harness may)"}
@@ -862,6 +882,30 @@ class Worker:
         code = os.WEXITSTATUS(wstatus) if os.WIFEXITED(wstatus) else -1
         return {**base, "status": "crashed",
                 "error": f"the job process exited with code {code} without a result (os._exit?)"}
+
+    def _past_deadline(self, t0: float, timeout: float, backstop: float, batch: bool) -> tuple[str, float]:
+        """At the job's deadline: ``("timeout", 0)`` when it used its time (CPU, or its own wall time), else
+        ``("more", s)`` with the time it has left, or, past the backstop, ``("timeout", 0)`` for the host's
+        batch deadline and ``(<why>, 0)`` for the machine's load."""
+        now = time.monotonic()
+        try:
+            with open(f"/proc/{self.job_pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            cpu = (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime: every thread
+            with open(f"/proc/{self.job_pid}/schedstat") as fh:
+                waited = int(fh.read().split()[1]) / 1e9  # the main thread's time runnable, not running
+        except (OSError, IndexError, ValueError):
+            return "timeout", 0.0  # gone, or no schedstat here: the wall clock decides
+        own = now - t0 - waited
+        used = max(cpu, own)
+        if used >= timeout - 1e-3:
+            return "timeout", 0.0
+        if now >= backstop:
+            if batch:
+                return "timeout", 0.0
+            return (f"the job had {used:.2f} s of its {timeout:g} s after {now - t0:.1f} s ({waited:.1f} s waiting "
+                    f"for a CPU): the machine is too busy to time it fairly"), 0.0
+        return "more", max(timeout - used, 0.005)
 
     def _ended(self, wait: bool = False) -> tuple[int, float]:
         """The zygote's report on the job child (wait status, CPU seconds); with ``wait``, waits for it."""

@@ -14,8 +14,8 @@ from populora_env.checks import check, check_int, check_number
 from populora_env.literals import literal_value
 
 #: Every status an :class:`ExecResult` can carry.
-Status = Literal["ok", "error", "timeout", "memory_limit", "output_limit", "crashed"]
-STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "memory_limit", "output_limit", "crashed")
+Status = Literal["ok", "error", "timeout", "memory_limit", "output_limit", "crashed", "infra"]
+STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "memory_limit", "output_limit", "crashed", "infra")
 
 
 #: Upper bounds of every limit (a limit is finite and at most this): a job's wall clock, its CPU seconds, its
@@ -48,6 +48,11 @@ class SandboxError(RuntimeError):
     """The sandbox itself failed (could not start, or lost every worker). Never raised for a bad job."""
 
 
+class SandboxBusy(SandboxError):
+    """A job could not be given its time (the machine was too busy) even after the sandbox's retries: no
+    verdict is given for the machine's load (``Sandbox(infra_retries=...)``)."""
+
+
 class SandboxUnavailable(SandboxError):
     """The isolation the caller required (``Sandbox(require="strong")``) is not available on this host."""
 
@@ -57,7 +62,10 @@ class Limits:
     """Resource limits applied to every job (a job may override only ``timeout_s``).
 
     Attributes:
-        timeout_s: wall-clock limit per job, enforced by SIGKILL of the job's process group.
+        timeout_s: time limit per job, in the job's own time: it is killed (status ``"timeout"``) once it used
+            this many seconds of CPU, or of wall time not spent waiting for a CPU, so a verdict does not depend
+            on how busy the machine is. A job kept waiting past ten times the limit plus 10 s gets status
+            ``"infra"`` and is run again (``Sandbox(infra_retries=...)``).
         memory_mb: address space the job may add on top of the warm worker's own (RLIMIT_AS).
         cpu_s: CPU-seconds limit (RLIMIT_CPU, whole seconds, rounded up); ``None`` means
             ``ceil(timeout) + 1``, a backstop behind the wall-clock kill.
@@ -150,7 +158,8 @@ class ExecResult:
 
     Attributes:
         status: ``"ok"`` | ``"error"`` | ``"timeout"`` | ``"memory_limit"`` | ``"output_limit"`` |
-            ``"crashed"``.
+            ``"crashed"`` (``"infra"``, the machine too busy to time the job, never leaves :meth:`Sandbox.run`:
+            such a job is run again, or ``SandboxBusy`` is raised).
         value: ``repr()`` of the call's value (computed in the sandbox: the job's claim), or ``None``.
         match: ``None`` without ``compare_to``; else whether ``value``, parsed on the host as a Python literal,
             equals the literal ``compare_to`` (``False`` when the value is not a literal, e.g. ``nan`` or an

@@ -38,6 +38,7 @@ from populora_env.sandbox.api import (
     ExecJob,
     ExecResult,
     Limits,
+    SandboxBusy,
     SandboxError,
     SandboxUnavailable,
 )
@@ -45,6 +46,11 @@ from populora_env.sandbox.api import (
 logger = logging.getLogger("populora_env.sandbox")
 
 _HEADER = struct.Struct(">I")
+#: A job's time limit counts its own time (CPU, or wall time not spent waiting for a CPU); the worker stops a job
+#: that has not used it after this many times the limit plus :data:`INFRA_SLACK_S` (status ``infra``: retried,
+#: never a verdict).
+INFRA_FACTOR = 10.0
+INFRA_SLACK_S = 10.0
 _WORKER_SOURCE = (Path(__file__).with_name("_worker.py")).read_text()
 _ZYGOTE_SOURCE = (Path(__file__).with_name("_zygote.py")).read_text()
 _WARNED: set[str] = set()
@@ -307,6 +313,9 @@ class Sandbox:
         cleanup_timeout_s: how long a worker may take, after answering a job, to restore its job area and
             check its own state (its own budget: never charged to the job). A worker over it is restarted;
             no job result is affected.
+        infra_retries: how many times a job the machine was too busy to time fairly (status ``infra``, see
+            :class:`~populora_env.sandbox.api.Limits`) is run again before :meth:`run` raises
+            :class:`~populora_env.sandbox.api.SandboxBusy`: no verdict is ever given for the machine's load.
         _native_jobs: tests only: jobs may import ``ctypes`` and read ``/proc``, as a job would that broke out of
             the interpreter, so that the kernel layers behind it (seccomp, uids, namespaces) can be tested on
             their own. Never for model-written code: a job with ``ctypes`` can rewrite its own reply.
@@ -321,7 +330,7 @@ class Sandbox:
     def __init__(self, workers: int | None = None, limits: Limits | None = None, *,
                  preload: Iterable[str] = DEFAULT_PRELOAD, require: str | None = None, mode: str = "auto",
                  base_uid: int = 61000, start_timeout_s: float = 20.0, cleanup_timeout_s: float = 30.0,
-                 _native_jobs: bool = False) -> None:
+                 infra_retries: int = 2, _native_jobs: bool = False) -> None:
         if require not in (None, "strong"):
             raise ValueError(f"require must be None or 'strong', got {require!r}")
         if mode not in ("auto", "bwrap", "plain"):
@@ -342,6 +351,9 @@ class Sandbox:
         self._caps: list[int] = []
         self._probe_kernel: dict[int, dict] = {}
         self._native_jobs = bool(_native_jobs)
+        if isinstance(infra_retries, bool) or not isinstance(infra_retries, int) or not 0 <= infra_retries <= 100:
+            raise ValueError(f"infra_retries must be an int in [0, 100], got {infra_retries!r}")
+        self.infra_retries = infra_retries
         self._workers: list[_Worker | None] = [None] * self.n_workers
         _remove_stale_tmpdirs()
         self._tmpdir = tempfile.mkdtemp(prefix=_tmpdir_prefix(os.getpid()))
@@ -829,6 +841,7 @@ class Sandbox:
 
     def _dispatch(self, jobs: list[ExecJob], deadline_s: float | None, pinned: bool) -> list[ExecResult]:
         results: list[ExecResult | None] = [None] * len(jobs)
+        tries = [0] * len(jobs)
         queue = deque(range(len(jobs)))
         batch_deadline = None if deadline_s is None else time.monotonic() + deadline_s
         cap = self.limits.max_output_chars
@@ -857,6 +870,7 @@ class Sandbox:
                     idx = queue.popleft()
                 job = jobs[idx]
                 timeout = job.timeout_s if job.timeout_s is not None else self.limits.timeout_s
+                backstop, batch = timeout * INFRA_FACTOR + INFRA_SLACK_S, False
                 if batch_deadline is not None:
                     left = batch_deadline - now
                     if left <= 0.001:
@@ -864,13 +878,15 @@ class Sandbox:
                                                   "this job could start")
                         continue
                     timeout = min(timeout, left)
+                    backstop, batch = min(backstop, left), backstop >= left
                 # the control frame (read by the worker) and the job frame (read only by the job's child);
                 # compare_to never leaves the host
-                control = {"timeout_s": timeout, "limits": _effective_limits(self.limits, timeout), "probe": pinned}
+                control = {"timeout_s": timeout, "limits": _effective_limits(self.limits, timeout), "probe": pinned,
+                           "backstop_s": backstop, "backstop_batch": batch}
                 if pinned:  # the self-check's report must not be subject to the user's output cap
                     control["limits"]["max_output_chars"] = max(cap, 100_000)
                 self._caps[idx] = control["limits"]["max_output_chars"]
-                hard = now + timeout + max(2.0, 0.25 * timeout)
+                hard = now + backstop + max(2.0, 0.25 * timeout)
                 try:
                     w.send(control, {"code": job.code, "call": job.call, "plain": job.plain})
                 except (BrokenPipeError, OSError):
@@ -887,7 +903,18 @@ class Sandbox:
             readable, _, _ = select.select([w.out_fd for w in watch], [], [], max(0.0, until - time.monotonic()))
             now = time.monotonic()
             for w in watch:
+                busy = w.busy[0] if w.busy else None
                 self._handle(w, results, max_frame, now, w.out_fd in readable)
+                r = results[busy] if busy is not None else None
+                if r is not None and r.status == "infra" and tries[busy] < self.infra_retries:
+                    tries[busy] += 1  # the machine, not the job: run it again
+                    results[busy] = None
+                    queue.append(busy)
+        busy_jobs = [i for i, r in enumerate(results) if r is not None and r.status == "infra"]
+        if busy_jobs:
+            raise SandboxBusy(f"{len(busy_jobs)} job(s) could not be timed fairly after {self.infra_retries} "
+                              f"retries (the first: {results[busy_jobs[0]].error}); no verdict is given for the "
+                              f"machine's load")
         return [r if r is not None else ExecResult(status="crashed", error="lost") for r in results]
 
     @staticmethod
