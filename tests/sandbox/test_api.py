@@ -133,7 +133,7 @@ def test_batch_deadline(sb: Sandbox) -> None:
     elapsed = time.monotonic() - t0
     assert 5.0 <= elapsed < 30.0  # waited for the deadline; then at most the kill grace, never the 60 s
     assert [(r.status, r.value) for r in results[:2]] == [("ok", "1"), ("ok", "1")]
-    ran = [r for r in results[2:] if r.error.startswith("wall-clock limit")]
+    ran = [r for r in results[2:] if r.error.startswith("time limit")]
     queued = [r for r in results[2:] if r.error == "the batch deadline passed before this job could start"]
     assert [r.status for r in results[2:]] == ["timeout"] * 6
     assert len(ran) == 2 and len(queued) == 4  # one sleeper per worker was running when the deadline came
