@@ -502,7 +502,7 @@ def encode_output(value, room=LONG_REPR_CHARS):
         try:
             small = plain(value)
         except Exception:  # noqa: BLE001
-            return {"x": type(value).__name__}
+            return {"x": type(value).__name__[:200]}
         try:
             text = repr(small)
             if len(text) <= limit:
@@ -512,7 +512,7 @@ def encode_output(value, room=LONG_REPR_CHARS):
     try:
         return {"h": digest(value)}
     except Exception:  # noqa: BLE001
-        return {"x": type(value).__name__}
+        return {"x": type(value).__name__[:200]}
 
 
 def restricted_eval(text):
