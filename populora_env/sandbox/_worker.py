@@ -411,6 +411,9 @@ class Worker:
     def _build_filter(self):
         sc = self.pyseccomp
         flt = sc.SyscallFilter(sc.ALLOW)
+        # another architecture's calls (x32 numbers, int 0x80) kill the whole process, not only the thread that
+        # made them (a job may have more than one)
+        flt.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
         eperm = sc.ERRNO(errno.EPERM)
 
         def rule(action: int, name: str, *args) -> None:

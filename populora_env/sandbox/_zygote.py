@@ -141,10 +141,11 @@ def _describe(exc: BaseException, stage: str, _state: list, type=type, str=str, 
     return _short(text)
 
 
-def _lifeline(fd: int, read=os.read, exit_=os._exit) -> None:  # pragma: no cover - a job child's thread
+def _lifeline(fd: int, started, read=os.read, exit_=os._exit) -> None:  # pragma: no cover - a job child's thread
     """Plain mode (no pid namespace): end the job child when its zygote dies. The zygote holds the only write end
     of this pipe, so the read returns (end of file) exactly then; closing or replacing the descriptor does not
-    wake a read already waiting on it."""
+    wake a read already waiting on it. ``started`` is released once this thread runs (and so is counted)."""
+    started.release()
     try:
         read(fd, 1)
     finally:
@@ -199,7 +200,10 @@ def _job(req: dict, w_rep: int, w_out: int, token: bytes) -> None:  # pragma: no
             os.setuid(int(req["uid"]))
         os.chdir(req["jobdir"])
         if lifeline:  # no pid namespace: nothing else would end this child if its zygote died (started after
-            _thread.start_new_thread(_lifeline, (lifeline[0],))  # the uid switch: glibc signals other threads)
+            started = _thread.allocate_lock()  # the uid switch: glibc signals other threads for it)
+            started.acquire()
+            _thread.start_new_thread(_lifeline, (lifeline[0], started))
+            started.acquire()  # it runs: the interpreter counts it (the count the reply checks)
         step = "setting limits"
         for res, value in ((resource.RLIMIT_AS, req["as_bytes"]), (resource.RLIMIT_CPU, req["cpu"]),
                            (resource.RLIMIT_NPROC, req["nproc"]), (resource.RLIMIT_FSIZE, req["fsize"]),

@@ -244,6 +244,9 @@ def test_require_strong_and_plain_mode_fallback(caplog: pytest.LogCaptureFixture
             assert weak.run_one("import os\nos.kill(os.getppid(), 9)").status == "error"
             r = weak.run_one("import os", "os.environ.get('POPULORA_TEST_SECRET_TOKEN')")
             assert r.value == "None"
+            # the thread that ends a job with its zygote (no pid namespace here) is the harness's: values are
+            # still the harness's plain data, every time
+            assert all(weak.run_one("", "1").plain for _ in range(10))
             assert weak.run_one("open('$HOME_SECRET').read()".replace("$HOME_SECRET", str(bait.home_secret)),
                                 "1").status == ("error" if os.geteuid() == 0 else "ok")
             assert weak.run_one("import json.tool, encodings.idna, numpy", "1").value == "1"
