@@ -1,10 +1,12 @@
 """The host side of the sandbox: a pool of warm, confined fork-server workers.
 
-The host never executes job text. It sends each job to an idle worker over a pipe, reads back a small JSON
-reply (strings only, never evaluated here), enforces a hard per-job deadline on the worker itself
-(restarting a worker that stops answering or dies), and keeps results in the order of the jobs. A worker
-answers a job first and restores itself afterwards (``clean`` or ``retire`` notice), under its own cleanup
-budget; it gets its next job once clean. ``docs/sandbox.md`` lists every layer and what each one stops.
+The host never executes job text. It sends each job to an idle worker over a pipe, reads back the worker's
+result (its JSON metadata, then the job's reply: status, value and error as text, never evaluated here),
+enforces a hard per-job deadline on the worker itself (restarting a worker that stops answering or dies), and
+keeps results in the order of the jobs. Each worker forks its jobs from a zygote that never imports ``ctypes``;
+a job's reply is written by the sandbox's harness, not by the job's code (``_zygote.py``). A worker answers a
+job first and restores itself afterwards (``clean`` or ``retire`` notice), under its own cleanup budget; it
+gets its next job once clean. ``docs/sandbox.md`` lists every layer and what each one stops.
 """
 
 from __future__ import annotations
