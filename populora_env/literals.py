@@ -182,14 +182,16 @@ def literal_equal(text_a: str, text_b: str) -> bool:
     builtin types by ``ast.literal_eval``, so the comparison runs no model-written code: this is the host's
     answer check."""
     ok_a, val_a = literal_value(text_a)
-    if not ok_a:
-        return False
-    ok_b, val_b = literal_value(text_b)
-    if not ok_b:
-        return False
+    ok_b, val_b = literal_value(text_b) if ok_a else (False, None)
+    return ok_b and _equal(val_a, val_b)
+
+
+def _equal(val_a: Any, val_b: Any, key: Any = None) -> bool:
+    """``val_a == val_b`` (of ``key(...)`` of each when given), ``False`` when comparing raises (a
+    RecursionError on deep values; a ValueError printing a huge int while sorting)."""
     try:
-        return bool(val_a == val_b)
-    except Exception:  # noqa: BLE001 - RecursionError on deep values
+        return bool(val_a == val_b) if key is None else key(val_a) == key(val_b)
+    except Exception:  # noqa: BLE001 - total by contract
         return False
 
 
@@ -249,21 +251,21 @@ def literal_matches(claim: str, expected: str) -> bool:
     expected one (:func:`max_equal_repr_chars` + :data:`CLAIM_SLACK_CHARS`): the host's cost is bounded by the
     expected value's size, not by what a job chooses to send. Total (never raises)."""
     ok_e, val_e = literal_value(expected)
-    if not ok_e or not isinstance(claim, str):
-        return False
+    ok_c, val_c = _bounded_value(claim, val_e) if ok_e else (False, None)
+    return ok_c and _equal(val_c, val_e)
+
+
+def _bounded_value(claim: Any, reference: Any) -> tuple[bool, Any]:
+    """:func:`literal_value` of ``claim``, or ``(False, None)`` without parsing it when it is longer than any
+    ``repr`` of a value equal to ``reference`` (a parsed literal)."""
+    if not isinstance(claim, str):
+        return False, None
     try:
-        bound = max_equal_repr_chars(val_e) + CLAIM_SLACK_CHARS
+        if len(claim) > max_equal_repr_chars(reference) + CLAIM_SLACK_CHARS:
+            return False, None
     except Exception:  # noqa: BLE001 - total by contract
-        return False
-    if len(claim) > bound:
-        return False
-    ok_c, val_c = literal_value(claim)
-    if not ok_c:
-        return False
-    try:
-        return bool(val_c == val_e)
-    except Exception:  # noqa: BLE001 - RecursionError on deep values
-        return False
+        return False, None
+    return literal_value(claim)
 
 
 def canonical_form(value: Any) -> Any:
@@ -294,20 +296,8 @@ def same_value(repr_a: str, repr_b: str) -> bool:
     if repr_a == repr_b:
         return True
     ok_a, val_a = literal_value(repr_a)
-    if not ok_a or not isinstance(repr_b, str):
-        return False
-    try:
-        if len(repr_b) > max_equal_repr_chars(val_a) + CLAIM_SLACK_CHARS:
-            return False
-    except Exception:  # noqa: BLE001 - total by contract
-        return False
-    ok_b, val_b = literal_value(repr_b)
-    if not ok_b:
-        return False
-    try:
-        return canonical_form(val_a) == canonical_form(val_b)
-    except Exception:  # noqa: BLE001 - RecursionError, ValueError (repr of a huge int while sorting)
-        return False
+    ok_b, val_b = _bounded_value(repr_b, val_a) if ok_a else (False, None)
+    return ok_b and _equal(val_a, val_b, key=canonical_form)
 
 
 def type_name(value: Any, depth: int = 0) -> str:
