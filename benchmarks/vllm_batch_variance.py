@@ -21,8 +21,10 @@ import os
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
-from tests.agents import test_vllm_engine as t
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: the test module holds the setup
+from tests.agents import test_vllm_engine as t  # noqa: E402
 
 
 def _round(engine) -> tuple[float, bool]:
