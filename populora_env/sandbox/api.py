@@ -68,7 +68,7 @@ class Limits:
             ``"infra"`` and is run again (``Sandbox(infra_retries=...)``).
         memory_mb: address space the job may add on top of the warm worker's own (RLIMIT_AS).
         cpu_s: CPU-seconds limit (RLIMIT_CPU, whole seconds, rounded up); ``None`` means
-            ``ceil(timeout) + 1``, a backstop behind the wall-clock kill.
+            ``ceil(timeout) + 1``, a backstop behind the time limit.
         max_output_chars: cap on the characters of the value's ``repr`` and of the captured stdout;
             exceeding it gives status ``"output_limit"``, never a truncated value.
         max_threads: threads (and processes) the job's uid may hold (RLIMIT_NPROC, plus a small

@@ -585,7 +585,8 @@ class Sandbox:
                           "refused; /dev/shm read-only")
         else:
             missing.append(f"memory bound on files and memfd (no private tmpfs or no seccomp; {cgroup})")
-        layers.append("wall-clock kill: SIGKILL of the job at the deadline; reaped by its zygote")
+        layers.append("time limit: the job's own time (CPU, or wall time not spent waiting for a CPU), then "
+                      "SIGKILL, reaped by its zygote; a job the machine is too busy to time fairly is run again")
         layers.append("fork per job: fresh interpreter state and a fresh private cwd for every job, forked from "
                       "a zygote: an interpreter the worker executes once, under the job's seccomp filter, that "
                       "never imports ctypes")

