@@ -15,7 +15,7 @@ and ``docs/sandbox.md`` for every layer, the attack each one stops, and the memo
 Known limits (read before using results as rewards):
 
 * A job's reply is written by the sandbox's harness after the call returned, never by the job's code: it
-  starts with a per-job secret only the harness holds, and the fork server accepts no other (``docs/sandbox.md``
+  is sealed with a per-job secret only the harness holds, and the fork server accepts no other (``docs/sandbox.md``
   §7). ``status`` is what happened; with ``ExecResult.plain`` the ``value`` is the ``repr`` of exact builtin
   data, printed by the harness with no job code running: what the call returned (``ExecJob(plain=True)``
   requires it). A value that is not plain data is printed by its own ``__repr__``, a claim. Compare values on

@@ -19,7 +19,8 @@ Three processes per worker (``docs/sandbox.md`` section 1):
   ``ctypes`` (a process that ever imported it keeps classes that read and write raw memory);
 * **one job child per job**, forked by the zygote on this server's request: it reads its job frame, switches
   to the job's uid, moves into the fresh job area, sets its rlimits, installs an audit hook and runs the job;
-  its reply starts with a per-job secret (``token``) only the harness holds, and the server accepts no other.
+  its reply is sealed with a per-job secret (``token``, HMAC-SHA256) only the harness holds, and the server
+  accepts no other.
 
 The seccomp filter refuses process creation, programs, sockets and the rest listed in ``_DENY_EPERM``; a few
 calls go to this server instead (``SECCOMP_RET_USER_NOTIF``): the zygote may fork (once per request) and
@@ -41,6 +42,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import hmac
 import json
 import os
 import resource
@@ -87,6 +89,7 @@ _LANDLOCK_FILE_RIGHTS = 0x1 | 0x2 | 0x4 | 0x4000 | 0x8000  # EXECUTE, WRITE_FILE
 _LANDLOCK_SCOPE_SIGNAL = 0x2  # ABI 6: no signals to processes outside the domain
 _ZSOCK_FD, _ZREQ_FD = 3, 4  # the zygote's socket and request pipe (see _zygote.py)
 _TOKEN_BYTES = 16
+_MAC_BYTES = 32  # HMAC-SHA256(token, frame): the seal before the child's reply frame
 _REPLY_SLACK = 64 * 1024
 _FIONREAD = 0x541B  # the same on x86_64 and aarch64
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -182,17 +185,20 @@ class _Sink:
         self.n += got
         return got
 
-    def send(self, fd: int, count: int, start: int = 0) -> None:
-        """Write bytes ``start`` to ``count`` (exclusive) to ``fd``."""
+    def views(self, start: int, end: int):
+        """Views of bytes ``start`` to ``end`` (exclusive), chunk by chunk (no copy)."""
         pos = 0
         for chunk in self.chunks:
-            if pos >= count:
+            if pos >= end:
                 return
-            lo, hi = max(start - pos, 0), min(count - pos, _CHUNK)
+            lo, hi = max(start - pos, 0), min(end - pos, _CHUNK)
             pos += _CHUNK
-            if lo >= hi:
-                continue
-            view = memoryview(chunk)[lo:hi]
+            if lo < hi:
+                yield memoryview(chunk)[lo:hi]
+
+    def send(self, fd: int, end: int, start: int = 0) -> None:
+        """Write bytes ``start`` to ``end`` (exclusive) to ``fd``."""
+        for view in self.views(start, end):
             while view:
                 view = view[os.write(fd, view):]
 
@@ -697,7 +703,7 @@ class Worker:
             meta["type"] = "result"
             try:
                 _write_frame(rep_fd, meta)
-                self.rep_sink.send(rep_fd, meta["reply"] + _TOKEN_BYTES, start=_TOKEN_BYTES)
+                self.rep_sink.send(rep_fd, meta["reply"] + _MAC_BYTES, start=_MAC_BYTES)
                 self.out_sink.send(rep_fd, meta["stdout"])
             finally:
                 self.rep_sink.wipe()
@@ -789,16 +795,17 @@ class Worker:
         deadline = t0 + timeout
         backstop = t0 + float(ctl_backstop[0])
         rep, out = self.rep_sink, self.out_sink
-        rep_cap = cap * 6 + _REPLY_SLACK  # at most 4 bytes per char of value and error text, plus framing
+        rep_cap = cap * 6 + _REPLY_SLACK  # the harness's reply: at most 4 bytes a char of its capped value, its
+        # error text (4,000 chars at most), framing
         out_cap = cap * 4 + 4  # UTF-8: cap chars are at most 4 * cap bytes
         open_fds = [r_rep, r_out]
         for fd in open_fds:
             os.set_blocking(fd, False)
-        timed_out = out_over = rep_over = forged = False
+        timed_out = out_over = forged = False
         infra: str | None = None
         ended = None  # the zygote's report, when the child ended before its reply was complete
-        reply = 0  # length of the first complete reply frame (token and header included), 0 while there is none
-        head = _TOKEN_BYTES + _HEADER.size
+        reply = 0  # length of the first complete reply frame (seal and header included), 0 while there is none
+        head = _MAC_BYTES + _HEADER.size
         while (open_fds or ended is None) and not reply:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -831,17 +838,18 @@ class Worker:
                 if fd == r_out:
                     out_over = out.n > out_cap
                     continue
+                # the harness's own reply is never over rep_cap (its text is capped): anything longer is the job's
                 if rep.n > rep_cap:
-                    rep_over = True
-                elif rep.n >= _TOKEN_BYTES and rep.chunks[0][:_TOKEN_BYTES] != token:
                     forged = True
                 elif rep.n >= head:
-                    (size,) = _HEADER.unpack_from(rep.chunks[0], _TOKEN_BYTES)
+                    (size,) = _HEADER.unpack_from(rep.chunks[0], _MAC_BYTES)
                     if size > rep_cap:
-                        rep_over = True
+                        forged = True
                     elif rep.n >= head + size:
                         reply = head + size  # first frame only
-            if out_over or rep_over or forged:
+                        forged = not self._sealed(token, reply)
+            if out_over or forged:
+                reply = 0 if forged else reply
                 break
         seconds = time.monotonic() - t0
         if reply and not out_over:
@@ -873,11 +881,8 @@ class Worker:
         if forged:
             return {**base, "status": "crashed",
                     "error": "the job wrote to its reply channel itself (only the sandbox's harness may)"}
-        if rep_over:
-            return {**base, "stdout": 0, "status": "output_limit",
-                    "error": f"the job's reply exceeded the size allowed by max_output_chars={cap}"}
         if reply:
-            return {**base, "reply": reply - _TOKEN_BYTES}  # the host parses it (the token is not relayed)
+            return {**base, "reply": reply - _MAC_BYTES}  # the host parses it (the seal is not relayed)
         # No reply: the child died.
         if os.WIFSIGNALED(wstatus):
             sig = os.WTERMSIG(wstatus)
@@ -891,6 +896,15 @@ class Worker:
         code = os.WEXITSTATUS(wstatus) if os.WIFEXITED(wstatus) else -1
         return {**base, "status": "crashed",
                 "error": f"the job process exited with code {code} without a result (os._exit?)"}
+
+    def _sealed(self, token: bytes, end: int) -> bool:
+        """Whether the reply's first ``end`` bytes are a frame sealed with ``token`` (HMAC-SHA256 of the frame,
+        then the frame): only the job's harness holds the token."""
+        mac = hmac.new(token, digestmod="sha256")
+        for view in self.rep_sink.views(_MAC_BYTES, end):
+            mac.update(view)
+        claimed = b"".join(bytes(v) for v in self.rep_sink.views(0, _MAC_BYTES))
+        return hmac.compare_digest(mac.digest(), claimed)
 
     def _past_deadline(self, t0: float, timeout: float, backstop: float, batch: bool) -> tuple[str, float]:
         """At the job's deadline: ``("timeout", 0)`` when it used its time (CPU, or its own wall time), else

@@ -16,9 +16,10 @@ Rules this file keeps (each one closes a route by which job code could change wh
 * **Nothing after the job's code uses a module attribute or a global name.** Every builtin, method and constant
   the reply needs is bound to a local of :func:`_job` before job code runs; job code may rebind ``builtins``,
   ``json``, ``sys`` or ``os`` attributes at will, the harness no longer looks them up.
-* **The reply carries a per-job secret** (``token``: 16 random bytes from the fork server, kept only in the
-  locals of the frames that run the job). The fork server accepts a reply only if it starts with the token, so
-  a job that writes its own "reply" to the reply pipe (it holds the descriptor) writes one that is refused.
+* **The reply is sealed with a per-job secret** (``token``: 16 random bytes from the fork server, kept only in
+  the locals of the frames that run the job): it starts with HMAC-SHA256(token, frame). The fork server accepts
+  no other reply, so a job that writes its own "reply" to the reply pipe (it holds the descriptor) writes one
+  that is refused, and bytes a thread of the job slips into the harness's reply break the seal.
   Frames, the garbage collector's object walks, ``/proc/self/mem`` (Landlock), trace and profile functions,
   Python signal handlers (seccomp: ``rt_sigaction`` is refused to jobs) and ``ctypes`` are the ways to a
   local; each is refused.
@@ -35,6 +36,7 @@ function's globals, defaults or closure would be a place job code could reach or
 
 from __future__ import annotations
 
+import _sha256
 import _thread
 import gc
 import json
@@ -65,17 +67,21 @@ _FUNC_ATTRS = frozenset({"__code__"})
 
 
 def _audit(event, args, _refused=_REFUSED_EVENTS, _frames=_FRAME_ATTRS, _mods=_REFUSED_MODULES,
-           _func_attrs=_FUNC_ATTRS, _state=[False, False],  # noqa: B006 - [harness reads frames, native jobs]
-           _str=str, _type=type, _AttributeError=AttributeError, _ValueError=ValueError,
-           _RuntimeError=RuntimeError, _ImportError=ImportError):
+           _func_attrs=_FUNC_ATTRS, _state=[False, False, None],  # noqa: B006 - see below
+           _str=str, _type=type, _ident=_thread.get_ident, _AttributeError=AttributeError,
+           _ValueError=ValueError, _RuntimeError=RuntimeError, _ImportError=ImportError):
     """The job child's audit hook (PEP 578: once added, it cannot be removed): refuses the introspection and
     native routes to the harness's locals. ``sys._getframe`` raises ``ValueError`` (what the standard library's
     callers, ``namedtuple``, ``typing``, ``enum``, ``logging``, already catch), frame attributes
     ``AttributeError``, imports ``ImportError`` (which the import system also takes as "compile the source
     instead of loading its bytecode": ``marshal.loads`` builds code objects, so crafted bytecode, from data);
-    the rest ``RuntimeError`` (for ``sys.addaudithook`` CPython then skips the new hook silently)."""
+    the rest ``RuntimeError`` (for ``sys.addaudithook`` CPython then skips the new hook silently).
+
+    ``_state``: [the harness is reading a traceback's frames, ctypes allowed (native-jobs tests), the ident of
+    the harness's thread]: frame reads are allowed only to the harness's own thread while it reads (a job's
+    thread still running then is refused)."""
     if event == "object.__getattr__":
-        if args[1] in _frames and not _state[0]:
+        if args[1] in _frames and not (_state[0] and _ident() == _state[2]):
             raise _AttributeError("frame access is refused in the sandbox")
         return
     if event == "sys._getframe":
@@ -139,6 +145,14 @@ def _describe(exc: BaseException, stage: str, _state: list, type=type, str=str, 
     if stage != "code":
         text = f"[during {stage}] {text}"
     return _short(text)
+
+
+def _seal(token: bytes, frame: bytes) -> bytes:
+    """``HMAC-SHA256(token, frame) + frame``: the harness's seal of its reply (before any job text runs; the
+    reply after the job's code computes the same with names it bound)."""
+    key = token + bytes(64 - len(token))
+    inner = _sha256.sha256(bytes(b ^ 0x36 for b in key) + frame).digest()
+    return _sha256.sha256(bytes(b ^ 0x5C for b in key) + inner).digest() + frame
 
 
 def _lifeline(fd: int, started, read=os.read, exit_=os._exit) -> None:  # pragma: no cover - a job child's thread
@@ -236,6 +250,10 @@ def _job(req: dict, w_rep: int, w_out: int, token: bytes) -> None:  # pragma: no
         threads, gc_disable, flush = _thread._count, gc.disable, sys.stdout.flush
         own_threads = 1 if lifeline else 0
         describe, audit_state = _describe, _audit.__defaults__[4]
+        audit_state[2] = _thread.get_ident()
+        sha256, hold_gil = _sha256.sha256, sys.setswitchinterval
+        key = token + bytes(64 - len(token))  # HMAC-SHA256 with the token as its key
+        inner, outer = bytes(b ^ 0x36 for b in key), bytes(b ^ 0x5C for b in key)
         c_ok, c_error, c_memory, c_output, c_not_plain = _OK, _ERROR, _MEMORY, _OUTPUT, _NOT_PLAIN
         reply_fd, plain_limit = _REPLY_FD, _PLAIN_LIMIT
         audit_state[1] = bool(req.get("native"))  # tests of the kernel layers only (Sandbox(_native_jobs=True))
@@ -245,7 +263,7 @@ def _job(req: dict, w_rep: int, w_out: int, token: bytes) -> None:  # pragma: no
         try:
             text = f"sandbox setup failed ({step}): {type(exc).__name__}: {exc}".encode("utf-8", "replace")
             body = bytes([_SETUP, 0]) + (0).to_bytes(4, "big") + len(text).to_bytes(4, "big") + text
-            os.write(out_fd, token + len(body).to_bytes(4, "big") + body)
+            os.write(out_fd, _seal(token, len(body).to_bytes(4, "big") + body))
         finally:
             os._exit(70)
 
@@ -268,6 +286,8 @@ def _job(req: dict, w_rep: int, w_out: int, token: bytes) -> None:  # pragma: no
     text, plain, note = None, 0, None
     try:
         gc_disable()  # from here no finalizer runs: no collection, and nothing here drops a job object
+        hold_gil(1e6)  # and no other thread gets the interpreter until this one blocks in a system call (a thread
+        # started just before the call returned, not counted yet, waits for it until the text below is made)
         if status == c_ok and have_value:
             alone = threads() == own_threads  # no other thread runs job code, or can start one: this one runs
             # only ours (and the lifeline only waits)
@@ -326,9 +346,13 @@ def _job(req: dict, w_rep: int, w_out: int, token: bytes) -> None:  # pragma: no
     try:
         value_bytes = b"" if text is None else encode(text, "utf-8", "surrogatepass")
         note_bytes = b"" if note is None else encode(note, "utf-8", "surrogatepass")
-        body = join([t_bytes([status, plain]), to_bytes(ln(value_bytes), 4, "big"), value_bytes,
-                     to_bytes(ln(note_bytes), 4, "big"), note_bytes])
-        view = mview(join([token, to_bytes(ln(body), 4, "big"), body]))
+        body = join([to_bytes(0, 4, "big"), t_bytes([status, plain]), to_bytes(ln(value_bytes), 4, "big"),
+                     value_bytes, to_bytes(ln(note_bytes), 4, "big"), note_bytes])
+        body = join([to_bytes(ln(body) - 4, 4, "big"), body[4:]])  # its length, then the fields
+        # sealed with the token (HMAC-SHA256): bytes another thread of the job slipped into it (a write to the
+        # pipe while this one blocks) break the seal, and a job without the token cannot make one
+        mac = sha256(join([outer, sha256(join([inner, body])).digest()])).digest()
+        view = mview(join([mac, body]))
         while view:
             view = view[write(reply_fd, view):]
     finally:

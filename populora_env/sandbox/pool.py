@@ -599,10 +599,10 @@ class Sandbox:
                            f"its own memory through /proc/self/mem (and so forge its reply) and read its "
                            f"worker's /proc counters")
         if filtered:
-            layers.append("reply integrity: each job's reply starts with a per-job secret held only by the "
-                          "harness's locals (an audit hook refuses frames, gc walks, trace hooks, ctypes, code "
-                          "replacement; seccomp refuses signal handlers); the value is checked to be exact "
-                          "builtin data and printed by the harness after the call returned, with no other "
+            layers.append("reply integrity: each job's reply is sealed (HMAC-SHA256) with a per-job secret held "
+                          "only by the harness's locals (an audit hook refuses frames, gc walks, trace hooks, "
+                          "ctypes, code replacement; seccomp refuses signal handlers); the value is checked to be "
+                          "exact builtin data and printed by the harness after the call returned, with no other "
                           "thread alive and the garbage collector stopped")
         else:
             missing.append("reply integrity (no seccomp: a job can install a signal handler, which is handed the "

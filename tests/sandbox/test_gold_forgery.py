@@ -61,8 +61,9 @@ TRUE_GOLD = "4"
 
 @dataclass(frozen=True)
 class Forgery:
-    """A teacher program: module-level code, the body of ``f`` (true value ``x + 1``), and the outcome the
-    sandbox must give it: ``"invalid"`` (refused) or ``"true"`` (valid, with the true gold output)."""
+    """A teacher program: module-level code, the body of ``f`` (true value ``x + 1``, or ``[x + 1]``), and the
+    outcome the sandbox must give it: ``"invalid"`` (refused), ``"true"`` (valid, with the true gold output), or
+    ``"invalid or true"`` where a race decides which (never a forged gold)."""
 
     name: str
     module: str
@@ -114,6 +115,13 @@ CORPUS = [
             "_th.Timer(0.05, _os.write, (3, _frame)).start()\nreturn x + 1", "invalid"),
     Forgery("thread_changes_the_value_after_return", "_th = _imp('threading')",
             "v = [x + 1]\n_th.Timer(0.0001, v.append, (3007,)).start()\nreturn v", "invalid"),
+    # a thread started as f returns, not yet running when the harness counts threads: it cannot run before
+    # the value's text is made (the harness keeps the interpreter), and bytes it slips into the reply pipe
+    # afterwards break the reply's seal. Which happens first is a race, so either outcome: never a forgery.
+    Forgery("thread_started_as_f_returns_writes", "_t = _imp('_thread')",
+            "_t.start_new_thread(_os.write, (3, _frame))\nreturn x + 1", "invalid or true"),
+    Forgery("thread_started_as_f_returns_changes_the_value", "_t = _imp('_thread')",
+            "v = [x + 1]\n_t.start_new_thread(v.append, (3007,))\nreturn v", "invalid or true"),
     Forgery("thread_with_the_thread_count_rebound", """
         _th = _imp('threading')
         _imp('_thread')._count = (0).__int__
@@ -194,7 +202,7 @@ def test_corpus_passes_the_static_policies() -> None:
         program = case.program()
         checked = (check_program_azr(program, 100_000) if profile == "azr" else check_program(program, 100_000))
         assert checked.reason is None, (case.name, profile, checked)
-    assert len(_cases()) == 2 * len(CORPUS) + len(STRICT_ONLY) == 57
+    assert len(_cases()) == 2 * len(CORPUS) + len(STRICT_ONLY) == 61
 
 
 @pytest.mark.parametrize(("case", "profile"), _cases(), ids=[f"{c.name}-{p}" for c, p in _cases()])
@@ -204,12 +212,12 @@ def test_forged_gold_outputs_are_refused(case: Forgery, profile: str, task_type:
     request = ProposalRequest("teacher_0", 0, task_type, "t0", 0)
     config = ValidationConfig(max_program_chars=100_000, profile=profile)
     outcome = ProposalValidator(config).validate([request], [completion], box)[0]
-    if case.outcome == "invalid":
-        assert not outcome.valid, (case.name, outcome)
+    if not outcome.valid:
+        assert case.outcome != "true", (case.name, outcome)
         assert outcome.reason is not Reason.FORMAT, outcome  # it reached the sandbox
     else:
-        assert outcome.valid and outcome.task is not None, (case.name, outcome)
-        assert outcome.task.outputs == (TRUE_GOLD,), (case.name, outcome.task)
+        assert case.outcome != "invalid" and outcome.task is not None, (case.name, outcome)
+        assert outcome.task.outputs in ((TRUE_GOLD,), (f"[{TRUE_GOLD}]",)), (case.name, outcome.task)
 
 
 # --- end to end: a single-agent baseline round, scripted ----------------------------------------------------
@@ -224,7 +232,7 @@ class _Policy:
 
     def __init__(self, forge: bool) -> None:
         self.forge, self.count = forge, 0
-        self.forgeries = [c for c in CORPUS if c.outcome == "invalid" or c.name.startswith("serialiser")]
+        self.forgeries = [c for c in CORPUS if c.outcome != "true" or c.name.startswith("serialiser")]
 
     def propose(self, info: dict[str, Any]) -> tuple[str, ...]:
         out = []
@@ -269,7 +277,8 @@ def _play(forge: bool, rounds: int = 2) -> tuple[list[float], list[float], list[
             attempts += list(outcome.results.attempts)
             for task in env.buffers[TaskType.DEDUCTION].tasks + env.buffers[TaskType.ABDUCTION].tasks:
                 if task.teacher == "teacher_0":  # every task it got in stores the true gold
-                    assert task.outputs == (str(int(task.inputs[0]) + 1),), task
+                    true = int(task.inputs[0]) + 1
+                    assert task.outputs in ((str(true),), (f"[{true}]",)), task
     finally:
         env.close()
     return teacher_rewards, student_rewards, proposals, attempts
