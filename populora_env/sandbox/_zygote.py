@@ -13,9 +13,12 @@ Rules this file keeps (each one closes a route by which job code could change wh
 * **Standard library only, and no classes.** ``object.__subclasses__()`` reaches every live class, and through
   a method's ``__globals__`` the module that defined it; a function is reachable only through a frame or the
   garbage collector, both refused to jobs (:func:`_audit`). So job code cannot reach any function here.
-* **Nothing after the job's code uses a module attribute or a global name.** Every builtin, method and constant
-  the reply needs is bound to a local of :func:`_job` before job code runs; job code may rebind ``builtins``,
-  ``json``, ``sys`` or ``os`` attributes at will, the harness no longer looks them up.
+* **Nothing the reply's status, value or seal depends on is looked up after the job's code ran.** Every
+  builtin, method and constant they need is bound before job code runs: to a local of :func:`_job`, or as a
+  default argument of the functions it calls (:func:`_plain_repr`, :func:`_describe`, bound when the zygote
+  starts); job code may rebind ``builtins``, ``json``, ``sys`` or ``os`` attributes at will, the harness no
+  longer looks them up. (The error text, the job's own word, is made with :mod:`traceback`, which it may have
+  rebound.)
 * **The reply is sealed with a per-job secret** (``token``: 16 random bytes from the fork server, kept only in
   the locals of the frames that run the job): it starts with HMAC-SHA256(token, frame). The fork server accepts
   no other reply, so a job that writes its own "reply" to the reply pipe (it holds the descriptor) writes one
@@ -23,15 +26,23 @@ Rules this file keeps (each one closes a route by which job code could change wh
   Frames, the garbage collector's object walks, ``/proc/self/mem`` (Landlock), trace and profile functions,
   Python signal handlers (seccomp: ``rt_sigaction`` is refused to jobs) and ``ctypes`` are the ways to a
   local; each is refused.
-* **The value is checked and printed by the harness after the call has returned and no job code can run any
-  more**: the garbage collector stopped (no finalizers), no other thread alive (the interpreter's own count),
-  no Python signal handler but the interpreter's built-in one. Then the value must be built only from exact
-  builtin types (``type(x) is int`` with the real ``type``), whose ``repr`` is C code: the printed text is the
-  value ``f`` returned. The job's stdout is flushed after that text exists.
+* **The value is checked and printed by the harness after the call has returned, from copies**: the garbage
+  collector stopped (no finalizers), no other thread counted alive (the interpreter's own count), no Python
+  signal handler but the interpreter's built-in one. Then :func:`_plain_repr` copies each container as it
+  reaches it (one call into C), checks that every item is of an exact builtin type (``type(x) is int`` with the
+  real ``type``) and takes its C ``repr``: a thread the count missed (one started as the call returned) may
+  still change the value, never put anything but exact builtin values in the text. The job's stdout is flushed
+  after that text exists.
+* **Job code never runs in the harness's thread while frames are allowed to it** (:func:`_describe` reads the
+  traceback with ``BaseException``'s own getter and touches only builtin objects). Where job code does run in
+  that thread after the call (a value's own ``__repr__`` when it is not plain data, an exception's message),
+  the status is fixed already and frames are refused; trace and profile functions and, on Python 3.12+,
+  ``sys.monitoring`` callbacks, which would run job code at any line of the harness, are refused.
 
 :func:`_job` is one long function on purpose (exempt from the project's 80-line rule): the names it binds
 before the job's code runs must be locals of the very frame that later builds the reply, since a helper
-function's globals, defaults or closure would be a place job code could reach or a lookup it could redirect.
+function's globals or closure would be a place job code could reach or a lookup it could redirect; the helpers
+it calls after the job's code take what they need as default arguments bound when the zygote starts.
 """
 
 from __future__ import annotations
@@ -62,8 +73,11 @@ _REFUSED_MODULES = frozenset({"ctypes", "_ctypes", "_testcapi", "_testinternalca
 _FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 _REFUSED_EVENTS = frozenset({"sys._current_frames", "sys._current_exceptions", "gc.get_objects",
                              "gc.get_referrers", "gc.get_referents", "sys.settrace", "sys.setprofile",
-                             "sys.addaudithook", "code.__new__", "sys._getframemodulename"})
+                             "sys.addaudithook", "code.__new__", "sys._getframemodulename",
+                             # Python 3.12+: a monitoring callback would run job code in the harness's thread
+                             "sys.monitoring.register_callback"})
 _FUNC_ATTRS = frozenset({"__code__"})
+_NONE_TYPE = type(None)
 
 
 def _audit(event, args, _refused=_REFUSED_EVENTS, _frames=_FRAME_ATTRS, _mods=_REFUSED_MODULES,
@@ -106,24 +120,29 @@ def _short(text: str, limit: int = _MAX_ERROR_CHARS) -> str:
 
 
 def _describe(exc: BaseException, stage: str, _state: list, type=type, str=str, len=len,  # noqa: A002
-              BaseException=BaseException) -> str:  # noqa: A002
+              BaseException=BaseException, traceback_of=BaseException.__traceback__.__get__) -> str:
     """``Type: message`` of a job's exception (a SyntaxError's location lines after it), then the job's own
     frames (file ``<job>``/``<call>``, line, function).
 
-    The traceback is walked here, not with :mod:`traceback`, while the audit hook lets the harness read frames
-    (``_state[0]``): nothing in the walk runs job code. The message (``str(exc)``, through
-    ``traceback.format_exception_only``) may run job code, or code the job rebound: it is made after the walk,
-    with frames refused again. The text is the job's own word either way; only the status, fixed before, is
-    trusted.
+    The traceback is walked here, not with :mod:`traceback`, while the audit hook lets the harness's thread read
+    frames (``_state[0]``), and nothing in the walk may run job code, since job code run *in this thread* then
+    could read frames too, up to the harness's locals: the traceback is read with ``BaseException``'s own
+    getter (an exception class of the job may override ``__traceback__`` with a property), and from it only
+    builtin objects are touched (tracebacks, frames and code objects, whose types the job cannot change; a
+    file name or function name that is not an exact ``str`` is skipped, so no ``__eq__`` or ``__format__`` of
+    the job's runs). The message (``str(exc)``, through ``traceback.format_exception_only``) may run job code,
+    or code the job rebound: it is made after the walk, with frames refused again. The text is the job's own
+    word either way; only the status, fixed before, is trusted.
     """
     frames: list = []
     _state[0] = True
     try:
-        tb = exc.__traceback__
+        tb = traceback_of(exc)
         while tb is not None and len(frames) < 1000:
             code = tb.tb_frame.f_code
-            if code.co_filename in ("<job>", "<call>"):
-                frames.append(f'  File "{code.co_filename}", line {tb.tb_lineno}, in {code.co_name}')
+            file, name = code.co_filename, code.co_name
+            if type(file) is str and type(name) is str and (file == "<job>" or file == "<call>"):
+                frames.append('  File "' + file + '", line ' + str(tb.tb_lineno) + ", in " + name)
             tb = tb.tb_next
     except BaseException:
         frames = []
@@ -145,6 +164,87 @@ def _describe(exc: BaseException, stage: str, _state: list, type=type, str=str, 
     if stage != "code":
         text = f"[during {stage}] {text}"
     return _short(text)
+
+
+def _plain_repr(value, limit: int, cap: int, depth_limit: int, type=type, repr=repr,
+                tuple=tuple, len=len, range=range, items=dict.items, join="".join,
+                t_int=int, t_str=str, t_float=float, t_bool=bool, t_none=_NONE_TYPE, t_bytes=bytes,
+                t_complex=complex, t_list=list, t_tuple=tuple, t_set=set, t_frozenset=frozenset, t_dict=dict):
+    """The ``repr`` of ``value`` if it is plain data, made so that nothing but exact builtin values can be in it.
+
+    Returns ``(text, None)`` for plain data (built only from exact builtin types: ``type(x) is int`` ..., no
+    subclass); ``(None, None)`` for plain data whose ``repr`` is longer than ``cap``; ``(None, why)`` otherwise,
+    ``why`` being the first offending type, or a reason (more than ``limit`` items, a cycle, or nesting deeper
+    than ``depth_limit``, where the builtin ``repr`` would raise ``RecursionError``). The text is the builtin
+    ``repr``'s, character for character (``tests/sandbox/test_plain_repr.py`` checks it against ``repr``).
+
+    Why not ``repr(value)`` after a check of the types: other threads of the job may still run (one started
+    as the call returned, which the harness cannot count yet, gets the interpreter as soon as its wait for it
+    times out), and one could put an object whose ``__repr__`` lies into a list the check had passed, before
+    the ``repr``. So the value is never read twice: each container is copied when it is reached (``tuple(x)``,
+    one call into C, during which no other thread runs and no job code is called), each leaf's exact type is
+    checked and its C ``repr`` taken from that copy, and the text is made of these pieces only. Another thread
+    can still change the value meanwhile, as it could have before the call returned; it cannot put anything
+    in the text but the ``repr`` of exact builtin values. Every name is bound when the zygote starts (defaults):
+    job code may rebind builtins and module attributes, nothing here looks them up.
+    """
+    parts: list = []
+    size = count = 0
+    todo = [(value, 0)]  # (a value to print, its depth) or (a piece of text, -1)
+    while todo:
+        item, depth = todo.pop()
+        if depth < 0:
+            if size <= cap:
+                parts.append(item)
+                size += len(item)
+            continue
+        count += 1
+        if count > limit:
+            return None, "value too large or cyclic"
+        k = type(item)
+        if k is t_int or k is t_str or k is t_float or k is t_bool or k is t_none or k is t_bytes \
+                or k is t_complex:
+            if size <= cap:
+                text = repr(item)
+                parts.append(text)
+                size += len(text)
+            continue
+        if k is t_dict:
+            pairs = tuple(items(item))
+            if depth >= depth_limit:
+                return None, "value nested too deeply or cyclic"
+            todo.append(("}", -1))
+            for i in range(len(pairs) - 1, -1, -1):
+                todo.append((pairs[i][1], depth + 1))
+                todo.append((": ", -1))
+                todo.append((pairs[i][0], depth + 1))
+                if i:
+                    todo.append((", ", -1))
+            todo.append(("{", -1))
+            continue
+        if k is t_list:
+            copy, opening, closing = tuple(item), "[", "]"
+        elif k is t_tuple:
+            copy, opening, closing = item, "(", ",)" if len(item) == 1 else ")"
+        elif k is t_set or k is t_frozenset:
+            copy = tuple(item)
+            if not copy:
+                todo.append(("set()" if k is t_set else "frozenset()", -1))
+                continue
+            opening, closing = ("{", "}") if k is t_set else ("frozenset({", "})")
+        else:
+            return None, k
+        if depth >= depth_limit:
+            return None, "value nested too deeply or cyclic"
+        todo.append((closing, -1))
+        for i in range(len(copy) - 1, -1, -1):
+            todo.append((copy[i], depth + 1))
+            if i:
+                todo.append((", ", -1))
+        todo.append((opening, -1))
+    if size > cap:
+        return None, None
+    return join(parts), None
 
 
 def _seal(token: bytes, frame: bytes) -> bytes:
@@ -243,9 +343,8 @@ def _job(req: dict, w_rep: int, w_out: int, token: bytes) -> None:  # pragma: no
         # Everything the reply needs, bound now: job code may rebind any builtin or module attribute.
         write, exit_, compile_, exec_, eval_ = os.write, os._exit, compile, exec, eval
         typ, rep, ln, mview, join = type, repr, len, memoryview, b"".join
-        encode, to_bytes, dict_keys, dict_values = str.encode, int.to_bytes, dict.keys, dict.values
-        t_str, t_int, t_float, t_complex, t_bytes, t_bool, t_none = str, int, float, complex, bytes, bool, type(None)
-        t_list, t_tuple, t_set, t_frozenset, t_dict = list, tuple, set, frozenset, dict
+        encode, to_bytes, t_str, t_bytes = str.encode, int.to_bytes, str, bytes
+        plain_repr, depth_limit = _plain_repr, sys.getrecursionlimit
         BaseExc, MemErr, SysExit = BaseException, MemoryError, SystemExit
         threads, gc_disable, flush = _thread._count, gc.disable, sys.stdout.flush
         own_threads = 1 if lifeline else 0
@@ -286,37 +385,21 @@ def _job(req: dict, w_rep: int, w_out: int, token: bytes) -> None:  # pragma: no
     text, plain, note = None, 0, None
     try:
         gc_disable()  # from here no finalizer runs: no collection, and nothing here drops a job object
-        hold_gil(1e6)  # and no other thread gets the interpreter until this one blocks in a system call (a thread
-        # started just before the call returned, not counted yet, waits for it until the text below is made)
+        hold_gil(1e6)  # other threads rarely get the interpreter from here: only one already waiting for it with a
+        # shorter interval does (what the value's text is made of does not depend on it: _plain_repr)
         if status == c_ok and have_value:
-            alone = threads() == own_threads  # no other thread runs job code, or can start one: this one runs
-            # only ours (and the lifeline only waits)
-            stack, count, kind = [result], 0, None
-            while stack:  # built only from exact builtin types (a cycle or a huge value: over the limit)
-                item = stack.pop()
-                count += 1
-                if count > plain_limit:
-                    kind = "value too large or cyclic"
-                    break
-                k = typ(item)
-                if k is t_int or k is t_str or k is t_float or k is t_bool or k is t_none or k is t_bytes \
-                        or k is t_complex:
-                    continue
-                if k is t_list or k is t_tuple or k is t_set or k is t_frozenset:
-                    stack.extend(item)
-                    continue
-                if k is t_dict:
-                    stack.extend(dict_keys(item))
-                    stack.extend(dict_values(item))
-                    continue
-                kind = k
-                break
+            alone = threads() == own_threads  # no other thread runs job code or can start one (a thread started
+            # as the call returned and not counted yet may still: _plain_repr is made for that)
+            text, kind = plain_repr(result, plain_limit, cap, depth_limit())
             if kind is None and alone:
-                text, plain = rep(result), 1  # exact builtins only: C code prints them
+                if text is None:
+                    status, note = c_output, f"repr of the value is longer than max_output_chars={cap}"
+                else:
+                    plain = 1  # exact builtins only, printed from copies by C code
             elif need_plain and not alone:
-                status, note = c_error, "threads were still running when the call returned"
+                text, status, note = None, c_error, "threads were still running when the call returned"
             elif need_plain:
-                status = c_not_plain
+                text, status = None, c_not_plain
                 if typ(kind) is t_str:
                     note = kind
                 else:
@@ -326,9 +409,9 @@ def _job(req: dict, w_rep: int, w_out: int, token: bytes) -> None:  # pragma: no
                 text = rep(result)  # the job's own __repr__ (or a value other threads could change): a claim
                 if typ(text) is not t_str:
                     text, status, note = None, c_error, "__repr__ returned a non-string"
-            if text is not None and ln(text) > cap:
-                status, text, plain = c_output, None, 0
-                note = f"repr of the value is longer than max_output_chars={cap}"
+                elif ln(text) > cap:
+                    status, text = c_output, None
+                    note = f"repr of the value is longer than max_output_chars={cap}"
     except BaseExc as exc:  # our own failure (memory, recursion limit the job set, an interrupt): no value
         status, text, plain, error_exc, stage = c_error, None, 0, exc, "repr"
     try:  # the job's output, before the reply (the fork server reads it up to the reply): after the value's

@@ -601,9 +601,9 @@ class Sandbox:
         if filtered:
             layers.append("reply integrity: each job's reply is sealed (HMAC-SHA256) with a per-job secret held "
                           "only by the harness's locals (an audit hook refuses frames, gc walks, trace hooks, "
-                          "ctypes, code replacement; seccomp refuses signal handlers); the value is checked to be "
-                          "exact builtin data and printed by the harness after the call returned, with no other "
-                          "thread alive and the garbage collector stopped")
+                          "ctypes, code replacement; seccomp refuses signal handlers); the value is printed by the "
+                          "harness after the call returned, from copies of its containers whose items must be "
+                          "exact builtin data, with no other thread alive and the garbage collector stopped")
         else:
             missing.append("reply integrity (no seccomp: a job can install a signal handler, which is handed the "
                            "harness's frame)")

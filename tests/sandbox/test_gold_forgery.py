@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from populora_env import parallel_env
-from populora_env.sandbox import Limits, Sandbox
+from populora_env.sandbox import ExecJob, Limits, Sandbox
 from populora_env.tasks import TaskType
 from populora_env.validation import (
     ProposalRequest,
@@ -70,6 +70,7 @@ class Forgery:
     body: str
     outcome: str
     profiles: tuple[str, ...] = ("strict", "azr")
+    gold: str | None = None  # the true gold output, where f returns more than x + 1 or [x + 1]
 
     def program(self) -> str:
         return (PRELUDE + textwrap.dedent(self.module).strip() + "\n\ndef f(x):\n"
@@ -122,6 +123,14 @@ CORPUS = [
             "_t.start_new_thread(_os.write, (3, _frame))\nreturn x + 1", "invalid or true"),
     Forgery("thread_started_as_f_returns_changes_the_value", "_t = _imp('_thread')",
             "v = [x + 1]\n_t.start_new_thread(v.append, (3007,))\nreturn v", "invalid or true"),
+    # a thread already waiting for the interpreter with a short switch interval when f returns gets it while the
+    # harness prints the value, and puts a liar into the list (the harness's check had passed it, before the
+    # harness printed from copies: test_a_thread_cannot_put_a_lie_into_a_value_being_printed)
+    Forgery("thread_waiting_for_the_interpreter_swaps_a_liar", """
+        L = type('L', (), {'__repr__': staticmethod('3007'.__str__)})
+        _t = _imp('_thread')
+        """, "v = [x + 1] + [0] * 300\n_s.setswitchinterval(0.00002)\n_t.start_new_thread(v.__setitem__, (0, L()))\n"
+            "return v", "invalid or true", gold=repr([4] + [0] * 300)),
     Forgery("thread_with_the_thread_count_rebound", """
         _th = _imp('threading')
         _imp('_thread')._count = (0).__int__
@@ -173,6 +182,23 @@ STRICT_ONLY = [
             return '"3007"' if s == '4' else '"' + s + '"'
         _json.encoder.encode_basestring = enc
         """, "return x + 1", "true", ("strict",)),
+    # an exception class whose __traceback__ is a property: the harness read it while describing the error,
+    # in its own thread with frame reads allowed, so the property walked up to the harness's locals, took the
+    # token and sealed a forged "ok" reply for a program that raises (a valid task with gold 3007 before)
+    Forgery("exception_whose_traceback_property_forges_the_reply", """
+        _hmac = _imp('hmac')
+        def grab(self):
+            real = getattr(getattr(BaseException, '__trace' + 'back__'), '__g' + 'et__')(self)
+            fr = getattr(real, 'tb_fr' + 'ame')
+            while fr is not None:
+                loc = getattr(fr, 'f_lo' + 'cals')
+                if 'token' in loc:
+                    _os.write(3, _hmac.new(loc['token'], _frame2, 'sha256').digest() + _frame2)
+                    _os._exit(0)
+                fr = getattr(fr, 'f_ba' + 'ck')
+            return real
+        E = type('E', (Exception,), {'__trace' + 'back__': property(grab)})
+        """, "raise E('no value')", "invalid", ("strict",)),
     Forgery("lying_repr_class", """
         class L:
             def __repr__(self):
@@ -202,7 +228,7 @@ def test_corpus_passes_the_static_policies() -> None:
         program = case.program()
         checked = (check_program_azr(program, 100_000) if profile == "azr" else check_program(program, 100_000))
         assert checked.reason is None, (case.name, profile, checked)
-    assert len(_cases()) == 2 * len(CORPUS) + len(STRICT_ONLY) == 61
+    assert len(_cases()) == 2 * len(CORPUS) + len(STRICT_ONLY) == 64
 
 
 @pytest.mark.parametrize(("case", "profile"), _cases(), ids=[f"{c.name}-{p}" for c, p in _cases()])
@@ -217,7 +243,29 @@ def test_forged_gold_outputs_are_refused(case: Forgery, profile: str, task_type:
         assert outcome.reason is not Reason.FORMAT, outcome  # it reached the sandbox
     else:
         assert case.outcome != "invalid" and outcome.task is not None, (case.name, outcome)
-        assert outcome.task.outputs in ((TRUE_GOLD,), (f"[{TRUE_GOLD}]",)), (case.name, outcome.task)
+        assert outcome.task.outputs in ((TRUE_GOLD,), (f"[{TRUE_GOLD}]",), (case.gold,)), (case.name, outcome.task)
+
+
+def test_a_thread_cannot_put_a_lie_into_a_value_being_printed(box: Sandbox) -> None:
+    """A thread started as ``f`` returns, already waiting for the interpreter with a short switch interval (set by
+    the job), gets it while the harness walks a long value, after the harness counted threads, and puts an object
+    whose ``repr`` lies into the list. The harness prints from copies of each container, taken as it reaches
+    them: the value it reports is never the lie (before, 5 in 40 such jobs reported ``[3007, 0, ...]`` as plain
+    data); the race decides only whether the job is refused or reports the list as ``f`` returned it."""
+    code = textwrap.dedent("""
+        import sys, _thread
+        L = type('L', (), {'__repr__': staticmethod('3007'.__str__)})
+        def f(x):
+            v = [x + 1] + [0] * 5000
+            sys.setswitchinterval(0.0002)
+            _thread.start_new_thread(v.__setitem__, (0, L()))
+            return v
+        """)
+    results = box.run([ExecJob(code, "f(3)", plain=True) for _ in range(40)])
+    for r in results:
+        assert r.status in ("ok", "error"), r
+        if r.status == "ok":
+            assert r.plain and r.value == repr([4] + [0] * 5000), r.value[:40]
 
 
 # --- end to end: a single-agent baseline round, scripted ----------------------------------------------------
@@ -232,7 +280,8 @@ class _Policy:
 
     def __init__(self, forge: bool) -> None:
         self.forge, self.count = forge, 0
-        self.forgeries = [c for c in CORPUS if c.outcome != "true" or c.name.startswith("serialiser")]
+        self.forgeries = [c for c in CORPUS
+                          if (c.outcome != "true" or c.name.startswith("serialiser")) and c.gold is None]
 
     def propose(self, info: dict[str, Any]) -> tuple[str, ...]:
         out = []
