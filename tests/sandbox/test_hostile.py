@@ -419,6 +419,16 @@ CORPUS: list[Hostile] = [
         """, expect="error", check=lambda r: _error_starts(r, "PermissionError: [Errno 13] Permission denied")),
     H("counters_of_the_parent", "import os\nopen(f'/proc/{os.getppid()}/stat').read()", expect="error",
       check=lambda r: _error_starts(r, "PermissionError: [Errno 13] Permission denied")),
+    # the fork server's counters (and any other process's): a job can guess its pid, never open its /proc entry
+    H("counters_of_every_process", """
+        readable = []
+        for pid in range(1, 300):
+            try:
+                open(f'/proc/{pid}/stat').read()
+                readable.append(pid)
+            except OSError:
+                pass
+        """, "readable", expect="ok", value="[]"),
     H("signal_the_zygote_group", "import os, signal\nos.kill(0, signal.SIGKILL)", expect="error"),
     # ---------------------------------------------------------------- tampering (state must not leak)
     H("tamper_builtins", """
@@ -456,7 +466,7 @@ def _no_value(r: ExecResult) -> None:
 
 
 def test_corpus_size() -> None:
-    assert len(CORPUS) == 100  # update when adding programs: a shrinking corpus must not go unnoticed
+    assert len(CORPUS) == 101  # update when adding programs: a shrinking corpus must not go unnoticed
     assert len({c.name for c in CORPUS}) == len(CORPUS)
 
 
