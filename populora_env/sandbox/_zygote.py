@@ -266,16 +266,9 @@ def _lifeline(fd: int, started, read=os.read, exit_=os._exit) -> None:  # pragma
         exit_(137)
 
 
-def _read_frame(fd: int) -> object:
-    """One frame (4-byte big-endian length, UTF-8 JSON) from ``fd``; ``None`` at EOF."""
-    chunks, need = [], 4
-    while need:
-        chunk = os.read(fd, need)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        need -= len(chunk)
-    need = int.from_bytes(b"".join(chunks), "big")
+def _read_exact(fd: int, need: int) -> bytes | None:
+    """``need`` bytes from ``fd`` (read at most 1 MiB at a time), or ``None`` at EOF. (The fork server has its
+    own copy: this file may not import ``_worker.py``, which imports ``ctypes``.)"""
     chunks = []
     while need:
         chunk = os.read(fd, min(need, 1 << 20))
@@ -283,7 +276,14 @@ def _read_frame(fd: int) -> object:
             return None
         chunks.append(chunk)
         need -= len(chunk)
-    return json.loads(b"".join(chunks).decode("utf-8", "surrogatepass"))
+    return b"".join(chunks)
+
+
+def _read_frame(fd: int) -> object:
+    """One frame (4-byte big-endian length, UTF-8 JSON) from ``fd``; ``None`` at EOF."""
+    head = _read_exact(fd, 4)
+    body = None if head is None else _read_exact(fd, int.from_bytes(head, "big"))
+    return None if body is None else json.loads(body.decode("utf-8", "surrogatepass"))
 
 
 def _job(req: dict, w_rep: int, w_out: int, token: bytes) -> None:  # pragma: no cover - runs in the job child
