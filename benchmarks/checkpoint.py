@@ -33,8 +33,8 @@ def payload(members: int, member_mb: float):
             md.mkdir(parents=True)
             (md / "adapter_model.safetensors").write_bytes(adapter)
             (md / "optimizer.pt").write_bytes(optimizer)
-        (d / "env_state.json").write_text("{}" * 10_000)
-        (d / "loop_state.json").write_text("{}" * 10_000)
+        (d / "env_state.json").write_text("[" + ", ".join(["{}"] * 10_000) + "]")  # JSON: verification decodes it
+        (d / "loop_state.json").write_text("[" + ", ".join(["{}"] * 10_000) + "]")
 
     return write
 

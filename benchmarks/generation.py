@@ -44,8 +44,8 @@ the same machine load:
              sampler) at ``--threads`` (default 1) threads;
   today      the previous default path (``engine="generate"``: HF ``generate``, preallocated KV cache, the same
              sampler); identical tokens and the largest log-prob difference vs ``new`` are printed;
-  no-/with-LEVER (``--ablations``) ``new`` with one lever flipped: no-share, with-unpad, no-tree, no-drop,
-             with-transp, no-fused, no-onednn;
+  no-LEVER   (``--ablations``) ``new`` with one lever off: no-share, no-tree, no-drop, no-fused, no-onednn
+             (``HFGenerator(fused_decode=False)``, else ``HFOptions``);
   hf         plain HF ``generate`` of the base (adapters disabled, its own top-p sampling, ``min_new_tokens`` =
              the budget so it runs as many steps; ``--skip-hf``);
   bf16       ``new`` on a bfloat16 copy of the base (samples differ: a different model numerically);
@@ -57,7 +57,7 @@ the same machine load:
 ``--gemm`` times the fused decode step's projections alone (q/k/v stacked, o, gate/up stacked, down, the LM
 head; every layer's weights in turn, so that they stream from memory as in a decode step) with MKL's GEMM on
 the transposed weights and with oneDNN's packed weights, at 1-16 rows, interleaved, and prints the ratios that
-chose which projections use oneDNN (``HFGenerator(onednn_decode=...)``).
+chose which projections use oneDNN (``HFOptions(onednn_decode=...)``).
 
 For each generation it prints the prefill time (forwards of more than one position), the decode time and the
 median decode step (one forward of the batch, from forward hooks) and tokens/s, and the decode step / floor ratio (target <= 2). ``--policies ACTIVE`` reruns the
@@ -86,7 +86,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from agents.generation import GenerationRequest, HFGenerator  # noqa: E402
-from agents.generation.decode import LoopOptions  # noqa: E402
+from agents.generation.decode import HFOptions  # noqa: E402
 from agents.models import load_base  # noqa: E402
 from agents.population import LoRAPopulation, randomize_member  # noqa: E402
 
@@ -217,7 +217,7 @@ class _StepClock:
     """The wall time of each forward: forward hooks on the HF model (``engine="generate"``) and a wrapper around
     the loop's forward (``agents.generation.decode._Forward``, which serves decode steps through the fused step
     when ``fused_decode`` is on); forwards of more than one position are prefill (one per chunk with
-    ``generate``, one per unique prompt with the loop's unpadded prefill), the others decode steps."""
+    ``generate``, one per packed row of prompt trees with the loop's tree prefill), the others decode steps."""
 
     def __init__(self, model) -> None:
         from agents.generation import decode
@@ -459,14 +459,11 @@ def throughput(args) -> None:
           f"2 threads ({nbytes / floor[1] / 1e9:.1f} / {nbytes / floor[2] / 1e9:.1f} GB/s)", flush=True)
     torch.set_num_threads(threads)
     today_gen = HFGenerator(pop, tok, batch_size=64, engine="generate")  # the previous default path
-    levers = ("share_prompts", "unpadded_prefill", "tree_prefill", "drop_finished", "transposed_decode",
-              "fused_decode", "onednn_decode")
-    short = {"share_prompts": "share", "unpadded_prefill": "unpad", "tree_prefill": "tree", "drop_finished": "drop",
-             "transposed_decode": "transp", "fused_decode": "fused", "onednn_decode": "onednn"}
-    defaults = LoopOptions()
-    ablations = {f"{'no' if getattr(defaults, k) else 'with'}-{short[k]}":
-                 HFGenerator(pop, tok, batch_size=64, engine="loop", **{k: not getattr(defaults, k)}) for k in levers} \
-        if args.ablations else {}
+    short = {"share_prompts": "share", "tree_prefill": "tree", "drop_finished": "drop", "onednn_decode": "onednn"}
+    ablations = {f"no-{name}": HFGenerator(pop, tok, batch_size=64, engine="loop", options=HFOptions(**{k: False}))
+                 for k, name in short.items()} if args.ablations else {}
+    if args.ablations:
+        ablations["no-fused"] = HFGenerator(pop, tok, batch_size=64, engine="loop", fused_decode=False)
     new_gen.generate(_requests(tok, names, 2, 4, args.prompt_tokens, 0))  # warm-up
     gen16 = clock16 = None
     if base_bf16 is not None:

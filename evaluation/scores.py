@@ -46,6 +46,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from selfplay.rundir import EVAL, EVAL_RESULTS, RunDir, write_text_atomic
+
 
 def _spread(scores: Mapping[str, float]) -> dict[str, Any]:
     """``population_mean``, ``best`` and ``weakest`` of ``scores`` (ties go to the name: best is the max, weakest
@@ -345,14 +347,13 @@ def write_results(
     tensorboard: bool = True,
     out_dir: str | Path | None = None,
 ) -> Path:
-    """Write ``results.json`` and ``results.md`` into ``out_dir`` (default ``<run_dir>/eval``) and the scalars
-    to TensorBoard events in ``run_dir``. Returns the output directory."""
-    out = Path(out_dir) if out_dir is not None else Path(run_dir) / "eval"
+    """Write ``results.json`` and ``results.md`` into ``out_dir`` (default ``<run_dir>/eval``, a real directory
+    inside the run) and the scalars to TensorBoard events in ``run_dir``. Each file is replaced atomically (a link
+    planted at its name is replaced, not written through). Returns the output directory."""
+    out = Path(out_dir) if out_dir is not None else RunDir(run_dir).subdir(EVAL)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "results.json.tmp"
-    tmp.write_text(json.dumps(results, indent=2, sort_keys=False) + "\n")
-    tmp.replace(out / "results.json")
-    (out / "results.md").write_text(markdown_tables(results))
+    write_text_atomic(out / EVAL_RESULTS, json.dumps(results, indent=2, sort_keys=False) + "\n", sync=False)
+    write_text_atomic(out / "results.md", markdown_tables(results), sync=False)
     if tensorboard:
         from torch.utils.tensorboard import SummaryWriter
 

@@ -101,8 +101,9 @@ def ties_merge(
     if majority not in ("total", "frequency"):
         raise ValueError(f"majority must be 'total' or 'frequency', got {majority!r}")
     trimmed = [magnitude_trim(t, density, inplace=inplace) for t in taus]
-    # Large modules: every fresh 272 MB tensor costs ~0.5 s of page faults here, so the result is built in the
-    # storage of the (owned) trimmed tensors and the elected-sign tensor, with one extra float buffer.
+    # Large modules: every fresh tensor of a module's full size costs its page faults (docs/results.md), so the
+    # result is built in the storage of the (owned) trimmed tensors and the elected-sign tensor, with one extra
+    # float buffer.
     if majority == "total":
         gamma = trimmed[0].clone()
         for t in trimmed[1:]:
@@ -193,10 +194,9 @@ def ties(
       adapter), ``M = ties_merge(τ, weights, density)`` (PEFT ``merge_utils.ties`` semantics; defaults density 0.5
       [D], weights (1, 1) = disjoint mean), then the top-``r`` SVD of ``M`` refactored with √S. TIES is defined
       entrywise on ΔW, so the dense matrix is unavoidable; the truncation is either ``svd="dense"`` (exact full
-      SVD: 26 s for an 18944×3584 module, 80 s for a 3584×18944 one, on the 2-core dev box) or
-      ``svd="randomized"`` (default: subspace iteration started from the parents' row spaces ``[A₁ᵀ|A₂ᵀ]`` +
-      ``oversample`` Gaussian columns, ``niter`` = 1 power iteration, then an exact SVD of the ``c×d_in``
-      projection: ~0.9 s for those modules). Measured on such a
+      SVD, the slow one at 7B module sizes) or ``svd="randomized"`` (default: subspace iteration started from the
+      parents' row spaces ``[A₁ᵀ|A₂ᵀ]`` + ``oversample`` Gaussian columns, ``niter`` = 1 power iteration, then an
+      exact SVD of the ``c×d_in`` projection; docs/results.md has both times). Measured on such a
       module, the randomized residual ``‖M − M_r‖`` equals the optimal (dense) one to 1e-7 relative and ``M_r``
       is within 3e-5 of the dense truncation (niter 0: 7e-6 / 4e-3); the tests and the benchmark check it.
       Either way this is the slow operator (minutes per 7B child): exempt from the speed target.

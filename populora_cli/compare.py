@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from populora_cli.errors import fail
+from populora_cli.parsing import ArgumentParser
 
 ARMS = {"population": "train", "baseline": "baseline"}
 """Arm -> the ``populora`` sub-command that runs it."""
@@ -66,10 +67,10 @@ class CompareError(Exception):
 def _parser() -> argparse.ArgumentParser:
     from evaluation.compare.rundirs import EVAL_SCORES
 
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="populora compare",
         description="Launch (or resume) every arm x seed run of a preset into DIR/<arm>-s<seed>/ and compare the "
-        "arms over seeds: mean and IQM per arm with 95%% bootstrap intervals, the difference population - "
+        "arms over seeds: mean and IQM per arm with 95 % bootstrap intervals, the difference population - "
         "baseline and the probability of improvement, learning curves (DIR/compare.md, compare.json, PNGs). "
         "Flags after '--' go to every new run's train/baseline command.")
     p.add_argument("--preset", help="preset of the runs (shipped name or .json file)")
@@ -166,7 +167,7 @@ def _thread_flags(cfg: dict[str, Any], threads: int) -> list[str]:
 
 
 def _gpus(cfg: dict[str, Any]) -> int:
-    return 1 if cfg.get("device") == "cuda" or (cfg.get("generation") or {}).get("backend") == "vllm" else 0
+    return 1 if cfg.get("device") == "cuda" or (cfg.get("generation") or {}).get("engine") == "vllm" else 0
 
 
 def _preset_stem(preset: Any) -> str:
@@ -351,33 +352,39 @@ def compare_main(argv: list[str]) -> int:
     if not stats.rliable_available():
         return fail("compare", f"statistics over seeds need rliable, which is not installed: {stats.INSTALL_HINT}")
     if args.tail < 1:
-        return fail("compare", f"--tail must be >= 1 (got {args.tail})")
+        return fail("compare", f"--tail: must be >= 1, got {args.tail}")
     if args.reps < 1:
-        return fail("compare", f"--reps must be >= 1 (got {args.reps})")
+        return fail("compare", f"--reps: must be >= 1, got {args.reps}")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
-        return fail("compare", f"--out {out} exists and is not a directory")
+        return fail("compare", f"--out: {out} exists and is not a directory")
     common = {"tail": args.tail, "reps": args.reps, "seed": args.bootstrap_seed, "eval_score": args.eval_score}
     from evaluation.compare import compare_runs
+    from selfplay.rundir import RunDirError
 
     if args.from_dirs is not None:
         if args.preset or args.seeds is not None or extra:
-            return fail("compare", "--from compares existing runs: it takes no --preset, --seeds or train flags")
+            return fail("compare", "--from: compares existing runs; it takes no --preset, --seeds or train flags")
         missing = [d for d in args.from_dirs if not Path(d).is_dir()]
         if missing:
             return fail("compare", f"--from: {', '.join(missing)} is not a directory")
-        out.mkdir(parents=True, exist_ok=True)
-        files = compare_runs([Path(d) for d in args.from_dirs], out, **common)
-        print(f"comparison written to {out / 'compare.md'} ({len(files)} files)")
+        from populora_cli.api import compare
+
+        try:
+            result = compare(args.from_dirs, out, tail=args.tail, reps=args.reps, bootstrap_seed=args.bootstrap_seed,
+                             eval_score=args.eval_score)
+        except RunDirError as e:  # a file of a run this project never writes (a link out of it, nested too deep)
+            return fail("compare", str(e))
+        print(f"comparison written to {out / 'compare.md'} ({len(result.files)} files)")
         return 0
     if not args.preset:
-        return fail("compare", "--preset is required (or --from RUN_DIR ...)")
+        return fail("compare", "--preset: required (or --from RUN_DIR ...)")
     if args.seeds is None or args.seeds < 1:
-        return fail("compare", "--seeds N (N >= 1) is required")
+        return fail("compare", "--seeds: required, N >= 1")
     if args.first_seed < 0:
-        return fail("compare", f"--first-seed must be >= 0 (got {args.first_seed})")
+        return fail("compare", f"--first-seed: must be >= 0, got {args.first_seed}")
     if args.parallel < 1:
-        return fail("compare", f"--parallel must be >= 1 (got {args.parallel})")
+        return fail("compare", f"--parallel: must be >= 1, got {args.parallel}")
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = [a for a in arms if a not in ARMS]
     if not arms or unknown or len(set(arms)) != len(arms):
@@ -386,9 +393,9 @@ def compare_main(argv: list[str]) -> int:
         from selfplay.distributed.config import RAY_INSTALL_HINT, ray_installed
 
         if not ray_installed():
-            return fail("compare", f"--backend ray needs Ray: {RAY_INSTALL_HINT}")
+            return fail("compare", f"--backend: ray needs Ray: {RAY_INSTALL_HINT}")
     elif args.ray_address:
-        return fail("compare", "--ray-address needs --backend ray")
+        return fail("compare", "--ray-address: needs --backend ray")
     presets = {"population": args.preset, "baseline": args.baseline_preset or args.preset}
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     configs: dict[str, dict[str, Any]] = {}
@@ -404,7 +411,7 @@ def compare_main(argv: list[str]) -> int:
 
     try:  # every check before the cluster is joined and before any run starts
         jobs, _ = plan(out, arms, presets, seeds, extra, config_of, 1)
-    except CompareError as e:
+    except (CompareError, RunDirError) as e:
         return fail("compare", str(e))
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
@@ -443,8 +450,11 @@ def compare_main(argv: list[str]) -> int:
     from evaluation.compare.rundirs import read_run
 
     run_dirs = [out / f"{arm}-s{seed}" for arm in arms for seed in seeds]
-    failed = [d.name for d in run_dirs if not read_run(d).complete]
-    files = compare_runs(run_dirs, out, launched=[j.name for j in jobs], **common)
+    try:
+        failed = [d.name for d in run_dirs if not read_run(d).complete]
+        files = compare_runs(run_dirs, out, launched=[j.name for j in jobs], **common)
+    except RunDirError as e:
+        return fail("compare", str(e))
     print(f"comparison written to {out / 'compare.md'} ({len(files)} files)")
     if failed:
         for name in failed:

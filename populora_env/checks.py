@@ -12,13 +12,17 @@ This module imports nothing of the project, so every config module (the env's se
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 from collections.abc import Iterable
 from typing import Any
 
 __all__ = ["ConfigError", "check", "check_bool", "check_choice", "check_int", "check_number", "check_section",
-           "shown"]
+           "renamed", "shown"]
+
+log = logging.getLogger(__name__)
+_WARNED: set[str] = set()
 
 
 class ConfigError(ValueError):
@@ -91,3 +95,13 @@ def check_section(prefix: str, section: Any, *args: Any) -> None:
         section.validate(*args)
     except ConfigError as exc:
         raise exc.prefixed(prefix) from None
+
+
+def renamed(old: str, new: str, value: Any) -> Any:
+    """``value``, given under the deprecated spelling ``old`` of the setting now spelled ``new``: a config's
+    ``__post_init__`` takes the old spelling this way for one release. Warns once per process, in one line naming
+    the new spelling (on stderr even where logging is not configured)."""
+    if old not in _WARNED:
+        _WARNED.add(old)
+        log.warning("%s is deprecated and will be removed in the next release: use %s", old, new)
+    return value

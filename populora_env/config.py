@@ -133,6 +133,13 @@ class EnvConfig:
     trueskill: TrueSkillConfig = field(default_factory=TrueSkillConfig)
     """TrueSkill parameters of the ratings used for matching and evolution."""
 
+    def sandbox_limits(self) -> Any:
+        """The :class:`~populora_env.sandbox.Limits` of the env's sandbox: ``timeout_s`` and ``memory_mb``, the
+        sandbox's own defaults for the rest (the env's own sandbox and Ray's sandbox actors alike)."""
+        from populora_env.sandbox import Limits
+
+        return Limits(timeout_s=self.timeout_s, memory_mb=self.memory_mb)
+
     def validate(self, reward_scheme: Any = None, prompt_set: Any = None) -> None:
         """Check every setting; raise :class:`ConfigError` naming the first bad one.
 

@@ -244,7 +244,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
                 except (TypeError, ValueError) as exc:
                     raise ValueError(f"limits: {exc}") from None
             raise ValueError(f"limits must be a Limits or a dict, got {limits!r}")
-        return Limits(timeout_s=cfg.timeout_s, memory_mb=cfg.memory_mb)
+        return cfg.sandbox_limits()
 
     def _validation_config(self) -> ValidationConfig:
         cfg, prompts = self.config, self.prompts

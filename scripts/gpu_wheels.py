@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     print("on the GPU machine, from the repository root:\n"
           f"  python -m pip install --no-index --no-deps {args.out.name}/wheels/*.whl\n"
           f"  export PYTHONPATH=$PWD POPULORA_CACHE=$PWD/{args.out.name}/cache HF_HUB_OFFLINE=1\n"
-          "  python benchmarks/gpu_check.py --model random:qwen2.5-coder-7b --backend hf")
+          "  python benchmarks/gpu_check.py --model random:qwen2.5-coder-7b --engine hf")
     return 1 if size > args.limit_mb else 0
 
 

@@ -17,9 +17,14 @@ folder) removes the temporary directory and raises :class:`CheckpointWriteError`
 untouched.
 
 Before a checkpoint is used, :func:`verify_checkpoint` checks that ``DONE`` and ``MANIFEST.json`` are there and
-that every recorded file is present, readable and of the recorded size and hash. :func:`find_resumable` returns
-the newest intact checkpoint and the damaged newer ones it skipped (each :class:`CheckpointError` names the damaged
-file), or raises :class:`NoIntactCheckpoint` if the run has checkpoints but none is intact.
+that every recorded file is a path inside the checkpoint, a regular file (a symbolic link is never followed),
+readable and of the recorded size and hash, and that every ``.json`` file decodes within the run directory's
+nesting bound (:data:`selfplay.rundir.MAX_JSON_DEPTH`). A hash proves that a file is the one written, not that a
+run directory from elsewhere was written by this code: the caller checks the contents too (``check`` of
+:func:`find_resumable`; :mod:`selfplay.resume` checks ``loop_state.json``'s values). :func:`find_resumable`
+returns the newest checkpoint that passes both and the damaged newer ones it skipped (each
+:class:`CheckpointError` names the damaged file), or raises :class:`NoIntactCheckpoint` if the run has
+checkpoints but none is intact.
 """
 
 from __future__ import annotations
@@ -30,23 +35,34 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
+
+from selfplay.rundir import (
+    CHECKPOINTS,
+    DONE,
+    STEP_DIR_RE,
+    RunFileError,
+    list_checkpoints,
+    read_json,
+    read_text,
+    real_dir,
+    step_dirs,
+    write_text_atomic,
+)
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
-DONE = "DONE"
 MANIFEST_FORMAT = "populora-checkpoint"
 MANIFEST_VERSION = 1
 DAMAGED_DIR = "damaged"
 """Sub-folder of ``checkpoints/`` that damaged checkpoints newer than the resumed one are moved to."""
 
-_STEP_RE = re.compile(r"^step_(\d+)$")
 _TMP_PREFIX = ".tmp_"
 
 
@@ -82,32 +98,14 @@ class Resumable:
 
 def checkpoint_dir(run_dir: Path) -> Path:
     """The folder that holds a run's checkpoints."""
-    return Path(run_dir) / "checkpoints"
-
-
-def _step_dirs(run_dir: Path) -> list[tuple[int, Path]]:
-    """Every ``step_<n>`` directory (complete or not), oldest first."""
-    root = checkpoint_dir(run_dir)
-    if not root.is_dir():
-        return []
-    found = []
-    for p in root.iterdir():
-        m = _STEP_RE.match(p.name)
-        if m and p.is_dir():
-            found.append((int(m.group(1)), p))
-    return sorted(found)
-
-
-def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """Checkpoints of a run marked complete (``DONE``) as ``(step, path)``, oldest first (not verified)."""
-    return [(s, p) for s, p in _step_dirs(run_dir) if (p / DONE).is_file()]
+    return Path(run_dir) / CHECKPOINTS
 
 
 def cleanup_partial(run_dir: Path) -> list[Path]:
     """Remove the temporary directories left by an interrupted checkpoint write or pruning; returns them."""
     root = checkpoint_dir(run_dir)
     removed = []
-    if root.is_dir():
+    if root.is_dir() and not root.is_symlink():
         for p in sorted(root.iterdir()):
             if p.name.startswith(_TMP_PREFIX):
                 _remove_tree(p)
@@ -160,24 +158,24 @@ def verify_checkpoint(d: Path) -> int:
 
 
 def _verify(d: Path) -> int:
-    m = _STEP_RE.match(d.name)
+    m = STEP_DIR_RE.match(d.name)
     if m is None or not d.is_dir():
-        raise CheckpointError(d, "not a checkpoint directory (expected checkpoints/step_<n>/)")
+        raise CheckpointError(d, f"not a checkpoint directory (expected {CHECKPOINTS}/step_<n>/)")
     step = int(m.group(1))
+    if not os.path.lexists(d / DONE):
+        raise CheckpointError(d / DONE, "missing: the checkpoint was never completed")
     try:
-        done = (d / DONE).read_text().strip()
-    except FileNotFoundError:
-        raise CheckpointError(d / DONE, "missing: the checkpoint was never completed") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(d / DONE, f"unreadable ({exc})") from None
+        done = read_text(d / DONE, max_bytes=64).strip()
+    except RunFileError as exc:
+        raise CheckpointError(d / DONE, f"unreadable ({exc.reason})") from None
     if done != str(step):
         raise CheckpointError(d / DONE, f"holds {done!r}, expected {step}")
     try:
-        manifest = json.loads((d / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise CheckpointError(d / MANIFEST, "missing: the checkpoint cannot be verified") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(d / MANIFEST, f"unreadable ({exc})") from None
+        manifest = read_json(d / MANIFEST)
+    except RunFileError as exc:
+        what = ("missing: the checkpoint cannot be verified" if not (d / MANIFEST).exists()
+                else f"unreadable ({exc.reason})")
+        raise CheckpointError(d / MANIFEST, what) from None
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if (not isinstance(files, dict) or manifest.get("format") != MANIFEST_FORMAT
             or manifest.get("version") != MANIFEST_VERSION):
@@ -185,26 +183,48 @@ def _verify(d: Path) -> int:
     if manifest.get("step") != step:
         raise CheckpointError(d / MANIFEST, f"is for step {manifest.get('step')!r}, expected {step}")
     for rel, rec in sorted(files.items()):
-        p = d / rel
-        try:
-            want_size, want_sha = int(rec["size"]), str(rec["sha256"])
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(d / MANIFEST, f"bad entry for {rel!r}: {rec!r}") from None
-        if not p.is_file():
-            raise CheckpointError(p, "missing" if not p.exists() else "not a regular file")
-        try:
-            size, sha = file_digest(p)
-        except OSError as exc:
-            raise CheckpointError(p, f"unreadable ({exc.strerror or exc})") from None
-        if size != want_size:
-            raise CheckpointError(p, f"{size} bytes, {want_size} recorded when the checkpoint was written")
-        if sha != want_sha:
-            raise CheckpointError(p, "content differs from the SHA-256 recorded when the checkpoint was written")
+        _verify_file(d, rel, rec)
     return step
 
 
-def find_resumable(run_dir: Path) -> Resumable | None:
-    """The newest intact checkpoint of a run (verified with :func:`verify_checkpoint`).
+def _verify_file(d: Path, rel: str, rec: Any) -> None:
+    """One file the manifest records: inside the checkpoint, a regular file (never a link), of the recorded size
+    and SHA-256; a ``.json`` file also decodes within the run directory's nesting bound."""
+    parts = PurePosixPath(rel).parts
+    if not rel or PurePosixPath(rel).is_absolute() or ".." in parts or "\\" in rel:
+        raise CheckpointError(d / MANIFEST, f"records {rel!r}, which is not a path inside the checkpoint")
+    p = d.joinpath(*parts)
+    try:
+        want_size, want_sha = int(rec["size"]), str(rec["sha256"])
+    except (KeyError, TypeError, ValueError):
+        raise CheckpointError(d / MANIFEST, f"bad entry for {rel!r}: {rec!r}") from None
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        raise CheckpointError(p, "missing") from None
+    except OSError as exc:
+        raise CheckpointError(p, f"unreadable ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(st.st_mode) or any(q.is_symlink() for q in list(p.parents)[:len(parts) - 1]):
+        raise CheckpointError(p, "not a regular file" if not stat.S_ISLNK(st.st_mode) else
+                              "a symbolic link (a checkpoint holds none: not followed)")
+    if st.st_size != want_size:
+        raise CheckpointError(p, f"{st.st_size} bytes, {want_size} recorded when the checkpoint was written")
+    try:
+        _size, sha = file_digest(p)
+    except OSError as exc:
+        raise CheckpointError(p, f"unreadable ({exc.strerror or exc})") from None
+    if sha != want_sha:
+        raise CheckpointError(p, "content differs from the SHA-256 recorded when the checkpoint was written")
+    if p.suffix == ".json":
+        try:
+            read_json(p)
+        except RunFileError as exc:
+            raise CheckpointError(p, exc.reason) from None
+
+
+def find_resumable(run_dir: Path, check: Callable[[Path], None] | None = None) -> Resumable | None:
+    """The newest intact checkpoint of a run (verified with :func:`verify_checkpoint`, then by ``check(path)``,
+    which raises :class:`CheckpointError` for contents the caller cannot use).
 
     Returns None if the run has no ``step_<n>`` directory at all. Damaged checkpoints newer than the one returned
     are listed in ``skipped`` (newest first) and logged with the file that is damaged.
@@ -213,10 +233,13 @@ def find_resumable(run_dir: Path) -> Resumable | None:
         NoIntactCheckpoint: the run has checkpoints, but none is intact (the message names each damaged file).
     """
     damaged: list[CheckpointError] = []
-    for step, d in reversed(_step_dirs(run_dir)):
+    for step, d in reversed(step_dirs(run_dir)):
         try:
             verify_checkpoint(d)
+            if check is not None:
+                check(d)
         except CheckpointError as exc:
+            exc.checkpoint = d
             log.warning("checkpoint %s is damaged, skipped: %s", d.name, exc)
             damaged.append(exc)
             continue
@@ -233,7 +256,7 @@ def set_aside(run_dir: Path, checkpoints: list[Path]) -> list[Path]:
     target = checkpoint_dir(run_dir) / DAMAGED_DIR
     moved = []
     for d in checkpoints:
-        target.mkdir(exist_ok=True)
+        real_dir(target)  # a link planted there would move the checkpoint out of the run
         dest = target / Path(d).name
         if dest.exists():
             _remove_tree(dest)
@@ -262,6 +285,11 @@ def _fsync_tree(path: Path) -> None:
 
 
 def _remove_tree(path: Path) -> None:
+    """Remove a directory tree, or just the link when ``path`` is a symbolic link (its target is left alone)."""
+    if path.is_symlink():
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -375,22 +403,6 @@ def write_checkpoint(run_dir: Path, step: int, write: Callable[[Path], None], ke
         raise
     prune_checkpoints(run_dir, keep)
     return final
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temp file + fsync + rename; the temp file is removed on failure)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -3,8 +3,9 @@
 A run is described by :class:`TrainConfig`. Its ``env`` section *is* the env's own
 :class:`populora_env.config.EnvConfig` (same fields, same defaults, same validation), so everything the game
 can be told is settable from a preset or a flag (``--env.induction-inputs 10``) and the env is built from that
-section as is. The other sections are the learner's own configs (:class:`agents.trainer.TrainerConfig`,
-:class:`evolution.pbt.PBTConfig`) and the generation settings below.
+section as is. The other sections are the learner's own configs (:class:`agents.trainer_config.TrainerConfig`,
+:class:`evolution.pbt_config.PBTConfig`: torch-free modules, so parsing a command line imports no torch) and the
+generation settings below.
 
 Every field has a docstring: ``populora train --help`` shows them. A preset is a JSON object with the same
 nesting as :class:`TrainConfig` (a shipped name, see :func:`list_presets`, or a path to a ``.json`` file);
@@ -18,24 +19,24 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import numbers
 import os
 import re
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from agents.models import RANDOM_PREFIX, random_shapes
-from agents.trainer import TrainerConfig
-from evolution.pbt import PBTConfig
-from populora_env.checks import check_bool, check_choice, check_section
+from agents.model_names import HF_CONFIG, RANDOM_PREFIX, random_shapes
+from agents.trainer_config import TrainerConfig
+from evolution.pbt_config import PBTConfig
+from populora_env.checks import check_bool, check_choice, check_section, renamed
 from populora_env.config import ConfigError, EnvConfig, check, check_int, check_number
 from selfplay.distributed.config import RAY_INSTALL_HINT, RayConfig, ray_installed
+from selfplay.rundir import RunFileError, parse_json
 
 __all__ = [
     "ConfigError",
@@ -58,10 +59,11 @@ PRESETS_PACKAGE = "selfplay.presets"  # the repository's configs/ directory, shi
 
 @dataclass
 class GenerationConfig:
-    """Sampling settings and backend."""
+    """Sampling settings and the generation engine."""
 
-    backend: Literal["hf", "vllm"] = "hf"
-    """'hf': Hugging Face generate with mixed-adapter batches (CPU/GPU); 'vllm': one vLLM multi-LoRA engine."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Generation engine: 'hf' (this project's Hugging Face generator, mixed-adapter batches, CPU/GPU) or 'vllm'
+    (one vLLM multi-LoRA engine, GPU)."""
     teacher_max_new_tokens: int = 256
     """Generation budget of a proposal."""
     student_max_new_tokens: int = 192
@@ -91,18 +93,25 @@ class GenerationConfig:
     """Fraction of GPU memory vLLM may take (vLLM backend)."""
     vllm_max_model_len: int = 4096
     """Maximum sequence length of the vLLM engine (vLLM backend)."""
+    backend: InitVar[Literal["hf", "vllm"] | None] = None
+    """Deprecated spelling of --generation.engine (accepted, with a warning, for one release)."""
+
+    def __post_init__(self, backend: str | None) -> None:
+        if backend is not None:
+            self.engine = renamed("--generation.backend (generation.backend)",  # type: ignore[assignment]
+                                  "--generation.engine (generation.engine)", backend)
 
     def generator_kwargs(self, model: str) -> dict[str, Any]:
-        """The keyword arguments of ``agents.generation.make_generator`` for this backend (the local loop and
-        the Ray engines build their generator from the same settings); ``model`` is the run's model path."""
-        if self.backend == "hf":
+        """The keyword arguments of ``agents.generation.make_generator`` for this engine (the generator is built by
+        :func:`selfplay.members.build_members`, locally and in the Ray engines); ``model``: the run's model."""
+        if self.engine == "hf":
             return {"batch_size": self.batch_size, "engine": self.hf_engine, "fused_decode": self.fused_decode}
         return {"model_path": model, "gpu_memory_utilization": self.vllm_gpu_memory_utilization,
                 "max_model_len": self.vllm_max_model_len}
 
     def validate(self) -> None:
         """Check every setting; raise :class:`ConfigError` naming the first bad field."""
-        check_choice("backend", self.backend, ("hf", "vllm"))
+        check_choice("engine", self.engine, ("hf", "vllm"))
         check_choice("hf_engine", self.hf_engine, ("generate", "loop"))
         check_int("teacher_max_new_tokens", self.teacher_max_new_tokens, 1, 1 << 20)
         check_int("student_max_new_tokens", self.student_max_new_tokens, 1, 1 << 20)
@@ -169,15 +178,17 @@ class TrainConfig:
     env settings that shape tasks, generation), reused by every run with that fingerprint, so both arms of one
     seed start from the same buffers; default: '.seeding' next to the run directory (selfplay.seeding)."""
     backend: Literal["local", "ray"] = "local"
-    """'local': every part in this process; 'ray': trainer shards, generation engines and sandboxes as Ray actors
-    (the `ray` section; pip install '.[ray]'). The loop, env, ratings, PBT and logging stay in this process."""
+    """Run backend: 'local' (every part in this process) or 'ray' (trainer shards, generation engines and
+    sandboxes as Ray actors: the `ray` section; pip install '.[ray]'). The loop, env, ratings, PBT and logging
+    stay in this process. (Which engine generates is generation.engine.)"""
     ray: RayConfig = field(default_factory=RayConfig)
 
     def validate(self) -> None:
         """Check every value: the types of every field (:func:`check_types`), this config's own fields and
         cross-section rules, and each section by its own ``validate()`` under its prefix (``env.``, ``trainer.``,
         ...); raise :class:`ConfigError` naming the first bad dotted field. Plugins must already be imported
-        (their registered names are looked up here)."""
+        (their registered names are looked up here). The checks that need torch come last, so a bad plain value
+        is reported without loading it."""
         check_types(self)
         check_int("steps", self.steps, 1)
         check_int("seed", self.seed, 0, MAX_SEED)
@@ -188,22 +199,24 @@ class TrainConfig:
               "device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         check_int("rank", self.rank, 1, 4096)
         check_number("alpha", self.alpha, low=0.0, high=1e6, low_open=True)
-        _check_target_modules(self.model, self.target_modules)
-        check_section("env.", self.env)
-        check_section("generation.", self.generation)
-        check(not (self.generation.backend == "vllm" and self.model.startswith(RANDOM_PREFIX)), "generation.backend",
-              f"vllm needs a model directory; {self.model!r} is built in memory: use --generation.backend hf")
-        check_section("trainer.", self.trainer)
-        check_section("pbt.", self.pbt)
         check_int("checkpoint_every", self.checkpoint_every, 1)
         check_int("keep_checkpoints", self.keep_checkpoints, 0)
         check_int("log_samples", self.log_samples, 0)
         check_choice("backend", self.backend, ("local", "ray"))
+        check_section("env.", self.env)
+        check_section("generation.", self.generation)
+        check(not (self.generation.engine == "vllm" and self.model.startswith(RANDOM_PREFIX)), "generation.engine",
+              f"vllm needs a model directory; {self.model!r} is built in memory: use --generation.engine hf")
         if self.backend == "ray":
             check(ray_installed(), "backend", f"ray is not installed; {RAY_INSTALL_HINT}")
             check_section("ray.", self.ray, self.env.num_teachers + self.env.num_students)
         else:  # the local backend ignores the section's values but still checks them
             check_section("ray.", self.ray)
+        # last, the checks that import torch: the registries of the pbt and trainer sections (each checks its
+        # plain values first), then the model's module names (transformers builds the model on the meta device)
+        check_section("pbt.", self.pbt)
+        check_section("trainer.", self.trainer)
+        _check_target_modules(self.model, self.target_modules)
 
 
 # ----------------------------------------------------------------------------------- dict <-> config
@@ -368,10 +381,13 @@ def _coerce_scalar(tp: Any, value: Any, path: str) -> Any:
 
 
 def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a (nested) dict; unknown keys raise :class:`ConfigError`."""
-    hints = typing.get_type_hints(cls)
+    """Build dataclass ``cls`` from a (nested) dict; unknown keys raise :class:`ConfigError`. A deprecated
+    spelling the class still takes (an ``InitVar`` its ``__post_init__`` renames) is accepted."""
+    annotations = typing.get_type_hints(cls)
+    aliases = {k for k, t in annotations.items() if isinstance(t, InitVar)}
+    hints = {k: t.type if k in aliases else t for k, t in annotations.items()}
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    unknown = sorted(set(data) - names - aliases)
     if unknown:
         raise ConfigError(prefix + unknown[0], f"unknown field (known: {', '.join(sorted(names))})")
     return cls(**{k: _coerce(hints[k], v, prefix + k) for k, v in data.items()})
@@ -413,38 +429,22 @@ def preset_path(preset: str) -> Path | None:
     return Path(str(shipped)) if shipped.is_file() else None
 
 
-def _depth(value: Any) -> int:
-    """Nesting depth of a JSON value (iterative: a hostile file cannot exhaust the stack here)."""
-    deepest, todo = 0, [(value, 1)]
-    while todo:
-        v, d = todo.pop()
-        deepest = max(deepest, d)
-        if d > MAX_CONFIG_DEPTH:
-            break
-        if isinstance(v, dict):
-            todo.extend((x, d + 1) for x in v.values())
-        elif isinstance(v, list):
-            todo.extend((x, d + 1) for x in v)
-    return deepest
-
-
 def read_config_json(path: Path, field_name: str) -> dict:
     """The JSON object in ``path`` (a preset or a run's ``config.json``), within :data:`MAX_CONFIG_BYTES` and
-    :data:`MAX_CONFIG_DEPTH`; :class:`ConfigError` for ``field_name`` naming the file otherwise."""
+    :data:`MAX_CONFIG_DEPTH`, with no key twice in one object (JSON would keep the last one silently:
+    ``{"seed": 1, "seed": 2}`` trains seed 2); :class:`ConfigError` for ``field_name`` naming the file otherwise."""
     try:
         size = path.stat().st_size
         if size > MAX_CONFIG_BYTES:
             raise ConfigError(field_name, f"{path} is {size} bytes, more than a run configuration can be "
                                           f"({MAX_CONFIG_BYTES} bytes)")
-        data = json.loads(path.read_text())
-    except RecursionError:
-        raise ConfigError(field_name, f"{path} nests deeper than {MAX_CONFIG_DEPTH} levels") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = parse_json(path.read_text(), path, MAX_CONFIG_DEPTH, unique_keys=True)
+    except RunFileError as exc:
+        raise ConfigError(field_name, f"{path} {exc.reason}") from None
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(field_name, f"cannot read {path}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(field_name, f"{path} must hold a JSON object, got {type(data).__name__}")
-    if _depth(data) > MAX_CONFIG_DEPTH:
-        raise ConfigError(field_name, f"{path} nests deeper than {MAX_CONFIG_DEPTH} levels")
     return data
 
 
@@ -499,12 +499,12 @@ def _model_config_file(model: str) -> Path | None:
     directory, or a built-in model already converted into the cache."""
     p = Path(model).expanduser()
     if p.is_dir():
-        return p / "config.json" if (p / "config.json").is_file() else None
+        return p / HF_CONFIG if (p / HF_CONFIG).is_file() else None
     if model in KNOWN_MODELS:
         from agents import models
 
         name = {"tiny-random": "tiny-random-llama", "smollm2-135m": "smollm2-135m-instruct-fp32"}[model]
-        f = models.cache_dir() / f"{name}-{models._CACHE_VERSION}" / "config.json"
+        f = models.cache_dir() / f"{name}-{models._CACHE_VERSION}" / HF_CONFIG
         return f if f.is_file() else None
     return None
 

@@ -31,14 +31,18 @@ import os
 import time
 import typing
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from selfplay.config import ConfigError, TrainConfig
-from selfplay.config_history import HISTORY_NAME, read_history
+from selfplay.config import ConfigError, TrainConfig, from_dict, to_dict
+from selfplay.rundir import CONFIG, CONFIG_HISTORY, RunDir, RunDirError, open_append
 
-__all__ = ["HISTORY_NAME", "STRUCTURAL", "UNRECORDED", "FREE", "RETIRED", "check_changes", "config_diff",
-           "drop_retired", "normalize_override", "read_history", "record_changes"]
+__all__ = ["HISTORY_NAME", "STRUCTURAL", "UNRECORDED", "FREE", "RETIRED", "ResumePlan", "SavedRun", "check_changes",
+           "config_diff", "drop_retired", "normalize_override", "plan_resume", "read_history", "read_saved_run",
+           "record_changes"]
+
+HISTORY_NAME = CONFIG_HISTORY
 
 STRUCTURAL = ("model", "dtype", "rank", "alpha", "target_modules", "env.num_teachers", "env.num_students")
 """Fields a resumed run can never change."""
@@ -149,7 +153,7 @@ def check_changes(old: Mapping[str, Any], new: Mapping[str, Any], overrides: Seq
     if refused:
         listing = "; ".join(f"{_flag(n)} {_show(a)} -> {_show(b)}" for n, a, b in refused)
         names_ = " ".join(n for n, _, _ in refused)
-        raise ConfigError("resume", f"differs from the run's config.json: {listing}. A resumed run keeps its own "
+        raise ConfigError("resume", f"differs from the run's {CONFIG}: {listing}. A resumed run keeps its own "
                                     f"configuration; to change it and record the change, add --override {names_}")
     return diff
 
@@ -160,9 +164,81 @@ def record_changes(run_dir: Path, step: int, changes: Sequence[tuple[str, Any, A
     lines = [{"step": int(step), "field": n, "old": a, "new": b, "time": when} for n, a, b in changes]
     if not lines:
         return lines
-    with open(Path(run_dir) / HISTORY_NAME, "a", encoding="utf-8") as f:
+    with open_append(Path(run_dir) / HISTORY_NAME) as f:
         for line in lines:
             f.write(json.dumps(line, sort_keys=True) + "\n")
         f.flush()
         os.fsync(f.fileno())
     return lines
+
+
+def read_history(run_dir: str | os.PathLike[str]) -> list[dict]:
+    """The recorded changes of a run (:meth:`selfplay.rundir.RunDir.config_history`)."""
+    return RunDir(run_dir).config_history()
+
+
+# -------------------------------------------------------------------------------------- the run resumed
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """A run to continue, read once: its reader, its ``config.json`` and the configuration it holds as this
+    version reads it (a field added since the run was written is its default; a :data:`RETIRED` one dropped).
+
+    Attributes:
+        run: the run directory's reader.
+        record: ``config.json``.
+        config: ``config.json["config"]`` through the dataclasses.
+    """
+
+    run: RunDir
+    record: dict[str, Any]
+    config: TrainConfig
+
+    @property
+    def assignment(self) -> dict[str, str] | None:
+        """The run's agent -> adapter assignment (``mapping.agent_to_member``), ``None`` when not saved."""
+        mapping = self.record.get("mapping")
+        members = mapping.get("agent_to_member") if isinstance(mapping, dict) else None
+        return dict(members) if isinstance(members, dict) else None
+
+
+def read_saved_run(path: str | os.PathLike[str]) -> SavedRun:
+    """Read the run ``path`` continues (``--resume``) once, before anything else is decided.
+
+    Raises:
+        RunDirError: no ``config.json``, or one that cannot be read (damaged, nested too deep, a link out of the
+            run, no ``config`` object); the message names it.
+        ConfigError: a saved setting this version refuses (field ``resume``; the reason names the file).
+    """
+    run = RunDir(path)
+    if run.config() is None:
+        raise RunDirError(f"{run.entry(CONFIG)} not found (is {run.path} a run directory?)")
+    saved = run.train_config()
+    try:
+        config = from_dict(TrainConfig, drop_retired(saved))
+    except ConfigError as e:
+        raise ConfigError("resume", f"{run.entry(CONFIG)}: {e.field}: {e.reason}") from None
+    return SavedRun(run, dict(run.config() or {}), config)
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """What a resume continues and what it changes, decided once (the command line makes it before a dry run,
+    :func:`selfplay.resume.resume_point` uses it): the saved run and the accepted ``(field, old, new)``
+    changes."""
+
+    saved: SavedRun
+    changes: list[tuple[str, Any, Any]]
+
+
+def plan_resume(cfg: TrainConfig, overrides: Sequence[str] = (), saved: SavedRun | None = None) -> ResumePlan:
+    """Compare ``cfg`` with the run it resumes (``cfg.resume``, read here unless ``saved`` is given).
+
+    Raises:
+        RunDirError: see :func:`read_saved_run`.
+        ConfigError: a difference that may not be made (:func:`check_changes`).
+    """
+    if saved is None:
+        saved = read_saved_run(cfg.resume)
+    return ResumePlan(saved, check_changes(to_dict(saved.config), to_dict(cfg), overrides))

@@ -18,8 +18,6 @@ step, phase, agent, index), so a resumed run repeats the uninterrupted one.
 
 from __future__ import annotations
 
-import dataclasses
-import random
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -28,20 +26,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from agents.generation import Completion, GenerationRequest, make_generator
+from agents.generation import Completion, GenerationRequest
 from agents.generation.threads import generation_threads
-from agents.models import load_base
-from agents.population import LoRAPopulation
-from agents.trainer import PolicyGradientTrainer
-from evolution.pbt import PBTController
-from populora_env import parallel_env
 from populora_env.results import RoundOutcome
 from selfplay.config import TrainConfig
 from selfplay.finite import NonFiniteGuard, check_rewards
 from selfplay.mapping import AgentMapping
+from selfplay.members import model_device
+from selfplay.parts import build_parts
 from selfplay.rollouts import CompletionId, rollouts_from_round
+from selfplay.rundir import LINEAGE
 from selfplay.seeding import SeedingReport, seed_before_training
 
 
@@ -95,42 +90,17 @@ class SelfPlayLoop:
     # ------------------------------------------------------------------------------------- set-up
     @property
     def device(self) -> str:
-        """The torch device the local backend's model runs on (``cfg.device``; ``auto``: CUDA if available)."""
-        if self.cfg.device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        return self.cfg.device
+        """The torch device this process's model runs on (``cfg.device``; ``auto``: CUDA if available)."""
+        return model_device(self.cfg)
 
     def setup(self) -> None:
-        """Build every component (the slow part: model loading)."""
-        cfg = self.cfg
+        """Build every part (the slow part: model loading) with :func:`selfplay.parts.build_parts`: locally its
+        :func:`selfplay.members.build_members`, the builder the Ray actors call too."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if cfg.threads > 0:
-            torch.set_num_threads(cfg.threads)
-        torch.manual_seed(cfg.seed)
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed & 0xFFFFFFFF)  # numpy's legacy seed takes 32 bits; the same for seeds < 2**32
-        if cfg.backend == "ray":  # the same parts as Ray actors behind the same interfaces (docs/ray.md)
-            from selfplay.distributed.backend import RayBackend
-
-            self.backend = RayBackend(cfg, self.run_dir, self.assignment)
-            self.env = parallel_env(cfg.env, seed=cfg.seed, sandbox=self.backend.sandbox)
-            self.mapping = AgentMapping.build(self.env.teachers, self.env.students, self.assignment)
-            self.tokenizer = None
-            self.population, self.generator, self.trainer = self.backend.build(self.mapping)
-        else:
-            self.env = parallel_env(cfg.env, seed=cfg.seed)
-            self.mapping = AgentMapping.build(self.env.teachers, self.env.students, self.assignment)
-            base, self.tokenizer = load_base(cfg.model, dtype=getattr(torch, cfg.dtype))
-            base.to(self.device)
-            self.population = LoRAPopulation(base, self.mapping.members, rank=cfg.rank, alpha=cfg.alpha,
-                                             target_modules=cfg.target_modules, seed=cfg.seed)
-            g = cfg.generation
-            self.generator = make_generator(g.backend, self.population, self.tokenizer,
-                                            **g.generator_kwargs(cfg.model))
-            self.trainer = PolicyGradientTrainer(self.population, cfg.trainer)
-        evolve = cfg.evolution and any(len(ms) >= 2 for ms in self.mapping.roles.values())
-        pbt_cfg = dataclasses.replace(cfg.pbt, seed=cfg.seed + cfg.pbt.seed)  # one seed drives the run
-        self.pbt = PBTController(pbt_cfg, self.run_dir / "lineage.jsonl", final_step=cfg.steps) if evolve else None
+        parts = build_parts(self.cfg, self.run_dir, self.assignment, self.run_dir / LINEAGE)
+        self.env, self.mapping, self.pbt = parts.env, parts.mapping, parts.pbt
+        self.population, self.generator, self.trainer = parts.population, parts.generator, parts.trainer
+        self.tokenizer, self.backend = parts.tokenizer, parts.backend
         self.step = 0
         self._seeded = False
         self.seeding: SeedingReport | None = None  # the base model's seeding stage (env.seed_tasks), if any

@@ -8,8 +8,9 @@ so that a preset or a flag can then name it. ``populora train --plugins my_schem
 each entry: a path ending in ``.py`` is loaded as a module from that file, anything else is imported by its
 module name (it must be importable, e.g. installed or on ``PYTHONPATH``).
 
-Paths are made absolute when the run starts and saved in its ``config.json``, so ``--resume`` imports the same
-files again.
+Paths are made absolute when the run starts and saved in its ``config.json``. ``--resume`` imports a run's plugins
+only when its command line names them again (the command line refuses, naming them, otherwise): a run directory
+may come from someone else, and what its ``config.json`` names is not what the user chose to run.
 """
 
 from __future__ import annotations

@@ -4,23 +4,32 @@
 run. It decides between a new run and a resumed one and makes every check on the run directory before the model
 loads:
 
-* **new run** (``cfg.resume`` unset): the directory (``cfg.run_dir``, else ``runs/<name>``) must hold no run
+* **new run** (``cfg.resume`` unset): the directory (``cfg.run_dir``, else ``runs/<name>``) must be new or empty
   (:func:`selfplay.rundir.prepare_new_run_dir`); it is created;
-* **resume** (``cfg.resume = R``): ``R`` must be a writable run directory
+* **resume** (``cfg.resume = R``): ``R`` must be a writable run directory with no link where a run writes
   (:func:`selfplay.rundir.check_resume_dir`); the configuration may differ from ``R/config.json`` only as
-  :mod:`selfplay.config_changes` allows; the leftovers of an interrupted checkpoint write are removed; the
-  newest intact checkpoint is chosen (:func:`selfplay.checkpoint.find_resumable`; none intact:
-  :class:`~selfplay.checkpoint.NoIntactCheckpoint`); accepted config changes are recorded at its step; the
-  damaged newer checkpoints are moved to ``checkpoints/damaged/``; the lineage lines written after it are
-  dropped (a run killed before its first checkpoint restarts from step 0 and drops them all).
+  :mod:`selfplay.config_changes` allows (the file is read and compared once, by
+  :func:`~selfplay.config_changes.plan_resume`: the command line makes that plan before a dry run and hands it
+  over); the leftovers of an interrupted checkpoint write are removed; the newest intact checkpoint is chosen
+  (:func:`selfplay.checkpoint.find_resumable`, its contents checked by :func:`check_checkpoint`: ``loop_state.json``
+  value by value, every tensor file through a loader that runs no code; none intact:
+  :class:`~selfplay.checkpoint.NoIntactCheckpoint`); accepted config
+  changes are recorded at its step; the damaged newer checkpoints are moved to ``checkpoints/damaged/``; the
+  lineage lines written after it are dropped (a run killed before its first checkpoint restarts from step 0 and
+  drops them all).
 
 It holds the directory's lock (:func:`selfplay.rundir.run_lock`) until the ``with`` block ends.
 
 A checkpoint (written atomically by :func:`selfplay.checkpoint.write_checkpoint`) holds everything needed to
 continue exactly: the population's adapters and optimizer states, the env's state (ratings, buffers, RNG), the
-PBT controller's state, and ``loop_state.json`` (the step, the run's :class:`Progress` and the Python and NumPy
-RNG states) plus ``torch_rng.pt``. Sampling seeds are derived from (seed, step, phase, agent, index), so a
-resumed run repeats the uninterrupted one value for value.
+PBT controller's state, and ``loop_state.json`` (the step, the run's :class:`Progress` and the Python, NumPy and
+torch RNG states, all JSON). Sampling seeds are derived from (seed, step, phase, agent, index), so a resumed run
+repeats the uninterrupted one value for value.
+
+Nothing in a checkpoint is unpickled but the optimizer states (``torch.load(weights_only=True)``, explicitly, so
+``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` cannot turn the restricted loader off) and, in a checkpoint written before the
+torch RNG state moved into ``loop_state.json``, ``torch_rng.pt`` (the same way). Whatever a damaged or foreign
+file makes a loader raise is a :class:`~selfplay.checkpoint.CheckpointError` naming the file.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ import json
 import logging
 import random
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,11 +56,22 @@ from selfplay.checkpoint import (
     set_aside,
     write_checkpoint,
     write_json,
+)
+from selfplay.config import TrainConfig, to_dict
+from selfplay.config_changes import HISTORY_NAME, ResumePlan, plan_resume, record_changes
+from selfplay.rundir import (
+    CONFIG,
+    LINEAGE,
+    RunDir,
+    RunFileError,
+    check_resume_dir,
+    finite_number,
+    prepare_new_run_dir,
+    read_json,
+    run_lock,
+    valid_step,
     write_text_atomic,
 )
-from selfplay.config import ConfigError, TrainConfig, from_dict, read_config_json, to_dict
-from selfplay.config_changes import HISTORY_NAME, check_changes, drop_retired, record_changes
-from selfplay.rundir import check_resume_dir, default_run_dir, prepare_new_run_dir, run_lock
 
 if TYPE_CHECKING:
     from selfplay.loop import SelfPlayLoop
@@ -84,7 +104,8 @@ class Progress:
 
 
 @contextlib.contextmanager
-def resume_point(cfg: TrainConfig, overrides: Sequence[str] = (), command: str = "train") -> Iterator[ResumePoint]:
+def resume_point(cfg: TrainConfig, overrides: Sequence[str] = (), command: str = "train",
+                 plan: ResumePlan | None = None) -> Iterator[ResumePoint]:
     """Decide between a new run and a resumed one, check and prepare the run directory (see the module
     docstring), and hold its lock while the block runs.
 
@@ -92,9 +113,12 @@ def resume_point(cfg: TrainConfig, overrides: Sequence[str] = (), command: str =
         cfg: the validated run configuration (``cfg.resume``: the run to continue).
         overrides: with ``cfg.resume``, the fields allowed to differ from the run's ``config.json``.
         command: what holds the lock (named to a second process that tries).
+        plan: with ``cfg.resume``, the comparison the caller already made (:func:`plan_resume`: the command line
+            makes it before a dry run); ``None``: made here. Either way ``config.json`` is read once.
 
     Raises:
-        RunDirError: the directory cannot be used (holds a run already, is no run, is locked, is unwritable).
+        RunDirError: the directory cannot be used (holds a run already, is no run, is locked, is unwritable,
+            holds a link where a run writes).
         ConfigError: a resumed run's configuration differs in a field that may not change.
         NoIntactCheckpoint: the resumed run has checkpoints, but none is intact.
     """
@@ -105,59 +129,58 @@ def resume_point(cfg: TrainConfig, overrides: Sequence[str] = (), command: str =
         return
     run_dir = check_resume_dir(Path(cfg.resume))
     with run_lock(run_dir, command):
-        yield _continue(cfg, run_dir, overrides)
+        yield _continue(cfg, run_dir, plan if plan is not None else plan_resume(cfg, overrides))
 
 
-def _continue(cfg: TrainConfig, run_dir: Path, overrides: Sequence[str]) -> ResumePoint:
+def default_run_dir(cfg: TrainConfig) -> Path:
+    """``cfg.run_dir``, else ``runs/<cfg.name>`` (the caller names the run)."""
+    if cfg.run_dir is not None:
+        return Path(cfg.run_dir)
+    return Path("runs") / (cfg.name or f"{Path(cfg.preset).stem}-s{cfg.seed}")
+
+
+def _continue(cfg: TrainConfig, run_dir: Path, plan: ResumePlan) -> ResumePoint:
     """The checks and clean-up of a resumed run, before its model loads."""
-    saved, changes = _config_changes(cfg, run_dir, overrides)
     cleanup_partial(run_dir)
-    chosen = find_resumable(run_dir)
+    chosen = find_resumable(run_dir, check=check_checkpoint)
     step = chosen.step if chosen is not None else 0
-    if changes:  # recorded at the step the run continues from, before any step trains with them
-        for line in record_changes(run_dir, step, changes):
+    if plan.changes:  # recorded at the step the run continues from, before any step trains with them
+        for line in record_changes(run_dir, step, plan.changes):
             log.warning("resume: %s changed from %s to %s after step %d (recorded in %s)", line["field"],
                         json.dumps(line["old"]), json.dumps(line["new"]), line["step"], HISTORY_NAME)
-        write_json(run_dir / "config.json", {**saved, "config": to_dict(cfg)})
+        write_json(run_dir / CONFIG, {**plan.saved.record, "config": to_dict(cfg)})
     if chosen is None:
         log.warning("no checkpoint in %s: starting from step 0", run_dir)
     else:
         set_aside(run_dir, [e.checkpoint for e in chosen.skipped])
-    truncate_lineage(run_dir, step)
+    truncate_lineage(plan.saved.run, step)
     return ResumePoint(run_dir, resuming=True, checkpoint=chosen)
 
 
-def _config_changes(cfg: TrainConfig, run_dir: Path, overrides: Sequence[str]) -> tuple[dict, list]:
-    saved = read_config_json(run_dir / "config.json", "resume")
-    if not isinstance(saved.get("config"), dict):
-        raise ConfigError("resume", f"{run_dir / 'config.json'} holds no run configuration")
-    # normalised through the dataclasses: a field added since the run was written is its default, not a change
-    saved_config = to_dict(from_dict(TrainConfig, drop_retired(saved["config"])))
-    return saved, check_changes(saved_config, to_dict(cfg), overrides)
-
-
-def truncate_lineage(run_dir: Path, step: int) -> None:
+def truncate_lineage(run: RunDir | Path, step: int) -> None:
     """Drop the lineage lines written after checkpoint ``step`` by a run that was killed later (a line cut short
     by the kill included: it was being written after the checkpoint)."""
-    path = Path(run_dir) / "lineage.jsonl"
-    if not path.is_file():
-        return
+    run = run if isinstance(run, RunDir) else RunDir(run)
     keep, dropped = [], 0
-    for ln in path.read_text().splitlines():
-        try:
-            line_step = json.loads(ln)["step"] if ln.strip() else None
-        except (json.JSONDecodeError, TypeError, KeyError):
-            line_step = None
-        if isinstance(line_step, int) and line_step <= step:
+    for ln, rec in run.lineage_lines():
+        line_step = rec.get("step") if isinstance(rec, dict) else None
+        if valid_step(line_step, step):
             keep.append(ln)
-        elif ln.strip():
+        else:
             dropped += 1
     if dropped:
         log.info("lineage: dropped %d line(s) written after checkpoint step %d", dropped, step)
-        write_text_atomic(path, "".join(ln + "\n" for ln in keep))
+        write_text_atomic(run.entry(LINEAGE), "".join(ln + "\n" for ln in keep))
 
 
 # ------------------------------------------------------------------------------------ the checkpoint's state
+
+LOOP_STATE = "loop_state.json"
+TORCH_RNG_LEGACY = "torch_rng.pt"
+"""Where checkpoints written before the torch RNG state moved into ``loop_state.json`` kept it (a pickle, read
+only with ``torch.load(weights_only=True)``, whatever ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says)."""
+MAX_RNG_REPR = 1 << 16
+"""Longest ``python_rng`` read (``repr(random.getstate())`` is about 7,000 characters)."""
 
 
 def save_checkpoint(loop: SelfPlayLoop, progress: Progress, keep: int) -> Path:
@@ -168,14 +191,166 @@ def save_checkpoint(loop: SelfPlayLoop, progress: Progress, keep: int) -> Path:
         write_json(d / "env_state.json", loop.env.state_dict())
         if loop.pbt is not None:
             write_json(d / "pbt_state.json", loop.pbt.state_dict())
-        write_json(d / "loop_state.json", {
+        write_json(d / LOOP_STATE, {
             "step": loop.step, "totals": dict(progress.totals), "history": progress.history,
             "python_rng": repr(random.getstate()),
             "numpy_rng": _np_state_to_json(np.random.get_state()),
+            "torch_rng": torch.get_rng_state().numpy().tobytes().hex(),
         })
-        torch.save({"torch_rng": torch.get_rng_state()}, d / "torch_rng.pt")
 
     return write_checkpoint(loop.run_dir, loop.step, write, keep=keep)
+
+
+@dataclass(frozen=True)
+class LoopState:
+    """``loop_state.json``, checked: the step, the run's progress and the three RNG states, each as its
+    ``setstate`` takes it."""
+
+    step: int
+    totals: dict[str, float]
+    history: list[dict[str, Any]]
+    python_rng: tuple
+    numpy_rng: tuple
+    torch_rng: torch.Tensor
+
+
+def read_loop_state(d: Path) -> LoopState:
+    """``d/loop_state.json`` (and, in a checkpoint written before the torch RNG state moved into it,
+    ``d/torch_rng.pt``), every value checked: the step is the checkpoint's, the totals are numbers, the history
+    a list of objects, and each RNG state is accepted by a scratch generator of its kind. Nothing is unpickled
+    except the legacy ``torch_rng.pt``, with ``weights_only=True``.
+
+    Raises:
+        CheckpointError: naming the file and, for ``loop_state.json``, the field.
+    """
+    path = Path(d) / LOOP_STATE
+    try:
+        st = read_json(path)
+    except RunFileError as exc:
+        raise CheckpointError(path, exc.reason) from None
+    if not isinstance(st, dict):
+        raise CheckpointError(path, f"holds a JSON {type(st).__name__}, not an object")
+
+    def bad(name: str, why: str) -> CheckpointError:
+        return CheckpointError(path, f"field {name!r}: {why}")
+
+    step = int(Path(d).name.rpartition("_")[2]) if Path(d).name.rpartition("_")[2].isdigit() else None
+    if not valid_step(st.get("step")) or st["step"] != step:
+        raise bad("step", f"holds {st.get('step')!r}, expected {step}")
+    totals = st.get("totals", {})
+    if not isinstance(totals, dict) or not all(isinstance(k, str) and finite_number(v) for k, v in totals.items()):
+        raise bad("totals", "not an object of finite numbers")
+    history = st.get("history", [])
+    if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
+        raise bad("history", "not a list of objects")
+    return LoopState(step, dict(totals), list(history), _python_rng(st.get("python_rng"), bad),
+                     _numpy_rng(st.get("numpy_rng"), bad), _torch_rng(st.get("torch_rng"), Path(d), bad))
+
+
+def check_checkpoint(d: Path) -> None:
+    """The contents of an intact checkpoint (:func:`~selfplay.checkpoint.find_resumable`'s ``check``), before the
+    model loads: ``loop_state.json`` value by value (:func:`read_loop_state`), the member names of
+    ``population/population.json`` (folders beside it, so no member is read from elsewhere), every ``.pt`` file through
+    ``torch.load(weights_only=True)`` (a pickle that names anything but tensors and plain containers is refused,
+    and never runs) and every ``.safetensors`` header.
+
+    Raises:
+        CheckpointError: naming the file (and, in ``loop_state.json``, the field).
+    """
+    from safetensors import safe_open
+
+    read_loop_state(d)
+    members = Path(d) / "population" / "population.json"
+    try:
+        meta = read_json(members) if members.is_file() else {"names": []}
+    except RunFileError as exc:
+        raise CheckpointError(members, exc.reason) from None
+    names = meta.get("names") if isinstance(meta, dict) else None
+    def member_dir(n: Any) -> bool:
+        p = members.parent / n if isinstance(n, str) and n not in ("", ".", "..") and Path(n).name == n else None
+        return p is not None and not p.is_symlink() and p.is_dir()
+
+    if not isinstance(names, list) or not all(member_dir(n) for n in names):
+        raise CheckpointError(members, "'names' is not a list of the member folders beside it")
+    for p in sorted(Path(d).rglob("*")):
+        if p.is_symlink() or not p.is_file():
+            continue
+        try:
+            if p.suffix == ".pt":
+                torch.load(p, map_location="cpu", weights_only=True)
+            elif p.suffix == ".safetensors":
+                with safe_open(str(p), framework="pt") as f:
+                    f.keys()
+        except Exception as exc:  # noqa: BLE001 - whatever a foreign file makes the loader raise, e.g. a refused pickle
+            raise CheckpointError(p, f"not a tensor file this project writes ({_brief(exc)})") from None
+
+
+def _python_rng(value: Any, bad: Callable[[str, str], CheckpointError]) -> tuple:
+    if not isinstance(value, str) or len(value) > MAX_RNG_REPR:
+        raise bad("python_rng", f"not the repr of a random.getstate() (a string of at most {MAX_RNG_REPR} "
+                                "characters)")
+    try:  # our own repr of random.getstate(): a tuple of ints; literal_eval evaluates literals only
+        state = ast.literal_eval(value)
+        random.Random().setstate(state)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, OverflowError) as exc:
+        raise bad("python_rng", f"not a random.getstate() ({_brief(exc)})") from None
+    return state
+
+
+def _numpy_rng(value: Any, bad: Callable[[str, str], CheckpointError]) -> tuple:
+    try:
+        state = _np_state_from_json(value)
+        np.random.RandomState().set_state(state)
+    except (ValueError, TypeError, IndexError, KeyError, OverflowError) as exc:
+        raise bad("numpy_rng", f"not a NumPy MT19937 state ({_brief(exc)})") from None
+    return state
+
+
+def _torch_rng(value: Any, d: Path, bad: Callable[[str, str], CheckpointError]) -> torch.Tensor:
+    legacy = value is None and (d / TORCH_RNG_LEGACY).is_file()
+    if not legacy and not isinstance(value, str):
+        raise bad("torch_rng", f"missing or not a hex string (and no {TORCH_RNG_LEGACY})")
+    try:
+        state = _legacy_torch_rng(d / TORCH_RNG_LEGACY) if legacy else torch.frombuffer(
+            bytearray(bytes.fromhex(value)), dtype=torch.uint8)
+        torch.Generator().set_state(state)
+    except (ValueError, RuntimeError, TypeError) as exc:
+        why = f"not a torch CPU generator state ({_brief(exc)})"
+        raise (CheckpointError(d / TORCH_RNG_LEGACY, why) if legacy else bad("torch_rng", why)) from None
+    return state
+
+
+def _legacy_torch_rng(path: Path) -> torch.Tensor:
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        state = saved["torch_rng"]
+    except Exception as exc:  # noqa: BLE001 - whatever a foreign file makes the restricted unpickler raise
+        raise CheckpointError(path, f"not a torch RNG state saved by this project ({_brief(exc)})") from None
+    if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8:
+        raise CheckpointError(path, "holds no uint8 tensor under 'torch_rng'")
+    return state
+
+
+def _brief(exc: BaseException) -> str:
+    """An exception in one line: its type and message, whitespace collapsed; for torch's refusal of a pickle, the
+    restricted unpickler's own reason instead of its advice to load the file unrestricted."""
+    text = " ".join(str(exc).split())
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        reason = text.split(marker, 1)[1].split(" Check the documentation", 1)[0].strip()
+        text = f"refused by torch's weights-only loader: {reason}"
+    return f"{type(exc).__name__}: {text}"
+
+
+def _restore(path: Path, restore: Callable[[], Any]) -> Any:
+    """``restore()``, with whatever a foreign or damaged file makes it raise reported as a
+    :class:`CheckpointError` naming ``path`` (the original exception is the ``__cause__``)."""
+    try:
+        return restore()
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a loader's error on content it cannot use, e.g. a refused pickle
+        raise CheckpointError(path, f"cannot be restored ({_brief(exc)})") from exc
 
 
 def load_checkpoint(point: ResumePoint, loop: SelfPlayLoop) -> Progress:
@@ -183,23 +358,21 @@ def load_checkpoint(point: ResumePoint, loop: SelfPlayLoop) -> Progress:
     without a checkpoint the loop stays at step 0 and the progress is empty.
 
     Raises:
-        CheckpointError: the checkpoint does not fit this run.
+        CheckpointError: the checkpoint does not fit this run (naming the file).
     """
     chosen = point.checkpoint
     if chosen is None:
         return Progress()
     d = chosen.path
-    st = json.loads((d / "loop_state.json").read_text())
-    if int(st["step"]) != chosen.step:
-        raise CheckpointError(d / "loop_state.json", f"holds step {st['step']}, expected {chosen.step}")
-    loop.population.load_all(d / "population")
-    loop.env.load_state_dict(json.loads((d / "env_state.json").read_text()))
+    st = read_loop_state(d)
+    _restore(d / "population", lambda: loop.population.load_all(d / "population"))
+    _restore(d / "env_state.json", lambda: loop.env.load_state_dict(read_json(d / "env_state.json")))
     if loop.pbt is not None and (d / "pbt_state.json").is_file():
-        loop.pbt.load_state_dict(json.loads((d / "pbt_state.json").read_text()))
-    progress = Progress(defaultdict(float, st.get("totals", {})), list(st.get("history", [])))
-    random.setstate(ast.literal_eval(st["python_rng"]))  # our own repr of random.getstate(): a tuple of ints
-    np.random.set_state(_np_state_from_json(st["numpy_rng"]))
-    torch.set_rng_state(torch.load(d / "torch_rng.pt")["torch_rng"])
+        _restore(d / "pbt_state.json", lambda: loop.pbt.load_state_dict(read_json(d / "pbt_state.json")))
+    progress = Progress(defaultdict(float, st.totals), st.history)
+    random.setstate(st.python_rng)
+    np.random.set_state(st.numpy_rng)
+    torch.set_rng_state(st.torch_rng)
     loop.continue_after(chosen.step)
     skipped = "".join(f"; skipped damaged {e.checkpoint.name} ({e})" for e in chosen.skipped)
     log.info("resumed %s from checkpoint step %d%s", point.run_dir, chosen.step, skipped)
@@ -212,7 +385,10 @@ def _np_state_to_json(state: tuple) -> list:
 
 
 def _np_state_from_json(s: list) -> tuple:
+    if not isinstance(s, list) or len(s) != 5 or not isinstance(s[1], list) or len(s[1]) != 624:
+        raise ValueError("expected [name, 624 keys, pos, has_gauss, cached_gaussian]")
     return (s[0], np.array(s[1], dtype=np.uint32), s[2], s[3], s[4])
 
 
-__all__ = ["Progress", "ResumePoint", "load_checkpoint", "resume_point", "save_checkpoint", "truncate_lineage"]
+__all__ = ["LoopState", "Progress", "ResumePoint", "check_checkpoint", "load_checkpoint", "read_loop_state",
+           "resume_point", "save_checkpoint", "truncate_lineage"]

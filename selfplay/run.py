@@ -22,6 +22,7 @@ from selfplay.config import TrainConfig, to_dict
 from selfplay.logger import TensorBoardLogger
 from selfplay.loop import SelfPlayLoop
 from selfplay.resume import Progress, ResumePoint, load_checkpoint, resume_point, save_checkpoint
+from selfplay.rundir import ADAPTERS, CONFIG, SUMMARY
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ def train_from(point: ResumePoint, cfg: TrainConfig, assignment: Mapping[str, st
     t_setup = time.perf_counter()
     loop.setup()
     if not point.resuming:
-        write_json(run_dir / "config.json", {"name": run_dir.name, **dict(meta or {}), "model": cfg.model,
+        write_json(run_dir / CONFIG, {"name": run_dir.name, **dict(meta or {}), "model": cfg.model,
                                              "rank": cfg.rank, "alpha": cfg.alpha,
                                              "mapping": loop.mapping.to_dict(), "config": to_dict(cfg)})
     progress = load_checkpoint(point, loop)
@@ -124,14 +125,14 @@ def train_from(point: ResumePoint, cfg: TrainConfig, assignment: Mapping[str, st
         bar.close()
         tb.close()
         loop.env.close()
-    save_adapters(loop, run_dir / "adapters")
+    save_adapters(loop, run_dir / ADAPTERS)
     step_times = [h["step_seconds"] for h in progress.history if h.get("step_seconds") is not None]
     summary = {"steps": loop.step, "setup_seconds": setup_s,
                "median_step_seconds": float(np.median(step_times)) if step_times else None,
                "totals_seconds": dict(progress.totals), "members": list(loop.population.names),
                "history": progress.history}
-    write_json(run_dir / "run_summary.json", summary)
-    log.info("run finished: %s", json.dumps({k: v for k, v in summary.items() if k != "history"}))
+    write_json(run_dir / SUMMARY, summary)
+    log.debug("run finished: %s", json.dumps({k: v for k, v in summary.items() if k != "history"}))
     return run_dir
 
 

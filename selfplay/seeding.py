@@ -54,6 +54,7 @@ from populora_env.seeds import strip_comments_and_docstrings
 from populora_env.tasks import TaskType
 from selfplay.checkpoint import write_json
 from selfplay.config import TrainConfig, to_dict
+from selfplay.rundir import SEEDING, RunFileError, UnsafeRunFile, read_json
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ ARM_FIELDS = ("num_teachers", "num_students", "reward_scheme", "reward_kwargs")
 """The env fields left out of the seeding fingerprint: what differs between the arms of one comparison and does
 not shape the seeded tasks."""
 
-SEEDING_FILE = "seeding.json"
+SEEDING_FILE = SEEDING
 """The seeding stage's record in the run directory (report, buffers and the settings they came from)."""
 
 DEFAULT_BATCH = 64
@@ -341,9 +342,15 @@ def _seed(cfg: TrainConfig, env: Any, generator: Any, device: str) -> SeedingRep
 
 
 def _read(path: Path) -> dict[str, Any] | None:
+    """A saved seeding (``None`` when missing or unreadable: the stage runs again); nested beyond the run
+    directory's bound is :class:`~selfplay.rundir.UnsafeRunFile`."""
+    if not path.exists():
+        return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = read_json(path)
+    except UnsafeRunFile:
+        raise
+    except RunFileError:
         return None
     return data if isinstance(data, dict) and {"fingerprint", "report", "buffers"} <= set(data) else None
 

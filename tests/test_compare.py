@@ -137,11 +137,11 @@ def _compare_in_process(*args: str) -> int:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--seeds", "2"], "--preset is required"),
-    (["--preset", "cpu-smoke"], "--seeds N"),
+    (["--seeds", "2"], "--preset: required"),
+    (["--preset", "cpu-smoke"], "--seeds: required"),
     (["--preset", "cpu-smoke", "--seeds", "2", "--arms", "population,nobody"], "--arms"),
     (["--preset", "cpu-smoke", "--seeds", "2", "--parallel", "0"], "--parallel"),
-    (["--preset", "cpu-smoke", "--seeds", "2", "--ray-address", "x:1"], "--ray-address needs --backend ray"),
+    (["--preset", "cpu-smoke", "--seeds", "2", "--ray-address", "x:1"], "--ray-address: needs --backend ray"),
     (["--preset", "cpu-smoke", "--seeds", "1", "--tail", "0"], "--tail"),
     (["--from", "/nonexistent/run"], "is not a directory"),
 ])
@@ -220,3 +220,7 @@ def test_plan_threads_and_commands(tmp_path: Path) -> None:
     assert base.argv[3:] == ["baseline", "--resume", str(unfinished), "--no-progress", "--threads", "3",
                              "--generation.threads", "3"]
     assert (base.resume, base.num_cpus, base.num_gpus) == (True, 3, 1)
+    vllm = {"threads": 0, "generation": {"threads": 1, "engine": "vllm"}}  # the resolved config's engine
+    jobs, _ = plan(tmp_path / "v", ["population"], {"population": "p.json"}, [0], [], {"population": vllm}.__getitem__,
+                   threads=3)
+    assert jobs[0].num_gpus == 1

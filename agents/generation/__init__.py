@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Literal
 
 from agents.generation.base import Completion, GenerationRequest, Generator
-from agents.generation.hf import HFGenerator
+from agents.generation.hf import HFGenerator, HFOptions
 
-__all__ = ["Completion", "GenerationRequest", "Generator", "HFGenerator", "make_generator"]
+__all__ = ["Completion", "GenerationRequest", "Generator", "HFGenerator", "HFOptions", "make_generator"]
 
 
 def make_generator(kind: Literal["hf", "vllm"], population, tokenizer, **kwargs) -> Generator:

@@ -1,4 +1,4 @@
-"""The HF backend's own prefill + decode loop (``HFGenerator(engine="loop")``, the default), with seven levers.
+"""The HF backend's own prefill + decode loop (``HFGenerator(engine="loop")``, the default), with five levers.
 
 HF ``generate`` prefills every row of a chunk in one left-padded batch and decodes every row until the last one
 finishes. This loop calls the model's forward itself, so that:
@@ -6,9 +6,6 @@ finishes. This loop calls the model's forward itself, so that:
 * ``share_prompts``: each UNIQUE ``(adapter, prompt ids)`` is prefilled once and its keys/values are copied
   into the cache rows of its ``n`` samples (students' attempts at one task share a prompt); the first logits
   are shared the same way.
-* ``unpadded_prefill``: each unique prompt is prefilled alone, without padding (no compute on left padding,
-  no padding mask); its keys/values are written at the right end of its rows in the left-padded decode cache,
-  at the same positions a padded prefill gives them (position ids ``0 .. len-1``).
 * ``tree_prefill``: the unique prompts of each adapter are prefilled as the radix tree of their tokens
   (:func:`agents.packing.pack_prefix_shared`, grouped by adapter): a prefix that several prompts share (the
   role's instructions, a task's statement) is computed once, trees are packed into rows without padding, and
@@ -18,8 +15,6 @@ finishes. This loop calls the model's forward itself, so that:
 * ``drop_finished``: a row that emitted EOS, completed a stop string or reached its budget leaves the decode
   batch (its cache rows, mask row and adapter row are dropped), so it stops costing attention, LoRA and
   sampling work.
-* ``transposed_decode``: decode steps run with the frozen base weights stored transposed
-  (:mod:`agents.generation.layout`: MKL's small-batch GEMM is ~2x faster in that layout on this CPU).
 * ``fused_decode``: decode steps of Llama-family models on CPU run through :class:`agents.generation.fused.
   FusedDecoder` (stacked, transposed projections; LoRA per row in one low-rank product per module group;
   attention of one query by two batched matmuls) instead of HF's forward; the prefill stays HF's.
@@ -27,10 +22,15 @@ finishes. This loop calls the model's forward itself, so that:
   in oneDNN's packed layout (:class:`agents.generation.fused.FusedDecoder`, ``onednn=``) where the torch build
   has it; off, they use MKL's GEMM on the transposed weights as the other projections do.
 
-With the seven off, the loop computes what ``generate`` computes (the same padded prefill with the same mask and
+``fused_decode`` is a run's setting (``HFGenerator(fused_decode=...)``); the others are :class:`HFOptions`, which
+benchmarks and tests construct. Two levers measured and not taken were removed: a prefill of each unique prompt
+alone, without padding, and decode steps over the base weights stored transposed (their measurements:
+docs/results.md, "Component measurements that used to live in docstrings").
+
+With the five off, the loop computes what ``generate`` computes (the same padded prefill with the same mask and
 position ids, ``logits_to_keep=1``, every row fed the pad token after it finishes, the same sampler calls):
 the same tokens and log-probs, bit for bit (``tests/agents/test_generation_loop.py``). Each lever changes the
-shapes of some matmuls (one row instead of ``n``; a prompt alone instead of a padded batch; fewer rows; another
+shapes of some matmuls (one row instead of ``n``; a packed tree instead of a padded batch; fewer rows; another
 weight layout), so the float sums of the logits can differ in the last bits and a sampled token can flip
 between near-equal candidates: greedy tokens stay identical on the tested prompts and the logits agree within
 the tolerance the tests state. Sampling stays per row, seeded by the row's own generator (one uniform per
@@ -44,13 +44,12 @@ import inspect
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from agents.generation.fused import FusedDecoder, fused_decoder, fused_unsupported, onednn_available
-from agents.generation.layout import transposed_weights
 from agents.generation.sampling import SAMPLERS
 from agents.models import activation_dtype
 from agents.packing import pack_prefix_shared
@@ -59,7 +58,9 @@ from agents.tree_attention import takes_tree_mask, tree_attention
 if TYPE_CHECKING:
     from agents.population import LoRAPopulation
 
-__all__ = ["LoopOptions", "loop_supported", "run_loop"]
+__all__ = ["KV_CACHES", "HFOptions", "loop_supported", "run_loop"]
+
+KV_CACHES = ("preallocated", "dynamic", "static")
 
 
 @dataclass
@@ -79,20 +80,35 @@ class _Row:
 
 
 @dataclass(frozen=True)
-class LoopOptions:
-    """The loop's levers (module docstring); all off = ``generate``'s computation. ``share_prompts``,
-    ``tree_prefill``, ``drop_finished``, ``fused_decode`` and ``onednn_decode`` are on by default (``tree_prefill`` takes
-    precedence over ``unpadded_prefill``, and shares equal prompts whatever ``share_prompts`` says); ``unpadded_prefill`` (one padded batch measured
-    faster on the main job's similar-length prompts) and ``transposed_decode`` (subsumed by ``fused_decode``,
-    which stores its own weights transposed) off."""
+class HFOptions:
+    """The HF backend's settings for ablations, benchmarks and tests (a run uses the defaults).
 
+    Attributes:
+        sampler: ``"topk"`` (sorts only the tokens that can be in the nucleus) or ``"sort"`` (sorts the whole
+            vocabulary); both draw exactly the same tokens (:mod:`agents.generation.sampling`).
+        kv_cache: (``engine="generate"`` only; the loop has its own preallocated, row-selectable cache)
+            ``"preallocated"``: each layer's keys and values are written in place into a buffer of ``prompt
+            width + max_new_tokens`` positions allocated at the prefill, attention reading the filled part (the
+            same values and shapes as ``"dynamic"``, so the same tokens and log-probs, without copying every
+            layer's cache at every step); ``"dynamic"``: HF's cache grown by concatenation; ``"static"``: HF's
+            ``StaticCache`` (attention over all preallocated positions, masked: log-probs differ in the last
+            float bits, so a draw can flip; for ablations). ``torch.compile`` stays off in every case.
+        share_prompts, tree_prefill, drop_finished, onednn_decode: the loop's levers (module docstring), on by
+            default; ``tree_prefill`` shares equal prompts whatever ``share_prompts`` says.
+    """
+
+    sampler: Literal["topk", "sort"] = "topk"
+    kv_cache: Literal["preallocated", "dynamic", "static"] = "preallocated"
     share_prompts: bool = True
-    unpadded_prefill: bool = False
     tree_prefill: bool = True
     drop_finished: bool = True
-    transposed_decode: bool = False
-    fused_decode: bool = True
     onednn_decode: bool = True
+
+    def __post_init__(self) -> None:
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {sorted(SAMPLERS)}, got {self.sampler!r}")
+        if self.kv_cache not in KV_CACHES:
+            raise ValueError(f"kv_cache must be one of {KV_CACHES}, got {self.kv_cache!r}")
 
 
 def _cache_buffers(like: torch.Tensor, rows: int, capacity: int, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -218,10 +234,10 @@ class _Sampler:
 
 
 def _prefill(fwd: _Forward, population: LoRAPopulation, rows: Sequence[_Row], pad: int, capacity: int,
-             opts: LoopOptions) -> tuple[torch.Tensor, list[_RowsLayer], torch.Tensor]:
-    """Prefill (once per unique prompt with ``share_prompts``; each alone with ``unpadded_prefill``); returns the
-    first logits of every row, the decode cache's layers (``[rows, heads, capacity, dim]``, filled up to the
-    chunk's prompt width) and the rows' 2-D prompt mask."""
+             opts: HFOptions) -> tuple[torch.Tensor, list[_RowsLayer], torch.Tensor]:
+    """Prefill (once per unique prompt with ``share_prompts``; as the adapters' prompt trees with
+    ``tree_prefill``); returns the first logits of every row, the decode cache's layers (``[rows, heads,
+    capacity, dim]``, filled up to the chunk's prompt width) and the rows' 2-D prompt mask."""
     owner: list[int] = []
     uniques: list[int] = []  # row index of each unique prompt
     seen: dict[tuple, int] = {}
@@ -237,34 +253,16 @@ def _prefill(fwd: _Forward, population: LoRAPopulation, rows: Sequence[_Row], pa
     layers: list[_RowsLayer] = []
     if opts.tree_prefill and takes_tree_mask(fwd.model):  # (flash-attention kernels keep the padded batch)
         return _tree_prefill(fwd, population, rows, uniques, owner, capacity) + (mask,)
-    if not opts.unpadded_prefill:
-        ids, umask, pos = _padded([rows[i].prompt_ids for i in uniques], pad)
-        cache = DynamicCache(config=fwd.model.config)
-        with population.mixed([rows[i].adapter for i in uniques]):
-            logits = fwd(ids.to(fwd.device), umask.to(fwd.device), pos.to(fwd.device), cache)
-        for layer in cache.layers:
-            k, v = layer.keys.index_select(0, own), layer.values.index_select(0, own)
-            kb, vb = _cache_buffers(k, k.shape[0], capacity, fwd.transposed_keys)
-            kb[..., :width, :], vb[..., :width, :] = k, v
-            layers.append(_RowsLayer(kb, vb, width))
-        return logits.index_select(0, own), layers, mask
-    firsts: list[torch.Tensor] = []
-    caches: list[DynamicCache] = []
-    for i in uniques:
-        ids = torch.tensor([rows[i].prompt_ids], device=fwd.device)
-        cache = DynamicCache(config=fwd.model.config)
-        with population.mixed([rows[i].adapter]):
-            firsts.append(fwd(ids, None, torch.arange(ids.shape[1], device=fwd.device)[None], cache))
-        caches.append(cache)
-    for li in range(len(caches[0].layers)):
-        k0 = caches[0].layers[li].keys
-        kb, vb = _cache_buffers(k0, len(rows), capacity, fwd.transposed_keys)
-        for r, u in enumerate(owner):
-            n = len(rows[r].prompt_ids)
-            kb[r, :, width - n:width, :] = caches[u].layers[li].keys[0]
-            vb[r, :, width - n:width, :] = caches[u].layers[li].values[0]
+    ids, umask, pos = _padded([rows[i].prompt_ids for i in uniques], pad)
+    cache = DynamicCache(config=fwd.model.config)
+    with population.mixed([rows[i].adapter for i in uniques]):
+        logits = fwd(ids.to(fwd.device), umask.to(fwd.device), pos.to(fwd.device), cache)
+    for layer in cache.layers:
+        k, v = layer.keys.index_select(0, own), layer.values.index_select(0, own)
+        kb, vb = _cache_buffers(k, k.shape[0], capacity, fwd.transposed_keys)
+        kb[..., :width, :], vb[..., :width, :] = k, v
         layers.append(_RowsLayer(kb, vb, width))
-    return torch.cat(firsts).index_select(0, own), layers, mask
+    return logits.index_select(0, own), layers, mask
 
 
 def _tree_prefill(fwd: _Forward, population: LoRAPopulation, rows: Sequence[_Row], uniques: Sequence[int],
@@ -303,19 +301,20 @@ def _tree_prefill(fwd: _Forward, population: LoRAPopulation, rows: Sequence[_Row
 
 
 def run_loop(population: LoRAPopulation, tokenizer, rows: Sequence[_Row], stop_ids: Sequence[int],
-             sampler: str, opts: LoopOptions, stopper) -> tuple[list[list[int]], list[list[float]]]:
+             opts: HFOptions, fused_decode: bool, stopper) -> tuple[list[list[int]], list[list[float]]]:
     """Generate ``rows``; returns each row's tokens and log-probs (up to where it finished; the caller cuts at
-    EOS / stop strings as for ``generate``'s output). ``stopper(row, token, n)`` -> whether a stop string
-    ended row ``row`` at its ``n``-th token (``hf._RowStop.feed``)."""
+    EOS / stop strings as for ``generate``'s output). ``fused_decode``: the fused decode step where the model
+    supports it (module docstring). ``stopper(row, token, n)`` -> whether a stop string ended row ``row`` at
+    its ``n``-th token (``hf._RowStop.feed``)."""
     fwd = _Forward(population)
     pad = tokenizer.pad_token_id
     budget = max(r.max_new_tokens for r in rows)
     width = max(len(r.prompt_ids) for r in rows)
     stops = set(stop_ids)
-    choose = _Sampler(rows, fwd.device, sampler)
+    choose = _Sampler(rows, fwd.device, opts.sampler)
     tokens: list[list[int]] = [[] for _ in rows]
     logprobs: list[list[float]] = [[] for _ in rows]
-    fused = opts.fused_decode and budget > 1 and fused_unsupported(fwd.model) is None
+    fused = fused_decode and budget > 1 and fused_unsupported(fwd.model) is None
     fwd.transposed_keys = fused  # the decode cache's key layout (:func:`_cache_buffers`)
     logits, layers, mask = _prefill(fwd, population, rows, pad, width + budget, opts)
     if fused:
@@ -326,10 +325,7 @@ def run_loop(population: LoRAPopulation, tokenizer, rows: Sequence[_Row], stop_i
     pos = torch.tensor([len(r.prompt_ids) for r in rows], device=fwd.device)
     active = list(range(len(rows)))  # the rows in the batch, in batch order
     done = [False] * len(rows)
-    with ExitStack() as stack:
-        if opts.transposed_decode:
-            stack.enter_context(transposed_weights(fwd.model))
-        adapters = stack.enter_context(ExitStack())
+    with ExitStack() as adapters:
         adapters.enter_context(population.mixed([rows[i].adapter for i in active]))
         fwd.bind()
         for step in range(budget):

@@ -1,8 +1,8 @@
 """A lean decode step for Llama-family models on CPU: the decode loop's ``fused_decode`` lever (the default).
 
-A decode step feeds one new token per row. On this project's CPU, HF's forward of SmolLM2-135M for 8 rows took
-~170 ms at one thread against ~51 ms to read the fp32 weights once (``benchmarks/generation.py --throughput``):
-its GEMMs run with the weight as a transposed right operand, a layout in which MKL's small-M kernels are ~2x
+A decode step feeds one new token per row. On CPU, HF's forward of a small model for a few rows takes several
+times as long as reading its fp32 weights once, the step's floor (``benchmarks/generation.py --throughput``;
+docs/results.md): its GEMMs run with the weight as a transposed right operand, a layout in which MKL's small-M kernels are ~2x
 slower than with the weight stored ``[in, out]``, and the rest is several hundred small operations (seven linear
 modules per layer, each with its LoRA, norms, rotary, flash attention built for long queries). This module
 computes the same function of the same weights with fewer, larger operations. Per layer, for the rows' hidden
@@ -309,8 +309,8 @@ _DECODERS: weakref.WeakKeyDictionary[nn.Module, dict[bool, FusedDecoder]] = weak
 def fused_decoder(model: nn.Module, onednn: bool | None = None) -> FusedDecoder:
     """The model's fused decoder, built on first use and kept (one per model and ``onednn`` setting; ``None``:
     where available) while the model's frozen weights are the same tensors with the same values
-    (:func:`_signature`); rebuilt otherwise. Copying the layout costs ~0.5 s for SmolLM2-135M on one core, once
-    instead of at every generation call."""
+    (:func:`_signature`); rebuilt otherwise: copying the weights into the layout is paid once instead of at every
+    generation call."""
     if onednn is None:
         onednn = onednn_available()
     kept = _DECODERS.setdefault(model, {})

@@ -4,9 +4,8 @@ device. ``engine="loop"`` (the default; a run's ``generation.hf_engine``) is the
 tokens, drops finished rows and, for float32 Llama/Qwen2 models on CPU, runs its decode steps through
 :mod:`agents.generation.fused`;
 ``engine="generate"`` is one HF ``generate`` call per
-batch (the previous path). On the main job (quiet 2 cores, 3 steps side by side) the loop's generation took 0.73x
-the time of ``generate``'s, with byte-identical adapters and equal logged values; its levers reorder some float
-sums, so a sampled token may flip where two candidates are within rounding of each other.
+batch (the previous path; docs/results.md compares the two on the main job). The loop's levers reorder some
+float sums, so a sampled token may flip where two candidates are within rounding of each other.
 
 Rows of one batch may use different population members (and ``None`` = the base with adapters disabled).
 By default the per-row adapters are applied by :meth:`LoRAPopulation.mixed` (two small matmuls per LoRA module
@@ -30,8 +29,8 @@ Guarantees:
   unpadded prompt ids (chat template and response prefix applied, :func:`encode_prompt`).
 * Sample ``k`` of a request with ``seed=s`` draws from a generator seeded with a hash of ``(s, k)``, so it
   does not depend on the other requests in the call, their order or ``batch_size``, up to float rounding of
-  batched matmuls (which can flip a draw or an argmax between near-equal tokens; with ``transposed_decode`` or
-  ``fused_decode`` the decode matmuls' sums can depend on the batch size, so a row's tokens can depend on its
+  batched matmuls (which can flip a draw or an argmax between near-equal tokens; with ``fused_decode`` the
+  decode matmuls' sums can depend on the batch size, so a row's tokens can depend on its
   chunk, still identically run to run). Requests with
   ``seed=None`` take seeds from the backend's own RNG (seeded by ``seed=`` at construction): the same
   sequence of calls on a fresh backend gives the same outputs. Greedy (``temperature == 0``) is seed-free.
@@ -49,12 +48,11 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from agents.generation.base import Completion, GenerationRequest
-from agents.generation.decode import LoopOptions, _Row, _Sampler, loop_supported, run_loop
-from agents.generation.sampling import SAMPLERS
+from agents.generation.decode import HFOptions, _Row, _Sampler, loop_supported, run_loop
 from agents.population import BASE_ADAPTER, LoRAPopulation
 from populora_env.prompts import with_prefix
 
-__all__ = ["HFGenerator", "check_request", "cut_at_stop", "encode_prompt", "prompt_text", "row_seed", "stop_token_ids"]
+__all__ = ["HFGenerator", "HFOptions", "check_request", "cut_at_stop", "encode_prompt", "prompt_text", "row_seed", "stop_token_ids"]
 
 
 def prompt_text(tokenizer, request: GenerationRequest) -> tuple[str, bool]:
@@ -201,7 +199,6 @@ def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
     return (text, None) if best is None else (text[: best[0]], best[1])
 
 
-KV_CACHES = ("preallocated", "dynamic", "static")
 ENGINES = ("loop", "generate")
 
 
@@ -268,40 +265,17 @@ class HFGenerator:
         batch_size: most rows (requests x samples) per ``generate`` call; more rows are split into chunks
             (rows sorted by prompt length first, to pad less).
         seed: seeds the backend's RNG used for requests with ``seed=None``.
-        lora_impl: ``"fused"`` (:meth:`LoRAPopulation.mixed`) or ``"peft"`` (PEFT's ``adapter_names=``).
-        sampler: ``"topk"`` (sorts only the tokens that can be in the nucleus) or ``"sort"`` (sorts the whole
-            vocabulary); both draw exactly the same tokens (:mod:`agents.generation.sampling`).
-        kv_cache: ``"preallocated"`` (default): each layer's keys and values are written in place into a buffer
-            of ``prompt width + max_new_tokens`` positions allocated at the prefill, and attention reads the
-            filled part (:class:`_PreallocatedLayer`: the same values and shapes as ``"dynamic"``, so the same
-            tokens and log-probs, without copying every layer's cache at every step); ``"dynamic"``: HF's cache
-            grown by concatenation (the previous path); ``"static"``: HF's ``StaticCache`` (attention over all
-            preallocated positions, masked: log-probs differ in the last float bits, so a draw can flip; an
-            option for ablations, not a default). ``torch.compile`` stays off in every case. Used by
-            ``engine="generate"`` only (the loop has its own preallocated, row-selectable cache).
-        engine: ``"loop"`` (default): the backend's own prefill + decode loop (:mod:`agents.generation.decode`)
-            with the seven levers below (a run's ``generation.hf_engine``); ``"generate"``: HF ``generate``. The loop needs
+        engine: ``"loop"`` (default): the backend's own prefill + decode loop (:mod:`agents.generation.decode`,
+            a run's ``generation.hf_engine``); ``"generate"``: HF ``generate``. The loop needs
             ``lora_impl="fused"`` and full-attention cache layers; otherwise ``generate`` is used.
-        share_prompts: (loop) prefill each unique (adapter, prompt) once and copy its keys/values to its
-            ``n`` samples' rows.
-        unpadded_prefill: (loop) prefill each unique prompt alone, without left padding. Off by default: on the
-            main job's prompts (lengths within ~15 % of each other) one padded batch was faster than a forward
-            per prompt (prefill 40 vs 50 s, benchmarks/generation.py --throughput, loaded machine).
-        tree_prefill: (loop) prefill each adapter's unique prompts as one radix tree of their tokens (a prefix
-            several prompts share, such as a role's instructions, computed once; no padding; tree attention),
-            each row's cache gathered from its prompt's columns. Takes precedence over ``unpadded_prefill``.
-        drop_finished: (loop) rows that finished leave the decode batch.
-        transposed_decode: (loop, CPU) decode with the frozen base weights stored transposed
-            (:mod:`agents.generation.layout`). Off by default: 1.7-2.4x faster single matmuls did not make whole
-            decode steps faster (median step 313 vs 296 ms, students 16x80, benchmarks/generation.py
-            --throughput), and it makes a row's sums depend on the batch size.
         fused_decode: (loop, CPU, float32 Llama/Qwen2) decode steps through
-            :class:`agents.generation.fused.FusedDecoder` instead of HF's forward (other models keep HF's forward).
-        onednn_decode: (loop, with ``fused_decode``) the fused step's gate/up projections and LM head from 2 rows
-            on through oneDNN's packed weights (where the torch build has oneDNN): 0.66-0.96x of MKL's GEMM time
-            for those shapes with the weights streamed from memory (benchmarks/generation.py --gemm).
-        With the loop and the seven levers off, tokens and log-probs are those of ``engine="generate"`` bit for
-        bit; each lever reorders some float sums (:mod:`agents.generation.decode`).
+            :class:`agents.generation.fused.FusedDecoder` instead of HF's forward (other models keep HF's
+            forward; a run's ``generation.fused_decode``).
+        lora_impl: ``"fused"`` (:meth:`LoRAPopulation.mixed`) or ``"peft"`` (PEFT's ``adapter_names=``).
+        options: the sampler, the ``generate`` engine's KV cache and the loop's other levers
+            (:class:`~agents.generation.decode.HFOptions`; its defaults are what a run uses). With the loop,
+            ``fused_decode=False`` and the levers off, tokens and log-probs are those of ``engine="generate"``
+            bit for bit; each lever reorders some float sums (:mod:`agents.generation.decode`).
     """
 
     def __init__(
@@ -310,26 +284,15 @@ class HFGenerator:
         tokenizer,
         batch_size: int = 32,
         seed: int = 0,
-        lora_impl: Literal["fused", "peft"] = "fused",
-        sampler: Literal["topk", "sort"] = "topk",
-        kv_cache: Literal["preallocated", "dynamic", "static"] = "preallocated",
         engine: Literal["loop", "generate"] = "loop",
-        share_prompts: bool = True,
-        unpadded_prefill: bool = False,
-        tree_prefill: bool = True,
-        drop_finished: bool = True,
-        transposed_decode: bool = False,
         fused_decode: bool = True,
-        onednn_decode: bool = True,
+        lora_impl: Literal["fused", "peft"] = "fused",
+        options: HFOptions | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if lora_impl not in ("fused", "peft"):
             raise ValueError(f"lora_impl must be 'fused' or 'peft', got {lora_impl!r}")
-        if sampler not in SAMPLERS:
-            raise ValueError(f"sampler must be one of {sorted(SAMPLERS)}, got {sampler!r}")
-        if kv_cache not in KV_CACHES:
-            raise ValueError(f"kv_cache must be one of {KV_CACHES}, got {kv_cache!r}")
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         if tokenizer.pad_token_id is None:
@@ -338,12 +301,8 @@ class HFGenerator:
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.lora_impl = lora_impl
-        self.sampler = sampler
-        self.kv_cache = kv_cache
-        self.loop_options = LoopOptions(share_prompts=share_prompts, unpadded_prefill=unpadded_prefill,
-                                        tree_prefill=tree_prefill, drop_finished=drop_finished,
-                                        transposed_decode=transposed_decode, fused_decode=fused_decode,
-                                        onednn_decode=onednn_decode)
+        self.fused_decode = fused_decode
+        self.options = options if options is not None else HFOptions()
         self.engine = engine if engine == "generate" or (lora_impl == "fused" and loop_supported(population)) \
             else "generate"
         self._rng = random.Random(seed)
@@ -403,8 +362,8 @@ class HFGenerator:
     def _generate_chunk(self, rows: list[_Row]) -> list[Completion]:
         if self.engine == "loop":
             stopper = _RowStop(None, rows, self.tokenizer, next(self.population.model.parameters()).device)
-            tokens, logprobs = run_loop(self.population, self.tokenizer, rows, self.stop_token_ids, self.sampler,
-                                        self.loop_options, stopper.feed)
+            tokens, logprobs = run_loop(self.population, self.tokenizer, rows, self.stop_token_ids, self.options,
+                                        self.fused_decode, stopper.feed)
             return self._completions(rows, tokens, logprobs, stopper.stopped_at)
         return self._generate_chunk_hf(rows)
 
@@ -420,7 +379,7 @@ class HFGenerator:
         for i, row in enumerate(rows):  # left padding
             input_ids[i, width - len(row.prompt_ids) :] = torch.tensor(row.prompt_ids)
             attention[i, width - len(row.prompt_ids) :] = 1
-        sampler = _RowSampler(rows, device, self.sampler)
+        sampler = _RowSampler(rows, device, self.options.sampler)
         limits = [r.max_new_tokens for r in rows]
         stopper = _RowStop(sampler, rows, self.tokenizer, device)
         config = GenerationConfig(
@@ -430,12 +389,12 @@ class HFGenerator:
             eos_token_id=self.stop_token_ids,
             pad_token_id=pad,
             use_cache=True,
-            cache_implementation="static" if self.kv_cache == "static" else None,
+            cache_implementation="static" if self.options.kv_cache == "static" else None,
             disable_compile=True,
         )
         kwargs = dict(
             past_key_values=(_preallocated_cache(model.config, width + max(limits))
-                             if self.kv_cache == "preallocated" else None),
+                             if self.options.kv_cache == "preallocated" else None),
             input_ids=input_ids.to(device),
             attention_mask=attention.to(device),
             generation_config=config,

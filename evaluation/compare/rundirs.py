@@ -1,6 +1,8 @@
 """What a run directory says about itself, for ``populora compare``: its arm, seed, preset, whether it is
 complete, its per-step history and its benchmark scores. Standard library only: read from the files a run
-leaves (``config.json``, ``run_summary.json``, ``eval/results.json``), never from the training code.
+leaves (``config.json``, ``run_summary.json``, ``eval/results.json``) through the run layer's one reader
+(:class:`selfplay.rundir.RunDir`), never from the training code. A damaged file is a note; one this project never
+writes (nested beyond the bound, a link out of the directory) is refused, naming it.
 
 **Complete** means ``run_summary.json`` is readable and its ``steps`` reaches the ``steps`` of the run's
 ``config.json``: the training loop writes that file once, after the last step and the final adapters, so a
@@ -9,16 +11,12 @@ run killed at any earlier point has none (or, after an earlier, shorter session,
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-RUN_MARKERS = ("config.json", "run_summary.json", "lineage.jsonl", "seeding.json", "checkpoints", "adapters",
-               "report")
-"""Entries that mark a directory as holding (part of) a run; the run layer's ``selfplay.rundir.RUN_ENTRIES``."""
-EVENTS_PREFIX = "events.out.tfevents."
+from selfplay.rundir import CONFIG, EVAL, EVAL_RESULTS, SUMMARY, RunDir, RunFileError, UnsafeRunFile
 
 HISTORY_METRICS = ("valid_rate", "solve_rate", "student_format_rate", "teacher_reward", "student_reward")
 """The ``run_summary.json`` history fields compared (``step_seconds`` is a cost, not a result)."""
@@ -41,21 +39,6 @@ class State(StrEnum):
     UNSTARTED = "unstarted"  # run entries but no config.json: killed during set-up, nothing to resume
     UNFINISHED = "unfinished"  # config.json but no complete run_summary.json: continue with --resume
     COMPLETE = "complete"
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-
-
-def run_markers(path: Path) -> list[str]:
-    """The entries of ``path`` that belong to a run (empty if none or if ``path`` is no directory)."""
-    if not path.is_dir():
-        return []
-    names = {p.name for p in path.iterdir()}
-    return [n for n in RUN_MARKERS if n in names] + sorted(n for n in names if n.startswith(EVENTS_PREFIX))
 
 
 @dataclass
@@ -99,7 +82,8 @@ def _eval_scores(results: Any, score: str) -> dict[str, float]:
     out: dict[str, float] = {}
     if not isinstance(results, dict) or not results.get("complete", False):
         return out
-    for bench, rec in (results.get("benchmarks") or {}).items():
+    benchmarks = results.get("benchmarks")
+    for bench, rec in (benchmarks if isinstance(benchmarks, dict) else {}).items():
         v = _score_of(rec, score)
         if v is not None:
             out[bench] = v
@@ -115,46 +99,56 @@ def _score_of(rec: Any, score: str) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
+def _read(run: RunDir, read: Any, what: str, notes: list[str]) -> Any:
+    """``read()``, or ``None`` with a note naming ``what`` when it is damaged; :class:`UnsafeRunFile` passes."""
+    try:
+        return read()
+    except UnsafeRunFile:
+        raise
+    except RunFileError:
+        notes.append(f"{run.name}: {what} is unreadable")
+        return None
+
+
 def read_run(path: Path, eval_score: str = "population_mean") -> RunInfo:
-    """Read ``path`` (see the module docstring); never raises for a damaged file (it goes into ``notes``)."""
-    path = Path(path)
-    markers = run_markers(path)
-    if not markers:
-        return RunInfo(path, State.ABSENT)
-    cfg_file = _read_json(path / "config.json") if (path / "config.json").is_file() else None
+    """Read ``path`` (see the module docstring); a damaged file goes into ``notes``.
+
+    Raises:
+        UnsafeRunFile: a file this project never writes (naming it).
+    """
+    run = RunDir(path)
+    if not run.entries():
+        return RunInfo(run.path, State.ABSENT)
+    notes: list[str] = []
+    cfg_file = _read(run, run.config, CONFIG, notes)
     if cfg_file is None:
-        info = RunInfo(path, State.UNSTARTED)
-        if (path / "config.json").exists():
-            info.notes.append(f"{path.name}: config.json is unreadable")
-        return info
-    info = RunInfo(path, State.UNFINISHED)
-    config = cfg_file.get("config") if isinstance(cfg_file, dict) else None
-    config = config if isinstance(config, dict) else {}
-    info.arm = (cfg_file.get("arm") or cfg_file.get("kind")) if isinstance(cfg_file, dict) else None
+        return RunInfo(run.path, State.UNSTARTED, notes=notes)
+    info = RunInfo(run.path, State.UNFINISHED, notes=notes)
+    config = cfg_file.get("config") if isinstance(cfg_file.get("config"), dict) else {}
+    arm = cfg_file.get("arm") or cfg_file.get("kind")
+    info.arm = arm if isinstance(arm, str) else None
     info.seed = config.get("seed")
     info.preset = config.get("preset")
     info.steps_total = config.get("steps")
     env = config.get("env") if isinstance(config.get("env"), dict) else {}
     info.reward_scheme = env.get("reward_scheme")
-    summary = _read_json(path / "run_summary.json") if (path / "run_summary.json").is_file() else None
-    if isinstance(summary, dict):
-        info.steps_done = int(summary.get("steps") or 0)
-        hist = summary.get("history")
-        info.history = [h for h in hist if isinstance(h, dict)] if isinstance(hist, list) else []
+    summary = _read(run, run.summary, SUMMARY, notes)
+    if summary is not None:
+        steps = summary.get("steps")
+        info.steps_done = steps if isinstance(steps, int) and not isinstance(steps, bool) else 0
+        info.history = run.history()
         if isinstance(info.steps_total, int) and info.steps_done >= info.steps_total:
             info.state = State.COMPLETE
-    elif (path / "run_summary.json").exists():
-        info.notes.append(f"{path.name}: run_summary.json is unreadable")
-    if (path / "eval" / "results.json").is_file():
-        results = _read_json(path / "eval" / "results.json")
+    results = _read(run, run.eval_results, f"{EVAL}/{EVAL_RESULTS}", notes)
+    if results is not None:
         info.eval_scores = _eval_scores(results, eval_score)
-        aggregates = results.get("aggregates") if isinstance(results, dict) and results.get("complete") else None
-        for row, rec in (aggregates or {}).items():
+        aggregates = results.get("aggregates") if results.get("complete") else None
+        for row, rec in (aggregates if isinstance(aggregates, dict) else {}).items():
             v = _score_of(rec, eval_score)
             if v is not None:
                 info.eval_scores[f"aggregate/{row}"] = v
         if not info.eval_scores:
-            info.notes.append(f"{path.name}: eval/results.json is incomplete or holds no '{eval_score}' score")
+            info.notes.append(f"{run.name}: {EVAL}/{EVAL_RESULTS} is incomplete or holds no '{eval_score}' score")
     return info
 
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from evaluation import stats
 from evaluation.compare.rundirs import HISTORY_METRICS, RunInfo, metric_series
+from selfplay.rundir import CONFIG
 
 TREATMENT, REFERENCE = "population", "baseline"
 
@@ -90,7 +91,7 @@ def summarize(runs: Sequence[RunInfo], tail: int = 3, reps: int = stats.DEFAULT_
         if not r.complete:
             excluded[str(r.path)] = f"not complete ({r.state.value}, {r.steps_done}/{r.steps_total} steps)"
         elif not r.arm:
-            excluded[str(r.path)] = "config.json names no arm"
+            excluded[str(r.path)] = f"{CONFIG} names no arm"
         else:
             used.append(r)
     by_arm: dict[str, list[RunInfo]] = {}

@@ -1,18 +1,23 @@
-"""Reading a run directory: TensorBoard scalars, ``config.json``, ``lineage.jsonl`` and ``eval/results.json``.
+"""Reading a run directory for the report: TensorBoard scalars here, everything else through the run layer's
+one reader (:class:`selfplay.rundir.RunDir`: ``config.json``, ``lineage.jsonl``, ``config_history.jsonl``,
+``eval/results.json``).
 
-Only the event files are required; a missing or malformed side file becomes a note in the report, never an
-error, so a partial or still running run can always be reported.
+Only the event files are required; a missing or damaged side file becomes a note in the report, so a partial or
+still running run can always be reported. What this project never writes (JSON nested beyond the run
+directory's bound, an entry that is a link out of the directory) is refused
+(:class:`~selfplay.rundir.UnsafeRunFile`, exit 2 naming it).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from selfplay.rundir import CONFIG, EVAL, EVAL_RESULTS, RunDir, RunFileError, UnsafeRunFile
 
 __all__ = ["NoEventsError", "RunData", "Scalars", "load_run", "load_scalars"]
 
@@ -33,9 +38,11 @@ class RunData:
         name: ``config.json``'s ``name``, else the directory's name (made unique by the report).
         config: ``config.json`` (empty when missing or unreadable).
         scalars: every scalar series (:func:`load_scalars`).
-        lineage: the records of ``lineage.jsonl`` (one per evolution replacement), torn lines skipped.
+        lineage: the records of ``lineage.jsonl`` (one per evolution replacement), torn lines and records
+            without a step in ``0..steps`` skipped (:meth:`~selfplay.rundir.RunDir.lineage`).
         eval_results: ``eval/results.json`` when it has a ``benchmarks`` mapping.
         notes: what could not be read, for the report's notes.
+        config_history: the changes resumes recorded (``config_history.jsonl``).
     """
 
     path: Path
@@ -45,6 +52,7 @@ class RunData:
     lineage: list[dict[str, Any]]
     eval_results: dict[str, Any] | None
     notes: list[str] = field(default_factory=list)
+    config_history: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def arm(self) -> str:
@@ -79,10 +87,6 @@ class RunData:
         return self.arm == "baseline"
 
 
-def _event_files(run_dir: Path) -> list[Path]:
-    return sorted(p for p in run_dir.iterdir() if p.is_file() and "tfevents" in p.name)
-
-
 def load_scalars(run_dir: str | os.PathLike[str]) -> Scalars:
     """All scalar series of a run: ``{tag: [(step, value), ...]}`` sorted by step.
 
@@ -98,7 +102,7 @@ def load_scalars(run_dir: str | os.PathLike[str]) -> Scalars:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise NoEventsError(f"run directory {run_dir} does not exist")
-    if not _event_files(run_dir):
+    if not RunDir(run_dir).event_files():  # each checked: a link out of the run directory is refused
         nested = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*tfevents*") if p.is_file())
         hint = (
             f"; event files were found in subdirectories ({', '.join(nested[:3])}), but the training loop "
@@ -156,62 +160,37 @@ def load_scalars(run_dir: str | os.PathLike[str]) -> Scalars:
     return out
 
 
-def _read_json(path: Path, notes: list[str], what: str) -> Any:
+def _side_file(read: Any, what: str, notes: list[str], name: str) -> Any:
+    """``read()``, or ``None`` with a note when the file is damaged; :class:`UnsafeRunFile` passes."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        notes.append(f"{what}: could not read `{path}` ({type(exc).__name__}: {exc}); ignored.")
+        return read()
+    except UnsafeRunFile:
+        raise
+    except RunFileError as exc:
+        notes.append(f"{name}: could not read {what} ({exc}); ignored.")
         return None
 
 
-def _read_lineage(path: Path, name: str, notes: list[str]) -> list[dict[str, Any]]:
-    """The records of ``lineage.jsonl``; malformed lines (a write in progress) are skipped with a note."""
-    lineage: list[dict[str, Any]] = []
-    if not path.is_file():
-        return lineage
-    bad = 0
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            bad += 1
-            continue
-        if isinstance(record, dict):
-            lineage.append(record)
-        else:
-            bad += 1
-    if bad:
-        notes.append(f"{name}: {bad} malformed line(s) in lineage.jsonl skipped (a write in progress?).")
-    return lineage
-
-
 def load_run(run_dir: str | os.PathLike[str]) -> RunData:
-    """Load a run directory: scalars, config.json, lineage.jsonl and eval/results.json (all optional
-    except the event files). Problems with the side files become notes, never errors.
+    """Load a run directory: scalars, config.json, lineage.jsonl, config_history.jsonl and eval/results.json
+    (all optional except the event files). A damaged side file becomes a note; see the module docstring.
 
     Raises:
         NoEventsError: ``run_dir`` does not exist or holds no event files.
+        UnsafeRunFile: a file this project never writes (naming it).
     """
-    run_dir = Path(run_dir)
-    scalars = load_scalars(run_dir)
+    run = RunDir(run_dir)
+    scalars = load_scalars(run.path)
     notes: list[str] = []
-    config: dict[str, Any] = {}
-    if (run_dir / "config.json").is_file():
-        loaded = _read_json(run_dir / "config.json", notes, run_dir.name)
-        config = loaded if isinstance(loaded, dict) else {}
-    else:
-        notes.append(f"{run_dir.name}: no config.json; the run is named after its directory.")
-    name = str(config.get("name") or run_dir.name)
-    lineage = _read_lineage(run_dir / "lineage.jsonl", name, notes)
-
-    eval_results = None
-    eval_path = run_dir / "eval" / "results.json"
-    if eval_path.is_file():
-        loaded = _read_json(eval_path, notes, name)
-        if isinstance(loaded, dict) and isinstance(loaded.get("benchmarks"), dict):
-            eval_results = loaded
-        elif loaded is not None:
-            notes.append(f'{name}: eval/results.json has no "benchmarks" mapping; ignored.')
-    return RunData(run_dir, name, config, scalars, lineage, eval_results, notes)
+    config = _side_file(run.config, CONFIG, notes, run.name) or {}
+    if not run.has(CONFIG):
+        notes.append(f"{run.name}: no {CONFIG}; the run is named after its directory.")
+    name = str(config.get("name") or run.name)
+    lineage = _side_file(run.lineage, "the lineage", notes, name) or []
+    notes += [f"{name}: {n}" for n in run.notes]  # what the lineage reader skipped
+    history = _side_file(run.config_history, "the configuration history", notes, name) or []
+    eval_results = _side_file(run.eval_results, f"{EVAL}/{EVAL_RESULTS}", notes, name)
+    if eval_results is not None and not isinstance(eval_results.get("benchmarks"), dict):
+        notes.append(f'{name}: {EVAL}/{EVAL_RESULTS} has no "benchmarks" mapping; ignored.')
+        eval_results = None
+    return RunData(run.path, name, config, scalars, lineage, eval_results, notes, history)

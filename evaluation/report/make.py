@@ -12,12 +12,7 @@ from evaluation.report.loading import load_run
 from evaluation.report.plots import Plotter
 from evaluation.report.summary import summary_markdown, unique_names
 from selfplay import tags
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+from selfplay.rundir import REPORT, RunDir, write_text_atomic
 
 
 def make_report(
@@ -30,6 +25,10 @@ def make_report(
 ) -> Path:
     """Write the figures, ``summary.md`` and ``figures.json`` comparing ``runs``; return the output directory.
 
+    Every file is written atomically through a fresh temporary file and a rename, so a link planted at a file's
+    name is replaced, never written through; the default output directory must be a real directory inside the run
+    (a link there is refused: the report never writes outside the run directory it was not told to).
+
     Args:
         runs: run directories (``runs/<name>``), at least one.
         out: output directory, created if needed; default ``<first run>/report``.
@@ -40,6 +39,8 @@ def make_report(
     Raises:
         ValueError: no runs, or a smoothing weight outside [0, 1).
         NoEventsError: a run directory is missing or holds no event files (the message names it).
+        UnsafeRunFile: a file of a run this project never writes (JSON nested too deep, a link out of the run),
+            or a default ``report/`` that is a link.
     """
     if not runs:
         raise ValueError("make_report needs at least one run directory")
@@ -48,8 +49,11 @@ def make_report(
     paths = [Path(r) for r in runs]
     data = [load_run(p) for p in paths]
     unique_names(data)
-    out_dir = Path(out) if out is not None else paths[0] / "report"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out is not None:
+        out_dir = Path(out)
+        out_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        out_dir = RunDir(paths[0]).subdir(REPORT)
 
     notes: list[str] = [n for r in data for n in r.notes]
     for r in data:
@@ -181,7 +185,8 @@ def make_report(
         ("Time per phase", plot.timing(notes), ""),
         ("Evaluation", plot.evaluation(entries, notes), ""),
     ]
-    _write_atomic(out_dir / "summary.md", summary_markdown(data, smoothing, entries, kids, windows, figures, notes))
-    _write_atomic(out_dir / "figures.json", json.dumps({"figures": plot.manifest}, indent=1) + "\n")
+    summary = summary_markdown(data, smoothing, entries, kids, windows, figures, notes)
+    write_text_atomic(out_dir / "summary.md", summary, sync=False)
+    write_text_atomic(out_dir / "figures.json", json.dumps({"figures": plot.manifest}, indent=1) + "\n", sync=False)
     return out_dir
 

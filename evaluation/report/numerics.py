@@ -7,6 +7,7 @@ Every tag is built or recognised through :mod:`selfplay.tags` (the names the tra
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -301,37 +302,53 @@ def _rank(scores: Mapping[str, float], name: str) -> int:
 
 
 def children(run: RunData) -> list[Child]:
-    """Every child of ``lineage.jsonl`` with its rank trajectory (:class:`Child`); records without a step,
-    role or culled member are skipped."""
+    """Every child of ``lineage.jsonl`` with its rank trajectory (:class:`Child`); records without a role or
+    culled member are skipped (the reader already skipped those without a step in ``0..steps``).
+
+    Linear in the lineage and the logged ratings: a child's ranks are read at the role's logged steps between
+    its birth and the slot's next replacement (found by bisection), and children of the same slot born at the
+    same step share one trajectory, so the slot's logged steps are walked once per replacement."""
     role_members: dict[str, list[str]] = {}
     for name in members(run):
         role = role_of(run, name)
         if role is not None:
             role_members.setdefault(role, []).append(name)
     ratings = {name: dict(zip(*conservative(run, name), strict=True)) for name in members(run)}
+    role_steps = {role: sorted({s for m in names for s in ratings[m]}) for role, names in role_members.items()}
     replaced_at: dict[str, list[int]] = {}
     for rec in run.lineage:
-        if isinstance(rec.get("step"), int | float) and rec.get("culled") is not None:
+        if rec.get("culled") is not None:
             replaced_at.setdefault(str(rec["culled"]), []).append(int(rec["step"]))
+    for steps in replaced_at.values():
+        steps.sort()
     last_step = max((s for pts in ratings.values() for s in pts), default=-1)
 
     def scores_at(role: str, step: int) -> dict[str, float]:
         return {m: ratings[m][step] for m in role_members.get(role, []) if step in ratings[m]}
 
+    trajectories: dict[tuple[str, str, int], dict[int, int]] = {}
     out = []
     for rec in run.lineage:
         step, role, slot = rec.get("step"), rec.get("role"), rec.get("culled")
-        if not isinstance(step, int | float) or role is None or slot is None:
+        if role is None or slot is None:
             continue
         step, role, slot = int(step), str(role), str(slot)
         at_birth = scores_at(role, step)
         culled_rank = _rank(at_birth, slot) if slot in at_birth else None
         child = Child(step, role, slot, str(rec.get("operator", "unknown")), len(at_birth), culled_rank)
-        end = min((s for s in replaced_at.get(slot, []) if s > step), default=last_step)
-        for t in range(step + 1, end + 1):
-            scores = scores_at(role, t)
-            if slot in scores:
-                child.ranks[t - step] = _rank(scores, slot)
+        key = (role, slot, step)
+        if key not in trajectories:
+            later = replaced_at.get(slot, [])
+            nxt = bisect.bisect_right(later, step)
+            end = later[nxt] if nxt < len(later) else last_step
+            steps = role_steps.get(role, [])
+            ranks: dict[int, int] = {}
+            for t in steps[bisect.bisect_right(steps, step):bisect.bisect_right(steps, end)]:
+                scores = scores_at(role, t)
+                if slot in scores:
+                    ranks[t - step] = _rank(scores, slot)
+            trajectories[key] = ranks
+        child.ranks = dict(trajectories[key])
         out.append(child)
     return out
 

@@ -9,6 +9,7 @@ without reading pixels.
 
 from __future__ import annotations
 
+import io
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -20,15 +21,23 @@ import numpy as np
 from evaluation.report import numerics as nx
 from evaluation.report.loading import RunData
 from selfplay import tags
+from selfplay.rundir import LINEAGE, write_text_atomic
 
 ROLE_LABELS = {"teacher": "teacher", "student": "student"}
 BOTH_ROLES_LABELS = {"teacher": "teacher (proposer)", "student": "student (solver)"}
 
 
+def _suptitle(fig: Any) -> list[Any]:
+    """The figure's title as the Text the layout placed, if it has one. Not ``fig.suptitle(fig.get_suptitle())``:
+    that sets the title again at its default position, below which the layout has not made room (a wrapped
+    title then overlapped the first panel's)."""
+    text = getattr(fig, "_suptitle", None)
+    return [text] if text is not None and text.get_text() else []
+
+
 def _titles(fig: Any) -> list[Any]:
     """The figure's title and every axes' centre title (the texts a layout engine does not wrap)."""
-    found = [fig.suptitle(fig.get_suptitle())] if fig.get_suptitle() else []
-    return found + [ax.title for ax in fig.axes if ax.get_visible() and ax.get_title()]
+    return _suptitle(fig) + [ax.title for ax in fig.axes if ax.get_visible() and ax.get_title()]
 
 
 def fit_titles(fig: Any, margin: float = 2.0) -> bool:
@@ -79,8 +88,7 @@ def texts_outside(fig: Any, margin: float = 2.0, drawn: bool = False) -> list[st
     for i, ax in enumerate(fig.axes):
         if ax.get_visible() and outside(ax.get_tightbbox(renderer)):
             out.append(ax.get_title() or f"axes {i}")
-    suptitle = [fig.suptitle(fig.get_suptitle())] if fig.get_suptitle() else []
-    for t in [*suptitle, *fig.texts, *fig.legends]:
+    for t in [*_suptitle(fig), *fig.texts, *fig.legends]:
         if t.get_visible() and outside(t.get_window_extent(renderer)):
             out.append(getattr(t, "get_text", lambda: "figure legend")())
     return out
@@ -140,8 +148,10 @@ class Plotter:
         # that has a layout engine once to measure it and once as it renders); the figure is made at the PNG's
         # dpi, so the layout measured is the one saved
         fig.set_layout_engine(None)
-        for fmt in self.formats:
-            fig.savefig(self.out / f"{key}.{fmt}", dpi=self.dpi)
+        for fmt in self.formats:  # rendered in memory, then written atomically (never through a link)
+            buf = io.BytesIO()
+            fig.savefig(buf, format=fmt, dpi=self.dpi)
+            write_text_atomic(self.out / f"{key}.{fmt}", buf.getvalue(), sync=False)
         self.manifest.append({"key": key, "title": title, "file": f"{key}.png", "panels": panels,
                               "text_outside": overflow})
         return f"{key}.png"
@@ -384,12 +394,13 @@ class Plotter:
         runs = [r for r in self.runs if kids.get(r.name)]
         title = "Evolution retention: rank of each child within its role after birth (k = 0: the member it replaced)"
         if not runs:
-            notes.append("**Evolution retention** skipped: no run has evolution events in `lineage.jsonl`.")
+            notes.append(f"**Evolution retention** skipped: no run has evolution events in `{LINEAGE}`.")
             return None
         operators = sorted({c.operator for r in runs for c in kids[r.name]})
         op_cmap = self.mpl.colormaps["Dark2"]
         op_colour = {op: op_cmap(i % op_cmap.N) for i, op in enumerate(operators)}
         nrows, ncols = self._grid(len(runs), 2)
+        from matplotlib.collections import LineCollection
         from matplotlib.lines import Line2D
 
         drawn: list[dict[str, Any]] = []
@@ -399,19 +410,34 @@ class Plotter:
                 panel: dict[str, Any] = {"title": r.name, "run": r.name, "curves": []}
                 drawn.append(panel)
                 top = 1
+                # one artist per operator and kind (lines, dots, crosses), not per child: a long lineage has
+                # thousands of children, and matplotlib's cost per artist (autoscaling, the legend's placement)
+                # grows with the number already drawn
+                lines: dict[str, list[list[tuple[int, int]]]] = {op: [] for op in operators}
+                dots: dict[str, list[tuple[int, int]]] = {op: [] for op in operators}
+                crosses: dict[str, list[tuple[int, int]]] = {op: [] for op in operators}
                 for c in kids[r.name]:
                     ks = sorted(c.ranks)
                     xs = ([0] if c.culled_rank is not None else []) + ks
                     ys = ([c.culled_rank] if c.culled_rank is not None else []) + [c.ranks[k] for k in ks]
                     top = max([top, c.n_members, *ys])
-                    colour = op_colour[c.operator]
-                    ax.plot(xs, ys, color=colour, lw=0.8, alpha=0.45, marker="." if len(xs) < 30 else None)
+                    lines[c.operator].append(list(zip(xs, ys, strict=True)))
+                    if len(xs) < 30:
+                        dots[c.operator] += zip(xs, ys, strict=True)
                     if c.culled_rank is not None:
-                        ax.scatter([0], [c.culled_rank], marker="x", color=colour, s=28, zorder=3)
+                        crosses[c.operator].append((0, c.culled_rank))
                     panel["curves"].append({
                         "run": r.name, "label": f"{c.slot}@{c.step} ({c.operator})", "operator": c.operator,
                         "role": c.role, "step": c.step, "culled_rank": c.culled_rank, "points": len(ks),
                     })
+                for op in operators:
+                    colour = op_colour[op]
+                    ax.add_collection(LineCollection(lines[op], colors=[colour], linewidths=0.8, alpha=0.45))
+                    if dots[op]:
+                        ax.plot(*zip(*dots[op], strict=True), color=colour, ls="", marker=".", alpha=0.45)
+                    if crosses[op]:
+                        ax.scatter(*zip(*crosses[op], strict=True), marker="x", color=colour, s=28, zorder=3)
+                ax.autoscale_view()
                 for op in operators:
                     mine = [c for c in kids[r.name] if c.operator == op]
                     pts = [(k, float(np.mean(v))) for k in nx.RETENTION_KS

@@ -14,6 +14,7 @@ import numpy as np
 from evaluation.report import numerics as nx
 from evaluation.report.loading import RunData
 from selfplay import tags
+from selfplay.rundir import CONFIG_HISTORY, LINEAGE
 
 HEADLINE_RATES = (
     ("student solve rate on matched tasks", tags.SOLVE_RATE),
@@ -41,13 +42,17 @@ def headline(run: RunData) -> dict[str, str]:
     rows["last step"] = str(max(all_steps)) if all_steps else "n/a"
     rows["logged steps"] = str(len(all_steps))
     for label, tag in HEADLINE_RATES:
-        values = nx.series(run, tag)[1]
+        steps, values = nx.series(run, tag)
         if tag == tags.VALID_RATE and len(values) == 0:  # fall back on the validity counts
             _, counts = nx.validity(run)
             if "valid" in counts:
                 total = sum(counts.values())
                 values = counts["valid"][total > 0] / total[total > 0]
-        rows[f"{label} (final / last-{nx.LAST_N} mean)"] = nx.pair_str(nx.final_and_last_mean(values), " / ")
+                steps = []
+        text = nx.pair_str(nx.final_and_last_mean(values), " / ")
+        if len(steps) and all_steps and int(steps[-1]) < max(all_steps):  # e.g. no valid task in the last steps
+            text += f" (final from step {int(steps[-1])}: none logged after it)"
+        rows[f"{label} (final / last-{nx.LAST_N} mean)"] = text
     osc = nx.oscillation(*nx.series(run, tags.SOLVE_RATE))
     rows[f"solve-rate oscillation (sign changes per {nx.OSC_WINDOW} steps / amplitude, EMA {nx.OSC_EMA})"] = (
         "n/a" if osc is None else f"{osc[0]:.2f} / {nx.fmt(osc[1])}"
@@ -165,7 +170,7 @@ def eval_section(runs: Sequence[RunData], entries: dict[str, dict[str, nx.EvalEn
 def evolution_section(runs: Sequence[RunData]) -> list[str]:
     counts = {r.name: nx.operator_counts(r) for r in runs}
     if all(src == "none" for _, src in counts.values()):
-        return [f"No evolution events (no `lineage.jsonl` records or `{tags.REPLACEMENTS}` in any run)."]
+        return [f"No evolution events (no `{LINEAGE}` records or `{tags.REPLACEMENTS}` in any run)."]
     ops = sorted({op for c, _ in counts.values() for op in c})
     rows = [[op] + [str(counts[r.name][0].get(op, 0)) for r in runs] for op in ops]
     rows.append(["**total**"] + [str(sum(counts[r.name][0].values())) for r in runs])
@@ -189,7 +194,7 @@ def retention_section(runs: Sequence[RunData], kids: dict[str, list[nx.Child]]) 
         for c in kids.get(r.name, []):
             groups.setdefault((r.name, c.role, c.operator), []).append(c)
     if not groups:
-        return ["No evolved child (no `lineage.jsonl` records in any run)."]
+        return [f"No evolved child (no `{LINEAGE}` records in any run)."]
     reached = {k for cs in groups.values() for c in cs for k in c.ranks}
     ks = [k for k in nx.RETENTION_KS if k in reached]
     header = ["run", "role", "operator", "children", "members", "replaced member's rank at culling"]
@@ -254,14 +259,12 @@ def unique_names(runs: list[RunData]) -> None:
 def config_changes_section(runs: Sequence[RunData]) -> list[str]:
     """``## Configuration changes``: every change a resume recorded (``config_history.jsonl``), at its step;
     nothing when no run has one."""
-    from selfplay.config_history import read_history  # standard library only: no torch for the report
-
     rows = [[r.name, str(h["step"]), f"`{h['field']}`", f"`{json.dumps(h.get('old'))}`", f"`{json.dumps(h.get('new'))}`"]
-            for r in runs for h in read_history(r.path)]
+            for r in runs for h in r.config_history]
     if not rows:
         return []
     return ["## Configuration changes", "",
-            "Settings changed when the run was resumed (`--override`, or `steps`), from `config_history.jsonl`: "
+            f"Settings changed when the run was resumed (`--override`, or `steps`), from `{CONFIG_HISTORY}`: "
             "steps after the one shown trained with the new value.", "",
             *md_table(["run", "after step", "field", "old", "new"], rows), ""]
 

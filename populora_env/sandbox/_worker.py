@@ -389,7 +389,11 @@ class Worker:
             ctypes.util.find_library = original
 
     def _compile_filter(self) -> None:
-        """Compile the filter once to classic BPF; the zygote loads it (every job child inherits it)."""
+        """Compile the filter once to classic BPF; the zygote loads it (every job child inherits it).
+
+        Building the filter through libseccomp costs far more than loading a ready BPF program, which is a
+        single syscall (docs/results.md), so it is built once per worker.
+        """
         if self._arch not in _SYS_SECCOMP:
             raise RuntimeError(f"no seccomp syscall number known for {self._arch}")
         self.seccomp_nr = _SYS_SECCOMP[self._arch]

@@ -8,7 +8,8 @@
 * :mod:`.shards` — trainer shards, the trainer and population proxies, the sync metric;
 * :mod:`.engines` — generation engines and the ``Generator`` over them;
 * :mod:`.packing` — rollouts and completions as numpy arrays on the wire;
-* :mod:`.backend` — :class:`~.backend.RayBackend`, what the loop's set-up asks for.
+* :mod:`.backend` — :class:`~.backend.RayBackend`, what the run's builder (:func:`selfplay.parts.build_parts`)
+  asks for; the actors build their members with :func:`selfplay.members.build_members`, as the local run does.
 
 Only :mod:`.config` is imported here, so the run config can be read where Ray is not installed.
 """

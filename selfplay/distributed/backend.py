@@ -1,6 +1,6 @@
 """The Ray backend: the parts of a run as actors, behind the interfaces the loop already uses.
 
-:class:`RayBackend` is what :meth:`selfplay.loop.SelfPlayLoop.setup` asks for when ``backend == "ray"``:
+:class:`RayBackend` is what :func:`selfplay.parts.build_parts` asks for when ``backend == "ray"``:
 
 * ``sandbox`` — a :class:`~selfplay.distributed.sandbox.RaySandbox` (the env's ``sandbox=``);
 * after the env and the agent mapping exist, :meth:`RayBackend.build` gives the population
@@ -111,11 +111,11 @@ class RayBackend:
                      info["threads"])
         for e, info in enumerate(self.engine_info):
             log.info("engine %d on node %s serves %d member(s) (%s, %d threads)", e, info["node"][:12],
-                     len(info["members"]), info["backend"], info["threads"])
+                     len(info["members"]), info["engine"], info["threads"])
         meta = {k: self.shard_info[0][k] for k in ("rank", "alpha", "target_modules", "dropout", "seed")}
         population = RayPopulation(self.shards, members, owner, meta)
         trainer = RayTrainer(self.shards, owner, rc.sync_rollouts)
-        generator = RayGenerator(self.engines, serves, self.shards, owner, cfg.generation.backend,
+        generator = RayGenerator(self.engines, serves, self.shards, owner, cfg.generation.engine,
                                  cfg.generation.batch_size, whole_chunks=rc.engine_adapters == "all")
         generator.refresh(members)  # the engines start from the shards' states
         generator.wait_loaded()

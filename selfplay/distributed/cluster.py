@@ -123,9 +123,7 @@ def visibility_problems(token: str, reports: Mapping[str, tuple[bool, str]]) -> 
 
 def sandbox_limits(cfg: Any) -> Any:
     """The limits the env gives its own sandbox (its timeout and memory), for the sandbox actors."""
-    from populora_env.sandbox import Limits
-
-    return Limits(timeout_s=cfg.env.timeout_s, memory_mb=cfg.env.memory_mb)
+    return cfg.env.sandbox_limits()
 
 
 def member_count(cfg: Any, assignment: Mapping[str, str] | None) -> int:

@@ -1,16 +1,17 @@
 """Generation engines: actors serving the members' adapters, behind the loop's ``Generator`` interface.
 
 An :class:`Engine` holds one base copy, the adapters of the members it serves (a
-:class:`~agents.population.LoRAPopulation` used only for serving) and a backend of
-:mod:`agents.generation` over them (HF on CPU, vLLM multi-LoRA on GPU). :class:`RayGenerator` is the driver's
+:class:`~agents.population.LoRAPopulation` used only for serving) and a generator of
+:mod:`agents.generation` over them (``generation.engine``: HF on CPU, vLLM multi-LoRA on GPU), all built by
+:func:`selfplay.members.build_members` as the local run builds its own. :class:`RayGenerator` is the driver's
 ``Generator``:
 
 * ``refresh(names)``: each owning trainer shard puts the members' new states in the object store and hands back
   the refs; the driver passes those refs (never the tensors) to the engines serving the members, which fetch
-  them, copy them into their adapters and re-publish them to their backend (``Generator.refresh``: vLLM gives
+  them, copy them into their adapters and re-publish them to their generator (``Generator.refresh``: vLLM gives
   every new version a fresh LoRA id). The loop calls it after every update and every PBT replacement.
 * ``generate(requests)``: with ``ray.engine_adapters='all'`` (every engine serves every member) and the HF
-  backend, the driver cuts the batch exactly as :class:`~agents.generation.hf.HFGenerator` does on one machine
+  engine, the driver cuts the batch exactly as :class:`~agents.generation.hf.HFGenerator` does on one machine
   (rows = samples in request order, sorted by prompt length when there are more than ``batch_size``, chunks
   of ``batch_size``) and hands chunks to idle engines. A chunk is generated with the same rows, adapters,
   padding and threads as on one machine, so the samples are bitwise those of ``--backend local`` whichever
@@ -36,7 +37,7 @@ import torch
 
 from agents.generation.base import Completion, GenerationRequest
 from selfplay.distributed.packing import pack_completions, unpack_completions
-from selfplay.distributed.shards import build_base
+from selfplay.distributed.shards import actor_members
 
 __all__ = ["Engine", "RayGenerator", "hf_plan"]
 
@@ -56,23 +57,15 @@ class Engine:
     """One generation engine (module docstring)."""
 
     def __init__(self, cfg_dict: Mapping[str, Any], members: Sequence[str], threads: int) -> None:
-        from agents.generation import make_generator
-        from agents.population import LoRAPopulation
-
-        backend = str(cfg_dict["generation"]["backend"])
-        # vLLM holds the GPU copy of the base; the HF copy here only keeps the adapters (PEFT layout) on the CPU
-        cfg, base, tokenizer, _device = build_base(cfg_dict, threads, "cpu" if backend == "vllm" else None)
-        self.population = LoRAPopulation(base, list(members), rank=cfg.rank, alpha=cfg.alpha,
-                                         target_modules=cfg.target_modules, seed=cfg.seed)
-        g = cfg.generation
-        self.backend = g.backend
-        self.generator = make_generator(g.backend, self.population, tokenizer, **g.generator_kwargs(cfg.model))
+        cfg, parts = actor_members(cfg_dict, members, threads, generator=True)
+        self.population, self.generator = parts.population, parts.generator
+        self.engine = cfg.generation.engine
         self.versions = {m: 0 for m in members}
         self._plan: tuple[int, list, list[list[int]]] | None = None
 
     def info(self) -> dict[str, Any]:
         return {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
-                "members": self.population.names, "threads": torch.get_num_threads(), "backend": self.backend}
+                "members": self.population.names, "threads": torch.get_num_threads(), "engine": self.engine}
 
     def load(self, *published: Mapping[str, Any]) -> dict[str, int]:
         """Copy the published states (``name -> ObjectRef`` dicts from the shards) of the members this engine
@@ -121,20 +114,20 @@ class RayGenerator:
         engines: :class:`Engine` handles.
         serves: per engine, the members it serves.
         shards: trainer shard handles; ``owner``: member -> shard index (who publishes a member's state).
-        backend: ``"hf"`` or ``"vllm"``; ``batch_size``: the HF backend's rows per chunk.
+        engine: the generation engine, ``"hf"`` or ``"vllm"``; ``batch_size``: the HF engine's rows per chunk.
         whole_chunks: cut the batch like the local HF backend and hand out chunks (every engine must serve
             every member).
     """
 
     def __init__(self, engines: Sequence[Any], serves: Sequence[Sequence[str]], shards: Sequence[Any],
-                 owner: Mapping[str, int], backend: str, batch_size: int, whole_chunks: bool) -> None:
+                 owner: Mapping[str, int], engine: str, batch_size: int, whole_chunks: bool) -> None:
         self.engines = list(engines)
         self.serves = [set(s) for s in serves]
         self.shards = list(shards)
         self.owner = dict(owner)
-        self.backend = backend
+        self.engine = engine
         self.batch_size = int(batch_size)
-        self.whole_chunks = bool(whole_chunks) and backend == "hf"
+        self.whole_chunks = bool(whole_chunks) and engine == "hf"
         self._loads: list[Any] = []
         self._call = 0
         self.last_call: dict[str, Any] = {}

@@ -2,7 +2,8 @@
 
 A :class:`TrainerShard` holds one copy of the base with its members' LoRA adapters (a
 :class:`~agents.population.LoRAPopulation` of those members only) and a
-:class:`~agents.trainer.PolicyGradientTrainer` over them. The driver reaches the shards through two proxies
+:class:`~agents.trainer.PolicyGradientTrainer` over them, built by :func:`selfplay.members.build_members` as the
+local run builds its own (:func:`actor_members`). The driver reaches the shards through two proxies
 with the interfaces the loop and the PBT controller already use:
 
 * :class:`RayTrainer` — ``update_many(batches)`` (and ``update``): every shard updates its members at the same
@@ -41,25 +42,22 @@ from agents.population import OPTIMIZER_FILE, POPULATION_FILE
 from agents.rollout import Rollout
 from selfplay.distributed.packing import pack_rollouts, unpack_rollouts
 
-__all__ = ["RayPopulation", "RayTrainer", "TrainerShard", "build_base", "sync_gap"]
+__all__ = ["RayPopulation", "RayTrainer", "TrainerShard", "actor_members", "sync_gap"]
 
 
-def build_base(cfg_dict: Mapping[str, Any], threads: int, device: str | None = None):
-    """``(cfg, base, tokenizer, device)`` in an actor: plugins imported, torch threads set, the base loaded the
-    way :meth:`selfplay.loop.SelfPlayLoop.setup` loads it (on ``device`` when given)."""
-    from agents.models import load_base
+def actor_members(cfg_dict: Mapping[str, Any], members: Sequence[str], threads: int, *, generator: bool = False,
+                  trainer: bool = False):
+    """``(cfg, parts)`` in an actor: the run config rebuilt from its dict, the plugins imported, the process
+    prepared (``threads`` torch threads, seeds) and the members' parts built by
+    :func:`selfplay.members.build_members`, the builder the local run uses."""
+    from selfplay import members as member_parts
     from selfplay.config import TrainConfig, from_dict
     from selfplay.plugins import load_plugins
 
     cfg = from_dict(TrainConfig, dict(cfg_dict))
-    load_plugins(cfg.plugins)
-    torch.set_num_threads(max(1, int(threads)))
-    torch.manual_seed(cfg.seed)
-    if device is None:
-        device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    base, tokenizer = load_base(cfg.model, dtype=getattr(torch, cfg.dtype))
-    base.to(device)
-    return cfg, base, tokenizer, device
+    load_plugins(cfg.plugins)  # before the builder is looked up: a plugin may extend it
+    member_parts.prepare_process(cfg, max(1, int(threads)))
+    return cfg, member_parts.build_members(cfg, members, generator=generator, trainer=trainer)
 
 
 @torch.no_grad()
@@ -95,13 +93,8 @@ class TrainerShard:
     """One group of members: base copy, their adapters and optimizers, the trainer (module docstring)."""
 
     def __init__(self, cfg_dict: Mapping[str, Any], members: Sequence[str], threads: int) -> None:
-        from agents.population import LoRAPopulation
-        from agents.trainer import PolicyGradientTrainer
-
-        cfg, base, _tok, _device = build_base(cfg_dict, threads)
-        self.population = LoRAPopulation(base, list(members), rank=cfg.rank, alpha=cfg.alpha,
-                                         target_modules=cfg.target_modules, seed=cfg.seed)
-        self.trainer = PolicyGradientTrainer(self.population, cfg.trainer)
+        _cfg, parts = actor_members(cfg_dict, members, threads, trainer=True)
+        self.population, self.trainer = parts.population, parts.trainer
 
     def info(self) -> dict[str, Any]:
         """Where the shard runs and its population's LoRA settings (for ``population.json``)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agents.generation import Completion, GenerationRequest, Generator, HFGenerator, make_generator
+from agents.generation import Completion, GenerationRequest, Generator, HFGenerator, HFOptions, make_generator
 
 PROMPTS = [
     "Write a function that adds two numbers.",
@@ -129,11 +129,11 @@ def test_sampling_is_seeded_per_request(pop3, tiny_tokenizer):
     assert gen.generate(requests) == first  # same requests + seeds -> same outputs
     assert len({tuple(c.token_ids) for c in first[:3]}) == 3  # the n samples differ
     # independent of the other requests, their order and the batch size -- in the native weight layout, whose
-    # small-batch matmuls give each row the same sums whatever the batch size; the decode loop's transposed
-    # layouts (transposed_decode, and fused_decode, the default) do not: there a row's tokens can depend on its
-    # chunk (float rounding; still the same run to run, as asserted above)
-    batched = HFGenerator(pop3, tiny_tokenizer, transposed_decode=False, fused_decode=False).generate(requests)
-    alone = HFGenerator(pop3, tiny_tokenizer, batch_size=1, transposed_decode=False, fused_decode=False).generate(
+    # small-batch matmuls give each row the same sums whatever the batch size; the fused decode step's transposed
+    # layout (fused_decode, the default) does not: there a row's tokens can depend on its chunk (float rounding;
+    # still the same run to run, as asserted above)
+    batched = HFGenerator(pop3, tiny_tokenizer, fused_decode=False).generate(requests)
+    alone = HFGenerator(pop3, tiny_tokenizer, batch_size=1, fused_decode=False).generate(
         [requests[1], requests[0]])
     assert [c.token_ids for c in alone] == [c.token_ids for c in batched[3:] + batched[:3]]
     other_seed = gen.generate(
@@ -348,7 +348,7 @@ def test_fast_paths_draw_the_old_paths_tokens_and_logprobs(pop3, tiny_tokenizer)
     fast = HFGenerator(pop3, tiny_tokenizer).generate(requests)
     for kw in ({"sampler": "sort"}, {"kv_cache": "dynamic"}, {"sampler": "sort", "kv_cache": "dynamic"}):
         # (kv_cache="static", HF's StaticCache, is not among them: its log-probs differ in the last float bits)
-        old = HFGenerator(pop3, tiny_tokenizer, **kw).generate(requests)
+        old = HFGenerator(pop3, tiny_tokenizer, options=HFOptions(**kw)).generate(requests)
         assert [c.token_ids for c in old] == [c.token_ids for c in fast], kw
         assert [c.logprobs for c in old] == [c.logprobs for c in fast], kw
         assert [c.finish_reason for c in old] == [c.finish_reason for c in fast], kw
@@ -357,6 +357,6 @@ def test_fast_paths_draw_the_old_paths_tokens_and_logprobs(pop3, tiny_tokenizer)
 
 def test_bad_sampler_or_kv_cache_is_refused(pop3, tiny_tokenizer):
     with pytest.raises(ValueError, match="sampler"):
-        HFGenerator(pop3, tiny_tokenizer, sampler="heap")
+        HFGenerator(pop3, tiny_tokenizer, options=HFOptions(sampler="heap"))
     with pytest.raises(ValueError, match="kv_cache"):
-        HFGenerator(pop3, tiny_tokenizer, kv_cache="paged")
+        HFGenerator(pop3, tiny_tokenizer, options=HFOptions(kv_cache="paged"))

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agents.generation import GenerationRequest, HFGenerator
-from agents.generation.layout import transposed_weights
+from agents.generation import GenerationRequest, HFGenerator, HFOptions
 
 PROMPTS = [
     "Write a function that adds two numbers.",
@@ -14,8 +13,7 @@ PROMPTS = [
     "Reverse a string in Python, please, and explain each step carefully.",
     "hi",
 ]
-LEVERS = ("share_prompts", "unpadded_prefill", "tree_prefill", "drop_finished", "transposed_decode", "fused_decode",
-          "onednn_decode")
+LEVERS = ("share_prompts", "tree_prefill", "drop_finished", "fused_decode", "onednn_decode")
 OFF = dict.fromkeys(LEVERS, False)
 # float tolerance of the log-probs when a lever changes matmul shapes or the weight layout (observed ~3e-6)
 LOGPROB_TOL = 1e-4
@@ -24,6 +22,13 @@ LOGPROB_TOL = 1e-4
 @pytest.fixture
 def pop(population):
     return population(["m0", "m1"], nonzero_std=0.5)
+
+
+def _loop(pop, tokenizer, **levers) -> HFGenerator:
+    """The loop engine with these levers (``fused_decode`` is the generator's own setting, the others
+    :class:`HFOptions`); unnamed ones keep their defaults."""
+    fused = levers.pop("fused_decode", True)
+    return HFGenerator(pop, tokenizer, engine="loop", fused_decode=fused, options=HFOptions(**levers))
 
 
 def _requests(temperature: float, stop: tuple[str, ...] = ()) -> list[GenerationRequest]:
@@ -42,7 +47,7 @@ def _key(out):
 def test_loop_with_levers_off_is_generate_bit_for_bit(pop, tiny_tokenizer, temperature):
     reqs = _requests(temperature)
     ref = HFGenerator(pop, tiny_tokenizer, engine="generate").generate(reqs)
-    out = HFGenerator(pop, tiny_tokenizer, engine="loop", **OFF).generate(reqs)
+    out = _loop(pop, tiny_tokenizer, **OFF).generate(reqs)
     assert _key(out) == _key(ref)
     assert [c.logprobs for c in out] == [c.logprobs for c in ref]
     assert {c.finish_reason for c in ref} == {"length"} and len({len(c.token_ids) for c in ref}) == 4
@@ -55,7 +60,7 @@ def test_each_lever_keeps_greedy_tokens_and_logits_within_tolerance(pop, tiny_to
     kwargs = dict.fromkeys(LEVERS, True) if lever == "all" else OFF | {lever: True}
     if lever == "onednn_decode":  # a setting of the fused step: on its own it changes nothing
         kwargs["fused_decode"] = True
-    out = HFGenerator(pop, tiny_tokenizer, engine="loop", **kwargs).generate(reqs)
+    out = _loop(pop, tiny_tokenizer, **kwargs).generate(reqs)
     assert _key(out) == _key(ref)
     for a, b in zip(out, ref, strict=True):
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) <= LOGPROB_TOL
@@ -103,49 +108,24 @@ class _Shapes:
 def test_levers_change_the_work_done(pop, tiny_tokenizer):
     reqs = _requests(0.0)  # 4 prompts x 2 samples, budgets 6, 9, 12, 15
     shapes = _Shapes(pop)
-    HFGenerator(pop, tiny_tokenizer, engine="loop", **OFF).generate(reqs)
+    _loop(pop, tiny_tokenizer, **OFF).generate(reqs)
     assert len(shapes.prefill()) == 1 and shapes.prefill()[0][0] == 8  # one padded batch of every row
     assert set(shapes.decode()) == {8}  # every row until the last finishes
     shapes.shapes.clear()
-    HFGenerator(pop, tiny_tokenizer, engine="loop", **OFF | {"share_prompts": True}).generate(reqs)
+    _loop(pop, tiny_tokenizer, **OFF | {"share_prompts": True}).generate(reqs)
     assert [s[0] for s in shapes.prefill()] == [4]  # once per unique prompt
     (_, padded_width), = shapes.prefill()
     shapes.shapes.clear()
-    HFGenerator(pop, tiny_tokenizer, engine="loop", **OFF | {"tree_prefill": True}).generate(reqs)
+    _loop(pop, tiny_tokenizer, **OFF | {"tree_prefill": True}).generate(reqs)
     # one packed row per adapter (m0's two prompts share their chat template's opening: one tree)
     ((rows, width),) = shapes.prefill()
     assert rows == 3 and rows * width < 4 * padded_width
-    shapes.shapes.clear()
-    HFGenerator(pop, tiny_tokenizer, engine="loop", **OFF | {"unpadded_prefill": True}).generate(reqs)
-    # each row's prompt alone, at its own length (no padding)
-    widths = sorted({len(HFGenerator(pop, tiny_tokenizer, engine="loop").encode_prompt(r)) for r in reqs})
-    assert all(s[0] == 1 for s in shapes.prefill()) and len(shapes.prefill()) == 8
-    assert sorted({s[1] for s in shapes.prefill()}) == widths
     shapes.shapes.clear()
     HFGenerator(pop, tiny_tokenizer, engine="loop", fused_decode=False).generate(reqs)
     assert [s[0] for s in shapes.prefill()] == [3]  # the defaults: the adapters' prompt trees, one row each
     decode = shapes.decode()
     assert decode[0] == 8 and decode[-1] == 2 and decode == sorted(decode, reverse=True)  # finished rows leave
     shapes.hook.remove()
-
-
-def test_transposed_weights_swap_frozen_linears_and_restore_them(pop, tiny_tokenizer):
-    model = pop.model.base_model.model
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    before = {id(m): (m.weight.data_ptr(), m.weight.detach().clone()) for m in linears}
-    x = torch.randn(3, linears[0].in_features)
-    y = linears[0](x) if not linears[0].weight.requires_grad else None
-    with transposed_weights(model) as n:
-        frozen = [m for m in linears if not m.weight.requires_grad]
-        assert n == len({id(m.weight) for m in frozen}) > 0
-        for m in frozen:
-            assert not m.weight.is_contiguous() and m.weight.t().is_contiguous()
-            assert torch.equal(m.weight, before[id(m)][1])
-        assert all(m.weight.is_contiguous() for m in linears if m.weight.requires_grad)  # LoRA weights untouched
-        if y is not None:
-            torch.testing.assert_close(linears[0](x), y, rtol=1e-5, atol=1e-6)
-    for m in linears:
-        assert m.weight.data_ptr() == before[id(m)][0] and m.weight.is_contiguous()
 
 
 def test_bad_engine_is_refused(pop, tiny_tokenizer):
@@ -157,7 +137,7 @@ def test_peft_lora_impl_falls_back_to_generate(pop, tiny_tokenizer):
     assert HFGenerator(pop, tiny_tokenizer, lora_impl="peft", engine="loop").engine == "generate"
     assert HFGenerator(pop, tiny_tokenizer).engine == "loop"  # the default
     gen = HFGenerator(pop, tiny_tokenizer, engine="loop")
-    assert gen.engine == "loop" and not gen.loop_options.unpadded_prefill
+    assert gen.engine == "loop" and gen.fused_decode and gen.options == HFOptions()
 
 
 @pytest.mark.slow
@@ -183,15 +163,15 @@ def test_smollm2_greedy_tokens_identical_on_a_short_prompt_set():
 def test_tree_prefill_fills_each_rows_cache_as_its_own_prompt_does(pop, tiny_tokenizer):
     """The packed tree prefill against one padded batch of the same rows: the first logits, and every layer's
     keys and values at each row's real (non-padding) positions, agree within float noise."""
-    from agents.generation.decode import LoopOptions, _Forward, _prefill, _Row
+    from agents.generation.decode import _Forward, _prefill, _Row
 
     gen = HFGenerator(pop, tiny_tokenizer)
     prompts = [gen.encode_prompt(r) for r in _requests(0.0)]
     rows = [_Row(0, 0, a, prompts[i % 4], 4, 0.0, 1.0, 0) for i, a in enumerate(["m0", "m1", None, "m0", "m0"])]
     fwd, width, capacity = _Forward(pop), max(map(len, prompts)), max(map(len, prompts)) + 4
     with torch.no_grad():
-        ref = _prefill(fwd, pop, rows, tiny_tokenizer.pad_token_id, capacity, LoopOptions(tree_prefill=False))
-        out = _prefill(fwd, pop, rows, tiny_tokenizer.pad_token_id, capacity, LoopOptions(tree_prefill=True))
+        ref = _prefill(fwd, pop, rows, tiny_tokenizer.pad_token_id, capacity, HFOptions(tree_prefill=False))
+        out = _prefill(fwd, pop, rows, tiny_tokenizer.pad_token_id, capacity, HFOptions(tree_prefill=True))
     torch.testing.assert_close(out[0], ref[0], atol=1e-4, rtol=1e-4)
     assert torch.equal(out[2], ref[2])  # the same left-padded prompt mask
     for a, b in zip(out[1], ref[1], strict=True):

@@ -17,7 +17,10 @@ from agents.losses import (
     logprobs_from_logits,
     policy_loss,
     register_loss_agg,
+    register_loss_term,
     unregister_loss_agg,
+    unregister_loss_term,
+    zero_advantage_rows_add_zero,
 )
 
 # rows: tokens (1, 2, 3) and (4); padding holds garbage that must be ignored (it does not sum to 0)
@@ -257,3 +260,43 @@ def test_entropy_and_kl_coefficients_of_one():
                       ref_logprobs=ref, kl_coef=1.0)
     k3 = (0.5 - 1 + math.log(2.0)) / 2
     assert out.loss.item() == pytest.approx(k3 - 3.0)
+
+
+def test_an_extra_loss_term_is_added_aggregated_and_reported():
+    """``register_loss_term``: L += coef * agg(w * f) in the call's aggregation mode, metric = masked mean of f."""
+    lp = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -9.0, -9.0]], requires_grad=True)
+    adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, 0.0, 0.0]])
+    kw = {"loss_agg_mode": "seq-mean-token-mean"}
+    plain = policy_loss(lp, lp.detach(), adv, MASK, **kw)
+    register_loss_term("_lp_square", 0.5)(lambda x: x.logprobs.square())
+    try:
+        out = policy_loss(lp, lp.detach(), adv, MASK, **kw)
+    finally:
+        unregister_loss_term("_lp_square")
+    # per-sequence means of lp^2: (1 + 4 + 9) / 3 and 0.25; their mean; times 0.5
+    assert out.loss.item() == pytest.approx(plain.loss.item() + 0.5 * ((14 / 3 + 0.25) / 2))
+    assert out.metrics["_lp_square"] == pytest.approx((14 + 0.25) / 4)
+    assert out.pg_loss.item() == plain.pg_loss.item()
+    with pytest.raises(ValueError, match="taken by a metric"):
+        register_loss_term("entropy", 0.1)
+
+
+def test_the_loss_declares_whether_zero_advantage_rows_add_zero():
+    """Only the clipped surrogate, and extra terms that say so, vanish where A = 0."""
+    assert zero_advantage_rows_add_zero()
+    assert not zero_advantage_rows_add_zero(entropy_coef=0.001)
+    assert not zero_advantage_rows_add_zero(kl_coef=0.1)
+    register_loss_term("_idle", 0.0)(lambda x: x.logprobs)
+    register_loss_term("_declared", 1.0, vanishes_at_zero_advantage=True)(lambda x: x.advantages * x.logprobs)
+    try:
+        assert zero_advantage_rows_add_zero()  # a term of coefficient 0 adds nothing; a declared one vanishes
+        register_loss_term("_undeclared", 1e-3)(lambda x: x.logprobs)
+        assert not zero_advantage_rows_add_zero()
+    finally:
+        for name in ("_idle", "_declared", "_undeclared"):
+            unregister_loss_term(name)
+    # what it declares holds: zero advantages, no entropy or KL -> the loss and its gradient are exactly zero
+    lp = torch.randn(2, 3, requires_grad=True)
+    out = policy_loss(lp, lp.detach() + 0.3, torch.zeros(2, 3), MASK, entropy=torch.rand(2, 3))
+    out.loss.backward()
+    assert out.loss.item() == 0.0 and torch.count_nonzero(lp.grad) == 0

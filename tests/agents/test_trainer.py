@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from agents.forward import pack_rollouts, rollout_logprobs
 from agents.losses import list_loss_aggs
 from agents.rollout import Rollout
 from agents.trainer import PolicyGradientTrainer, TrainerConfig
@@ -95,6 +96,23 @@ def zero_group_rollouts() -> list[Rollout]:
             for r in make_rollouts(9, seed=7, groups=3)]
 
 
+def _rows_and_grads(population, monkeypatch, cfg: TrainerConfig, rollouts):
+    """The rows the update forwarded, its gradient per step and its metrics."""
+    pop = population(nonzero_std=0.5)
+    cap = capture(pop, monkeypatch, "ma")
+    trainer = PolicyGradientTrainer(pop, cfg)
+    rows_seen: set[int] = set()
+    real = trainer.forward.logprobs
+
+    def spy(batch, rows, ent_grad=False):
+        rows_seen.update(rows)
+        return real(batch, rows, ent_grad)
+
+    monkeypatch.setattr(trainer.forward, "logprobs", spy)
+    metrics = trainer.update("ma", rollouts)
+    return rows_seen, cap.grads, metrics
+
+
 @pytest.mark.parametrize("extra", [*({"loss_agg_mode": m} for m in list_loss_aggs()),
                                    {"mini_batch_size": 3, "epochs": 2}, {"micro_batch_size": 2},
                                    {"packing": "none"}, {"role_weighting": "tokens"}],
@@ -109,19 +127,8 @@ def test_zero_advantage_rows_are_left_out_with_the_same_gradients(population, mo
     result = {}
     for skip in (True, False):
         cfg = TrainerConfig(advantage="grpo", skip_zero_advantage=skip, **extra)
-        pop = population(nonzero_std=0.5)
-        cap = capture(pop, monkeypatch, "ma")
-        trainer = PolicyGradientTrainer(pop, cfg)
-        rows_seen: set[int] = set()
-        real = trainer._forward
-
-        def spy(batch, rows, ent_grad=False, real=real, rows_seen=rows_seen):
-            rows_seen.update(rows)
-            return real(batch, rows, ent_grad)
-
-        monkeypatch.setattr(trainer, "_forward", spy)
-        m = trainer.update("ma", rollouts)
-        seen[skip], result[skip] = rows_seen, (cap.grads, m)
+        seen[skip], grads, m = _rows_and_grads(population, monkeypatch, cfg, rollouts)
+        result[skip] = (grads, m)
     assert seen[True] == set(range(9)) - zero and seen[False] == set(range(9))
     (g1, m1), (g0, m0) = result[True], result[False]
     steps = 6 if "epochs" in extra else 1
@@ -136,18 +143,60 @@ def test_zero_advantage_rows_are_left_out_with_the_same_gradients(population, mo
 
 def test_zero_advantage_rows_stay_in_with_an_entropy_term(population, monkeypatch):
     """With an entropy bonus a zero-advantage row still has a gradient: every row takes its pass."""
-    pop = population(nonzero_std=0.5)
-    trainer = PolicyGradientTrainer(pop, TrainerConfig(advantage="grpo", entropy_coef=0.01))
-    rows_seen: set[int] = set()
-    real = trainer._forward
-
-    def spy(batch, rows, ent_grad=False):
-        rows_seen.update(rows)
-        return real(batch, rows, ent_grad)
-
-    monkeypatch.setattr(trainer, "_forward", spy)
-    m = trainer.update("ma", zero_group_rollouts())
+    cfg = TrainerConfig(advantage="grpo", entropy_coef=0.01)
+    rows_seen, _, m = _rows_and_grads(population, monkeypatch, cfg, zero_group_rollouts())
     assert rows_seen == set(range(9)) and m["zero_advantage_rows"] == 0
+
+
+@pytest.fixture
+def loss_term():
+    """``loss_term(name, coef, fn, **kw)`` registers an extra loss term for this test only."""
+    from agents.losses import list_loss_terms, register_loss_term, unregister_loss_term
+
+    names: list[str] = []
+
+    def register(name: str, coef: float, fn, **kwargs) -> None:
+        register_loss_term(name, coef, **kwargs)(fn)
+        names.append(name)
+
+    yield register
+    for name in names:
+        if name in list_loss_terms():
+            unregister_loss_term(name)
+
+
+def test_a_new_loss_term_keeps_the_zero_advantage_rows(population, monkeypatch, loss_term):
+    """The skip asks the loss, not a list of term names: a registered term that depends on every row's
+    log-probs (0.1 * lp_t^2, which does not vanish where A_t = 0) keeps the zero-advantage rows in the passes,
+    so the update is bit for bit the one with the skip off, and the term really moved those rows' gradient;
+    the same term declared ``vanishes_at_zero_advantage`` (A_t * lp_t^2) lets them be left out again."""
+    rollouts = zero_group_rollouts()
+    everything = set(range(9))
+    without = _rows_and_grads(population, monkeypatch, TrainerConfig(advantage="grpo"), rollouts)
+    assert without[0] == everything - {0, 3, 6}  # the zero-advantage rows of group 0 are left out
+    loss_term("lp_square", 0.1, lambda x: x.logprobs.square())
+    seen, grads, m = _rows_and_grads(population, monkeypatch, TrainerConfig(advantage="grpo"), rollouts)
+    _, grads_off, m_off = _rows_and_grads(population, monkeypatch,
+                                          TrainerConfig(advantage="grpo", skip_zero_advantage=False), rollouts)
+    assert seen == everything and m["zero_advantage_rows"] == 0
+    assert m["lp_square"] > 0 and m["loss"] == m_off["loss"]
+    for a, b in zip(grads[0], grads_off[0], strict=True):
+        assert torch.equal(a, b)
+    # the term's gradient through the zero-advantage rows: the whole batch's differs from the other rows' alone
+    _, grads_live, _ = _rows_and_grads(population, monkeypatch, TrainerConfig(advantage="grpo"),
+                                       [r for i, r in enumerate(rollouts) if i not in {0, 3, 6}])
+    assert any(not torch.allclose(a, b) for a, b in zip(grads[0], grads_live[0], strict=True))
+
+    from agents.losses import unregister_loss_term
+
+    unregister_loss_term("lp_square")
+    loss_term("adv_lp_square", 0.1, lambda x: x.advantages * x.logprobs.square(), vanishes_at_zero_advantage=True)
+    seen, grads, m = _rows_and_grads(population, monkeypatch, TrainerConfig(advantage="grpo"), rollouts)
+    _, grads_off, _ = _rows_and_grads(population, monkeypatch,
+                                      TrainerConfig(advantage="grpo", skip_zero_advantage=False), rollouts)
+    assert seen == everything - {0, 3, 6} and m["zero_advantage_rows"] == 3
+    for a, b in zip(grads[0], grads_off[0], strict=True):
+        assert_same_grad(a, b)
 
 
 # ------------------------------------------------------------------------------------------ config
@@ -188,10 +237,10 @@ def test_chunked_logprobs_and_entropy_match_a_plain_forward(population):
     pop = population(nonzero_std=0.5)
     rollouts = make_rollouts(7, seed=1)
     trainer = PolicyGradientTrainer(pop, TrainerConfig(logprob_chunk_size=3, micro_batch_size=4))
-    batch = trainer._pack(rollouts)
+    batch = pack_rollouts(rollouts)
     with torch.no_grad(), pop.activate("mb"):
-        lp, ent = trainer._forward(batch, list(range(len(rollouts))))
-        lp_ref_model = trainer._logprobs_no_grad(batch, reference=True)
+        lp, ent = trainer.forward.logprobs(batch, list(range(len(rollouts))))
+        lp_ref_model = trainer.forward.logprobs_no_grad(batch, reference=True)
         for i, r in enumerate(rollouts):
             ids = torch.tensor([r.prompt_ids + r.completion_ids])
             logits = pop.model(input_ids=ids).logits[0].float()
@@ -223,20 +272,20 @@ def test_trainer_logprobs_match_the_hf_generator_behaviour_logprobs(population, 
         Rollout(c.prompt_token_ids, c.token_ids, 0.0, logprobs=c.logprobs) for c in gen.generate(reqs)
     ]
     trainer = PolicyGradientTrainer(pop)
-    batch = trainer._pack(rollouts)
+    batch = pack_rollouts(rollouts)
     with pop.activate("ma"):
-        lp = trainer._logprobs_no_grad(batch, reference=False)
-    torch.testing.assert_close(lp, trainer._behaviour_logprobs(rollouts, batch), atol=1e-4, rtol=1e-4)
+        lp = trainer.forward.logprobs_no_grad(batch, reference=False)
+    torch.testing.assert_close(lp, rollout_logprobs(rollouts, batch), atol=1e-4, rtol=1e-4)
 
 
 def test_a_single_logprob_chunk_skips_the_checkpoint_with_the_same_gradient(population, monkeypatch):
     """Several LM-head chunks run checkpointed (one chunk's logits alive at a time); a micro-batch of one chunk
     runs plainly (nothing to bound, no recomputation): the gradients agree."""
-    import agents.trainer as trainer_module
+    import agents.forward as forward_module
 
     calls = []
-    real = trainer_module.checkpoint
-    monkeypatch.setattr(trainer_module, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = forward_module.checkpoint
+    monkeypatch.setattr(forward_module, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
     rollouts = make_rollouts(6, seed=2)
     grads = {}
     for chunk in (2, 1024):
@@ -245,7 +294,7 @@ def test_a_single_logprob_chunk_skips_the_checkpoint_with_the_same_gradient(popu
         assert (len(calls) > 0) == (chunk == 2), (chunk, len(calls))
     for a, b in zip(grads[1024][0], grads[2][0], strict=True):
         assert b.abs().max() > 0
-        torch.testing.assert_close(a, b, atol=1e-6 * float(b.abs().max()), rtol=1e-5)
+        assert_same_grad(a, b)  # float summation order: up to ~5e-7 of a tensor whose largest entry is ~0.1
 
 
 # ------------------------------------------------------------------------------ gradient accumulation
@@ -322,17 +371,17 @@ def test_first_mini_batch_behaviour_logprobs_come_from_its_own_forward(populatio
         pop = population(nonzero_std=0.5)
         trainer = PolicyGradientTrainer(pop, cfg)
         passes: list[tuple[bool, list[int]]] = []
-        real = trainer._forward
+        real = trainer.forward.logprobs
 
         def spy(batch, rows, ent_grad=False, real=real, passes=passes):
             passes.append((torch.is_grad_enabled(), sorted(rows)))
             return real(batch, rows, ent_grad)
 
-        monkeypatch.setattr(trainer, "_forward", spy)
+        monkeypatch.setattr(trainer.forward, "logprobs", spy)
         if way == "all up front":
             def every_mini_batch(rollouts, batch, n_steps, mini, zero_gradient, live=None, trainer=trainer):
                 minis = [list(range(s, min(batch.size, s + mini))) for s in range(0, batch.size, mini)]
-                return trainer._logprobs_no_grad(batch, reference=False, minis=minis), set(), None
+                return trainer.forward.logprobs_no_grad(batch, reference=False, minis=minis), set(), None
 
             monkeypatch.setattr(trainer, "_fixed_logprobs", every_mini_batch)
         m = trainer.update("ma", rollouts)
@@ -351,9 +400,9 @@ def test_behaviour_logprobs_used_when_asked(population):
     trainer = PolicyGradientTrainer(pop, TrainerConfig(use_behaviour_logprobs=True))
     with pytest.raises(ValueError, match="no logprobs"):
         trainer.update("ma", rollouts)
-    batch = trainer._pack(rollouts)
+    batch = pack_rollouts(rollouts)
     with pop.activate("ma"):
-        own = trainer._logprobs_no_grad(batch, reference=False)
+        own = trainer.forward.logprobs_no_grad(batch, reference=False)
     # behaviour = the policy itself -> ratio 1; behaviour 0.5 nats more likely -> ratio e^-0.5 < 0.8: clipped
     # exactly on the tokens with a negative advantage
     exact = [

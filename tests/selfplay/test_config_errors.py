@@ -102,7 +102,7 @@ def test_a_cross_field_rule_names_the_field_it_refuses(cli, preset, tmp_path: Pa
     line = _only_line(*cli("train", "--preset", preset({}), "--run-dir", str(tmp_path / "r"), "--dry-run",
                            "--trainer.kl-coef", "0.1"))
     assert line == "populora train: error: --trainer.kl-coef: 0.1 has no effect with kl_mode 'off'; set kl_mode"
-    line = _only_line(*cli("train", "--preset", preset({"generation": {"backend": "vllm"},
+    line = _only_line(*cli("train", "--preset", preset({"generation": {"engine": "vllm"},
                                                           "model": "random:qwen2-tiny"}),
                            "--run-dir", str(tmp_path / "r"), "--dry-run"))
-    assert line.startswith("populora train: error: --generation.backend: vllm needs a model directory")
+    assert line.startswith("populora train: error: --generation.engine: vllm needs a model directory")

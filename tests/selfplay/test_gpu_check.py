@@ -23,6 +23,12 @@ def test_bad_model_arguments_exit_2(tmp_path):
                               capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert not (tmp_path / "gpu_check.json").exists()
+    # --backend is the deprecated spelling of --engine (the generation engine): accepted with one warning line
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry", "--backend", "hf", "--model", "random:no-such-shape",
+                           "--out-dir", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and "unknown random shape" in proc.stderr, proc.stderr
+    assert [ln for ln in proc.stderr.splitlines() if "deprecated" in ln] == [
+        "gpu_check.py --backend is deprecated and will be removed in the next release: use --engine"]
 
 
 @pytest.mark.slow
@@ -38,7 +44,7 @@ def test_dry_run_on_a_random_shape_end_to_end(tmp_path):
     assert report["vllm_checks"]["status"] == "skipped"  # random shapes have no directory for vLLM
     for arm in ("population", "baseline"):
         run = report["runs"][arm]
-        assert run["status"] == "ok" and run["backend"] == "hf" and len(run["step_seconds"]) == 1
+        assert run["status"] == "ok" and run["engine"] == "hf" and len(run["step_seconds"]) == 1
     assert len(report["runs"]["population"]["members"]) == 8
     assert report["population_vs_baseline_step_time"] > 0
     assert report["fused_multi_lora"]["status"] == "not built"

@@ -55,8 +55,17 @@ def test_readme_plugin_example_runs_and_the_scheme_gets_its_kwargs(example_run) 
 
 
 def test_resume_imports_the_plugin_again(example_run) -> None:
-    _work, run, _args = example_run
-    p = populora("train", "--resume", str(run), "--steps", "2", "--no-progress")
+    """The run's plugin is imported on resume only when the command line names it again (a run directory from
+    elsewhere cannot make ``--resume`` import code); named, the run continues with it."""
+    work, run, _args = example_run
+    p = populora("train", "--resume", str(run), "--steps", "2", "--no-progress", "--dry-run", cwd=work)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    plugin = str((work / "my_scheme.py").resolve())
+    assert p.stderr.strip().splitlines()[-1] == (
+        f"populora train: error: --resume: {run / 'config.json'} names the plugin(s) {plugin}; a run's plugins are "
+        f"imported only when named on the command line: if you trust them, add --plugins {plugin}")
+    p = populora("train", "--resume", str(run), "--steps", "2", "--no-progress", "--plugins", "my_scheme.py",
+                 cwd=work)
     assert p.returncode == 0, p.stderr[-4000:]
     history = json.loads((run / "run_summary.json").read_text())["history"]
     assert [h["step"] for h in history] == [1, 2]

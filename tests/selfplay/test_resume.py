@@ -135,7 +135,7 @@ def test_kill_9_during_checkpoint_writes_then_resume_equals_uninterrupted(
         tiny_run: Path, tmp_path: Path, chain: str) -> None:
     run = tmp_path / "killed"
     first = ["train", *REF_ARGS, "--plugins", PLUGIN, "--run-dir", str(run)]
-    resume = ["train", "--resume", str(run), "--no-progress"]
+    resume = ["train", "--resume", str(run), "--plugins", PLUGIN, "--no-progress"]  # the run's plugin, named again
     expected_resume: int | None = None
     dropped = 0  # lineage lines the next resume must drop (written after the checkpoint it resumes from)
     for i, (point, step) in enumerate(CHAINS[chain]):

@@ -12,8 +12,14 @@ from pathlib import Path
 import pytest
 
 from selfplay.config import ConfigError, TrainConfig, from_dict, to_dict
-from selfplay.config_changes import HISTORY_NAME, check_changes, config_diff, drop_retired, read_history
-from selfplay.resume import _config_changes
+from selfplay.config_changes import (
+    HISTORY_NAME,
+    check_changes,
+    config_diff,
+    drop_retired,
+    plan_resume,
+    read_history,
+)
 from tests.selfplay.conftest import populora, populora_watched
 
 
@@ -115,9 +121,9 @@ def test_a_retired_field_in_an_old_config_json_is_dropped_on_resume(run: Path) -
     assert "max_completion_chars" not in dropped["env"] and "max_completion_chars" in saved["config"]["env"]
     assert dropped["env"] == {k: v for k, v in saved["config"]["env"].items()
                               if k != "max_completion_chars"}
-    cfg = from_dict(TrainConfig, dropped)
-    _, changes = _config_changes(cfg, run, [])
-    assert changes == []
+    cfg = from_dict(TrainConfig, {**dropped, "resume": str(run)})
+    plan = plan_resume(cfg)
+    assert plan.changes == [] and plan.saved.run.path == run
     p = populora("train", "--resume", str(run), "--no-progress", "--dry-run", timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "max_completion_chars" not in json.loads(p.stdout)["env"]
