@@ -268,6 +268,15 @@ def test_a_thread_cannot_put_a_lie_into_a_value_being_printed(box: Sandbox) -> N
             assert r.plain and r.value == repr([4] + [0] * 5000), r.value[:40]
 
 
+def forging_programs(stored_first: bool = False) -> list[str]:
+    """The corpus's programs that claim the gold ``3007`` for the input 3 (both profiles), for scripted policies;
+    ``stored_first``: those that become valid tasks (with the true gold) first, so a short run meets them."""
+    cases = [c for c in CORPUS if (c.outcome != "true" or c.name.startswith("serialiser")) and c.gold is None]
+    if stored_first:
+        cases.sort(key=lambda c: c.outcome != "true")
+    return [c.program() for c in cases]
+
+
 # --- end to end: a single-agent baseline round, scripted ----------------------------------------------------
 
 class _Policy:
@@ -280,15 +289,14 @@ class _Policy:
 
     def __init__(self, forge: bool) -> None:
         self.forge, self.count = forge, 0
-        self.forgeries = [c for c in CORPUS
-                          if (c.outcome != "true" or c.name.startswith("serialiser")) and c.gold is None]
+        self.forgeries = forging_programs()
 
     def propose(self, info: dict[str, Any]) -> tuple[str, ...]:
         out = []
         for _ in info["requests"]:
             self.count += 1
             if self.forge:
-                program = self.forgeries[self.count % len(self.forgeries)].program()
+                program = self.forgeries[self.count % len(self.forgeries)]
                 given = 3
             else:
                 program, given = "def f(x):\n    return x + 1\n", 1000 + self.count
@@ -342,3 +350,29 @@ def test_a_forging_and_colluding_baseline_policy_earns_nothing_from_forging() ->
     # forging pays less than playing honestly, for the teacher and for the student
     assert sum(forged_t) < sum(honest_t) and sum(forged_s) < sum(honest_s), (forged_t, honest_t, forged_s, honest_s)
     assert max(forged_t) <= 0.0 and max(forged_s) < 0.0
+
+
+def test_a_forging_and_colluding_adapter_earns_nothing_in_a_populora_baseline_run(tmp_path: Any) -> None:
+    """``populora baseline`` (one adapter proposes and solves, AZR reward, the ``azr`` validation profile) on
+    ``tiny-random`` with the scripted forging-and-colluding policy of ``tests/sandbox/hacking_plugin.py``: every
+    forged task a student meets stores the true gold output, none of the adapter's answers to its own forgeries
+    is correct, and neither role is paid more than nothing for them."""
+    from tests.sandbox.test_reward_hacking import scripted_cli_run
+
+    rounds = scripted_cli_run(tmp_path, "baseline", ["--env.tasks-per-teacher", "3", "--env.task-types",
+                                                     "deduction", "abduction", "--env.validation", "azr"],
+                             mode="forge")
+    forged: dict[str, list[str]] = {}
+    for r in rounds:
+        assert all(p["agent"] == "teacher_0" for p in r["proposals"]) and r["attempts"]
+        for a in r["attempts"]:
+            assert not a["correct"] and a["reward"] < 0.0, a
+        for prop in r["proposals"]:
+            assert prop["reward"] <= 0.0, prop
+            assert not prop["valid"] or prop["p_hat"] in (None, 0.0), prop
+        forged.update(r["forged_gold"])  # a task met again later as a filler keeps its gold
+    assert forged and all(gold in ([TRUE_GOLD], [f"[{TRUE_GOLD}]"]) for gold in forged.values()), forged
+    # every valid forged task was met (its gold checked above), and some forgeries were refused outright (-1)
+    proposals = [p for r in rounds for p in r["proposals"]]
+    assert {p["task_id"] for p in proposals if p["valid"]} <= set(forged)
+    assert any(p["valid"] for p in proposals) and any(not p["valid"] for p in proposals)

@@ -342,26 +342,34 @@ def test_populora_eval_scores_forged_success_frames_zero(bench: str, tmp_path: A
 # --- end to end: populora train -------------------------------------------------------------------------------
 
 
-def test_hacks_earn_nothing_in_a_populora_train_run(tmp_path: Any) -> None:
-    """``populora train`` on ``tiny-random`` with scripted completions (``tests/sandbox/hacking_plugin.py``):
-    frame-walking students and checked-mode teachers. No hacking attempt is correct, the checked-mode tasks'
-    solve rate is the true one (0: every answer is wrong), so no hack earns a reward."""
+def scripted_cli_run(tmp_path: Any, command: str, args: list[str], mode: str = "hack") -> list[dict[str, Any]]:
+    """Run ``populora <command>`` on ``tiny-random`` with the scripted policy of ``tests/sandbox/hacking_plugin.py``
+    in ``mode`` for 2 steps; every round's verdicts, as the plugin wrote them."""
     from tests.selfplay.conftest import REPO, TINY, cli_env
 
     out = tmp_path / "verdicts.jsonl"
     plugin = str(__import__("pathlib").Path(__file__).with_name("hacking_plugin.py"))
-    env = {**cli_env(), "POPULORA_TEST_HACK_OUT": str(out)}
+    env = {**cli_env(), "POPULORA_TEST_HACK_OUT": str(out), "POPULORA_TEST_HACK_MODE": mode}
     import subprocess
     import sys
 
     # the repository's own preset file (the package's presets may resolve to another checkout's configs/)
     preset = str(REPO / "configs" / "cpu-smoke.json")
-    p = subprocess.run([sys.executable, "-m", "populora_cli.main", "train", "--plugins", plugin, "--preset", preset, *TINY,
-                        "--env.tasks-per-teacher", "3", "--env.task-types", "deduction", "abduction", "induction", "--steps", "2", "--run-dir", str(tmp_path / "run")],
+    p = subprocess.run([sys.executable, "-m", "populora_cli.main", command, "--plugins", plugin, "--preset", preset,
+                        *TINY, *args, "--steps", "2", "--run-dir", str(tmp_path / "run")],
                        capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
     assert p.returncode == 0, p.stderr[-4000:]
     rounds = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rounds) == 2
+    return rounds
+
+
+def test_hacks_earn_nothing_in_a_populora_train_run(tmp_path: Any) -> None:
+    """``populora train`` on ``tiny-random`` with scripted completions (``tests/sandbox/hacking_plugin.py``):
+    frame-walking students and checked-mode teachers. No hacking attempt is correct, the checked-mode tasks'
+    solve rate is the true one (0: every answer is wrong), so no hack earns a reward."""
+    rounds = scripted_cli_run(tmp_path, "train", ["--env.tasks-per-teacher", "3", "--env.task-types", "deduction",
+                                                  "abduction", "induction"])
     hacked_tasks = 0
     for r in rounds:
         inductions = [a for a in r["attempts"] if a["task_type"] == "induction"]
