@@ -58,6 +58,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from agents.model_names import HF_CONFIG
 from agents.models import RANDOM_PREFIX, SMOLLM2_NAME, TINY_RANDOM_NAME, random_shapes, shape_config
 
 __all__ = ["ModelShape", "StorageTracker", "activation_bytes", "block_mask_pairs", "dtype_bytes", "model_shape"]
@@ -122,7 +123,7 @@ def _config_dict(model: str) -> tuple[str, dict | None, str | None]:
 
         return model, None, resolve_base(model)
     path = Path(model).expanduser()
-    if path.is_dir() and (path / "config.json").is_file():
+    if path.is_dir() and (path / HF_CONFIG).is_file():
         return model, None, str(path)
     raise ValueError(f"cannot read the configuration of model {model!r} without downloading it: give a local model "
                      f"directory, random:<shape> ({', '.join(random_shapes())}) or a model a shape lists")

@@ -97,6 +97,7 @@ class SelfPlayLoop:
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.assignment = None if assignment is None else dict(assignment)
         self.nonfinite = NonFiniteGuard(cfg.trainer.max_nonfinite_updates)
+        self.memory = PhaseMemory("cpu")  # counts nothing; setup() gives it the run's device
 
     # ------------------------------------------------------------------------------------- set-up
     @property
