@@ -30,6 +30,16 @@ with the KL-in-reward term, which needs them for the advantages, all of them com
 ``use_behaviour_logprobs=True`` uses ``Rollout.logprobs`` (the generator's, e.g. vLLM's) instead, which also
 corrects generator/trainer numerical mismatch.
 
+Stale batches (an asynchronous run, ``pipeline.max_staleness >= 1``): ``update(member, rollouts, version=v)``
+says that the member's weights are its version ``v``, and each rollout says the version that generated it
+(``Rollout.version``). A batch generated with an older version is off-policy by ``v - Rollout.version``
+updates (its *staleness*), so the ratio's denominator must be the policy that sampled it, not the weights
+being trained: whenever a rollout of the batch is stale, the behaviour log-probs are the rollouts' own
+(``Rollout.logprobs``, sampled with that version), ``rho_t = pi_v(y_t) / pi_{v - staleness}(y_t)``, clipped to
+``[1 - clip_eps_low, 1 + clip_eps_high]`` as in PPO, whatever ``use_behaviour_logprobs`` says. A batch of
+staleness 0 keeps the on-policy rule above (bit for bit the synchronous update). The metrics ``staleness`` (mean
+over the rollouts) and ``staleness_max`` are reported whenever ``version`` is given.
+
 Rows whose advantages are all zero (``skip_zero_advantage``): when the loss declares that such a row adds
 exactly zero to it and to its gradient (``agents.losses.zero_advantage_rows_add_zero``: the clipped surrogate
 is ``-min(rho_t * 0, clip(rho_t) * 0) = 0``; an entropy bonus, a KL penalty or an extra term that does not
@@ -302,12 +312,19 @@ class PolicyGradientTrainer:
         return self.forward.forward_tokens
 
     # ------------------------------------------------------------------------------------------ update
-    def update_many(self, batches: Mapping[str, Sequence[Rollout]]) -> dict[str, dict[str, float]]:
-        """``update(member, rollouts)`` for every member of ``batches``, in order; returns metrics per member."""
-        return {member: self.update(member, rollouts) for member, rollouts in batches.items()}
+    def update_many(self, batches: Mapping[str, Sequence[Rollout]],
+                    versions: Mapping[str, int] | None = None) -> dict[str, dict[str, float]]:
+        """``update(member, rollouts, version)`` for every member of ``batches``, in order (``versions``: each
+        member's current version, for stale batches; module docstring); returns metrics per member."""
+        versions = versions or {}
+        return {member: self.update(member, rollouts, versions[member]) if member in versions
+                else self.update(member, rollouts) for member, rollouts in batches.items()}
 
-    def update(self, member: str, rollouts: Sequence[Rollout]) -> dict[str, float]:
-        """One policy-gradient update of ``member`` from ``rollouts``.
+    def update(self, member: str, rollouts: Sequence[Rollout], version: int | None = None) -> dict[str, float]:
+        """One policy-gradient update of ``member`` from ``rollouts``; ``version``: the member's current version
+        (``None``: versions are not tracked, the batch is on-policy), against which each rollout's
+        ``Rollout.version`` gives its staleness (module docstring: a stale batch's ratio is taken against the
+        rollouts' own log-probs).
 
         Returns float metrics: ``loss`` (total loss, mean over optimizer steps), ``pg_loss``, ``grad_norm``
         (pre-clip L2 norm over the member's parameters, mean over steps), ``clip_frac``, ``approx_kl``
@@ -319,7 +336,9 @@ class PolicyGradientTrainer:
         ``response_length``, ``tokens`` (completion tokens trained on), ``num_rollouts``, ``num_steps``,
         ``skipped_steps``, ``zero_advantage_steps`` (optimizer steps without passes), ``zero_advantage_rows``
         (rows left out of a step's passes, summed over steps; ``TrainerConfig.skip_zero_advantage``), ``lr``,
-        ``seconds``; ``skipped`` = 1.0 when nothing was trained (no rollouts or no completion token), else 0.0.
+        ``seconds``; ``skipped`` = 1.0 when nothing was trained (no rollouts or no completion token), else 0.0;
+        with ``version``: ``staleness`` and ``staleness_max`` (updates between the version that generated each
+        rollout and ``version``).
 
         Per role, when rollouts carry ``meta["role"]`` (the single-agent baseline trains its proposer and
         solver completions in one batch): ``reward_mean/<role>``, ``response_length/<role>``,
@@ -332,7 +351,10 @@ class PolicyGradientTrainer:
         if member not in self.population:
             raise KeyError(f"no member named {member!r}; members: {self.population.names}")
         rollouts = list(rollouts)
+        staleness = _staleness(rollouts, version)
         base = {"num_rollouts": float(len(rollouts)), "tokens": 0.0, "num_steps": 0.0, "skipped": 1.0}
+        if staleness:
+            base |= {"staleness": sum(staleness) / len(staleness), "staleness_max": float(max(staleness))}
         if not rollouts:
             return base | {"seconds": time.perf_counter() - t0}
         batch = pack_rollouts(rollouts)
@@ -343,13 +365,15 @@ class PolicyGradientTrainer:
             return base | reward_metrics | {"seconds": time.perf_counter() - t0}
         with self.forward.training(cfg.gradient_checkpointing), self.population.activate(member), (
                 self.population.single(member) if cfg.lora_impl == "fused" else nullcontext()):
-            metrics = self._update(member, rollouts, batch, rewards, groups)
+            metrics = self._update(member, rollouts, batch, rewards, groups, stale=any(staleness))
         return base | reward_metrics | metrics | {"skipped": 0.0, "seconds": time.perf_counter() - t0}
 
     def _update(
-        self, member: str, rollouts: list[Rollout], batch: RolloutBatch, rewards: Tensor, groups: list[Hashable]
+        self, member: str, rollouts: list[Rollout], batch: RolloutBatch, rewards: Tensor, groups: list[Hashable],
+        stale: bool = False,
     ) -> dict[str, float]:
-        """Steps 2 to 4 of the module docstring on a gathered batch, ``member`` active.
+        """Steps 2 to 4 of the module docstring on a gathered batch, ``member`` active (``stale``: some rollout was
+        generated by an older version of it: the rollouts' log-probs are the behaviour policy's).
 
         2. ``_targets``: the advantages and the fixed (behaviour, reference) log-probs of the whole batch;
         3. and 4. ``_optimizer_step`` for each epoch and each mini-batch (``_backward`` for each of its
@@ -359,7 +383,7 @@ class PolicyGradientTrainer:
         cfg = self.config
         mini = cfg.mini_batch_size or batch.size
         n_steps = cfg.epochs * math.ceil(batch.size / mini)
-        targets = self._targets(rollouts, batch, rewards, groups, n_steps, mini)
+        targets = self._targets(rollouts, batch, rewards, groups, n_steps, mini, stale)
         params = self.population.parameters(member)
         opt = self.population.optimizer(member, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
         tally = _Tally()
@@ -387,7 +411,7 @@ class PolicyGradientTrainer:
 
     # ------------------------------------------------------------------ step 2: advantages, fixed log-probs
     def _targets(self, rollouts: list[Rollout], batch: RolloutBatch, rewards: Tensor, groups: list[Hashable],
-                 n_steps: int, mini: int) -> _Targets:
+                 n_steps: int, mini: int, stale: bool = False) -> _Targets:
         """Step 2: what every optimizer step of the update trains towards, computed once for the batch.
 
         When the zero-advantage skip applies, the advantages come first (there is no KL-in-reward term
@@ -401,7 +425,7 @@ class PolicyGradientTrainer:
             adv = self._advantages(rollouts, batch, rewards, groups, token_rewards=None)
             live = _live_rows(adv)
         zero_gradient = live is not None and not live
-        old_lp, pending, ref_lp = self._fixed_logprobs(rollouts, batch, n_steps, mini, zero_gradient, live)
+        old_lp, pending, ref_lp = self._fixed_logprobs(rollouts, batch, n_steps, mini, zero_gradient, live, stale)
         if adv is None:
             token_rewards = self._kl_token_rewards(batch, old_lp, ref_lp)
             adv = self._advantages(rollouts, batch, rewards, groups, token_rewards=token_rewards)
@@ -420,17 +444,18 @@ class PolicyGradientTrainer:
 
     def _fixed_logprobs(
         self, rollouts: list[Rollout], batch: RolloutBatch, n_steps: int, mini: int, zero_gradient: bool,
-        live: set[int] | None = None,
+        live: set[int] | None = None, stale: bool = False,
     ) -> tuple[Tensor | None, set[int], Tensor | None]:
         """``(old_lp, pending, ref_lp)``: the behaviour log-probs ``[B, Tc]`` (the ratio denominator; None:
         on-policy, each forward's own detached log-probs), the rows of ``old_lp`` left for the first mini-batch's
         own forward to fill (module docstring), and the reference (base) log-probs (None with
         ``kl_mode == "off"``). ``live``: the rows the optimizer steps forward (``skip_zero_advantage``; None:
-        all); the no-grad pass covers only those (the others' log-probs stay 0, never read)."""
+        all); the no-grad pass covers only those (the others' log-probs stay 0, never read). ``stale``: the
+        batch was generated by an older version, whose log-probs the rollouts carry."""
         cfg = self.config
         old_lp: Tensor | None = None
         pending: set[int] = set()
-        if cfg.use_behaviour_logprobs:
+        if cfg.use_behaviour_logprobs or stale:
             old_lp = rollout_logprobs(rollouts, batch)
         elif cfg.kl_mode == "reward" and not zero_gradient:  # the advantages need every row's now
             old_lp = self.forward.logprobs_no_grad(batch, reference=False)
@@ -541,6 +566,22 @@ class PolicyGradientTrainer:
             if n > 0:
                 metrics[f"entropy/{role}"] = tally.role_ent[role] / n
         return metrics
+
+
+def _staleness(rollouts: Sequence[Rollout], version: int | None) -> list[int]:
+    """Each versioned rollout's staleness ``version - Rollout.version`` (empty without ``version`` or without
+    versioned rollouts); a rollout newer than ``version`` is refused."""
+    if version is None:
+        return []
+    out = []
+    for i, r in enumerate(rollouts):
+        if r.version is None:
+            continue
+        if r.version > version:
+            raise ValueError(f"rollout {i} was generated by version {r.version} of the member, newer than the "
+                             f"version {version} being trained")
+        out.append(version - r.version)
+    return out
 
 
 def _live_rows(adv: Tensor) -> set[int]:

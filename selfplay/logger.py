@@ -57,6 +57,8 @@ def step_scalars(record: StepRecord) -> dict[str, float]:
     for phase, seconds in record.times.items():
         out[tags.STEP_SECONDS if phase == "step" else tags.time(phase)] = float(seconds)
     out[tags.REPLACEMENTS] = float(len(record.evolution))
+    for key, value in record.pipeline.items():
+        out[tags.pipeline(key)] = float(value)
     return out
 
 
@@ -152,7 +154,7 @@ def _update_scalars(members: Mapping[str, Mapping[str, float]]) -> dict[str, flo
     and per role the members' entropy over that role's tokens only (trainer metric ``entropy/<role>``)."""
     out: dict[str, float] = {}
     for m, mm in members.items():
-        for key in (*tags.MEMBER_KEYS, tags.SYNC):
+        for key in (*tags.MEMBER_KEYS, tags.SYNC, *tags.PIPELINE_MEMBER_KEYS):
             if mm.get(key) is not None:
                 out[tags.member(m, key)] = float(mm[key])
     for tag, key in tags.LOSS_KEYS.items():

@@ -188,7 +188,8 @@ def save_checkpoint(loop: SelfPlayLoop, progress: Progress, keep: int) -> Path:
 
     def write(d: Path) -> None:
         loop.population.save_all(d / "population")
-        write_json(d / "env_state.json", loop.env.state_dict())
+        write_json(d / "env_state.json", loop.env_state())
+        loop.save_extra(d)
         if loop.pbt is not None:
             write_json(d / "pbt_state.json", loop.pbt.state_dict())
         write_json(d / LOOP_STATE, {
@@ -369,6 +370,7 @@ def load_checkpoint(point: ResumePoint, loop: SelfPlayLoop) -> Progress:
     _restore(d / "env_state.json", lambda: loop.env.load_state_dict(read_json(d / "env_state.json")))
     if loop.pbt is not None and (d / "pbt_state.json").is_file():
         _restore(d / "pbt_state.json", lambda: loop.pbt.load_state_dict(read_json(d / "pbt_state.json")))
+    _restore(d, lambda: loop.load_extra(d))
     progress = Progress(defaultdict(float, st.totals), st.history)
     random.setstate(st.python_rng)
     np.random.set_state(st.numpy_rng)
