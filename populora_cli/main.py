@@ -5,6 +5,7 @@ Sub-commands::
     populora train    [--preset NAME|FILE.json] [--plugins MOD|FILE.py ...] [--steps N] [--run-dir DIR]
                       [--model NAME_OR_PATH] [--dry-run] [...]
     populora train    --resume runs/<name>            # continue from the last checkpoint
+    populora train    --arm NAME [...]                 # label the run's arm (populora compare --arm)
     populora baseline [same flags]                    # the compute-matched single-agent AZR baseline
     populora report   runs/<a> [runs/<b> ...]         # PNG plots + summary.md
     populora eval     runs/<name> [--baseline runs/<other>] --benchmarks humaneval,gsm8k [--limit N]
@@ -24,6 +25,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -49,6 +51,8 @@ COMMANDS = ("train", "baseline", "report", "eval", "evolve", "compare")
 # ----------------------------------------------------------------------------------- train/baseline
 
 ARMS = {"train": "population", "baseline": "baseline"}
+ARM_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+"""An arm's label (``--arm``): it names the run's directory under ``populora compare``."""
 
 
 def _json_dict_rule() -> Any:
@@ -97,6 +101,20 @@ def _take_overrides(argv: list[str]) -> tuple[list[str], list[str] | None]:
     return rest, fields
 
 
+def _without_arm(argv: list[str]) -> list[str]:
+    """``argv`` without ``--arm NAME`` / ``--arm=NAME`` (the pre-parser's; not a configuration field)."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--arm":
+            skip = True
+        elif not a.startswith("--arm="):
+            out.append(a)
+    return out
+
+
 def _train(cmd: str, argv: list[str]) -> int:
     from selfplay.config import ConfigError, TrainConfig, list_presets, load_preset, to_dict
     from selfplay.config_changes import SavedRun, plan_resume, read_saved_run
@@ -107,11 +125,16 @@ def _train(cmd: str, argv: list[str]) -> int:
     pre.add_argument("--preset", default=None)
     pre.add_argument("--resume", default=None)
     pre.add_argument("--dry-run", action="store_true")
+    pre.add_argument("--arm", default=None)
     known, _ = pre.parse_known_args(argv)
     argv, overrides = _take_overrides([a for a in argv if a != "--dry-run"])
+    argv = _without_arm(argv)
     if overrides is not None and not known.resume:
         return _fail(cmd, "--override: only with --resume (it names settings of a resumed run allowed to change)")
-    arm = ARMS[cmd]
+    if known.arm is not None and (known.resume or not re.fullmatch(ARM_NAME, known.arm)):
+        why = "a resumed run keeps its arm" if known.resume else f"must match {ARM_NAME}, got {known.arm!r}"
+        return _fail(cmd, f"--arm: {why}")
+    arm = known.arm or ARMS[cmd]
     assignment: dict[str, str] | None = None
     saved: SavedRun | None = None
     try:
@@ -199,7 +222,8 @@ def _train_locked(cmd: str, cfg: Any, assignment: dict[str, str] | None, arm: st
     from selfplay.run import train_from
 
     try:
-        run_dir = train_from(point, cfg, assignment, meta={"arm": arm})
+        meta = {"arm": arm} if arm == ARMS[cmd] else {"arm": arm, "arm_kind": ARMS[cmd]}
+        run_dir = train_from(point, cfg, assignment, meta=meta)
     except ConfigError as e:
         return _config_error(cmd, e)
     except RewardSchemeError as e:

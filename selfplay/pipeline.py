@@ -54,7 +54,7 @@ from selfplay.loop import PlayedRound, SelfPlayLoop, StepRecord
 from selfplay.rollouts import rollouts_from_round
 from selfplay.rundir import RunFileError, read_json
 
-__all__ = ["AsyncSelfPlayLoop", "PIPELINE_DIR", "PIPELINE_STATE", "make_loop"]
+__all__ = ["AsyncSelfPlayLoop", "PIPELINE_DIR", "PIPELINE_STATE", "make_loop", "read_pipeline_state"]
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,9 @@ class AsyncSelfPlayLoop(SelfPlayLoop):
         self.served = {}
 
     def close(self) -> None:
-        self._worker.shutdown(wait=True, cancel_futures=True)
+        worker = getattr(self, "_worker", None)
+        if worker is not None:
+            worker.shutdown(wait=True, cancel_futures=True)
         try:
             super().close()
         finally:
@@ -282,7 +284,7 @@ class AsyncSelfPlayLoop(SelfPlayLoop):
             self.boundaries, self.floor, self.resets = {step: dict(self.versions)}, step, []
             self.snapshots = {m: {0: self.population.state(m)} for m in members}
             return
-        state = _read_pipeline_state(path, members, step)
+        state = read_pipeline_state(path, members, step)
         self.versions, self.birth, self.floor = state["versions"], state["birth"], state["floor"]
         self.boundaries, self.resets = state["boundaries"], state["rating_resets"]
         self.snapshots = {m: {self.versions[m]: self.population.state(m)} for m in members}
@@ -302,7 +304,7 @@ class AsyncSelfPlayLoop(SelfPlayLoop):
                                                 "does not hold")
 
 
-def _read_pipeline_state(path: Path, members: list[str], step: int) -> dict[str, Any]:
+def read_pipeline_state(path: Path, members: list[str], step: int) -> dict[str, Any]:
     """``pipeline_state.json`` with every value checked (members of this run, non-negative integers, boundaries
     and rating resets within the run's steps); :class:`CheckpointError` naming the field otherwise."""
     try:

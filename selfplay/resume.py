@@ -251,7 +251,8 @@ def read_loop_state(d: Path) -> LoopState:
 def check_checkpoint(d: Path) -> None:
     """The contents of an intact checkpoint (:func:`~selfplay.checkpoint.find_resumable`'s ``check``), before the
     model loads: ``loop_state.json`` value by value (:func:`read_loop_state`), the member names of
-    ``population/population.json`` (folders beside it, so no member is read from elsewhere), every ``.pt`` file through
+    ``population/population.json`` (folders beside it, so no member is read from elsewhere), an asynchronous run's
+    ``pipeline_state.json`` value by value (:func:`selfplay.pipeline.read_pipeline_state`), every ``.pt`` file through
     ``torch.load(weights_only=True)`` (a pickle that names anything but tensors and plain containers is refused,
     and never runs) and every ``.safetensors`` header.
 
@@ -273,6 +274,10 @@ def check_checkpoint(d: Path) -> None:
 
     if not isinstance(names, list) or not all(member_dir(n) for n in names):
         raise CheckpointError(members, "'names' is not a list of the member folders beside it")
+    from selfplay.pipeline import PIPELINE_STATE, read_pipeline_state  # an asynchronous run's record
+
+    if (Path(d) / PIPELINE_STATE).is_file():
+        read_pipeline_state(Path(d) / PIPELINE_STATE, names, read_loop_state(d).step)
     for p in sorted(Path(d).rglob("*")):
         if p.is_symlink() or not p.is_file():
             continue

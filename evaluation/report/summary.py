@@ -265,6 +265,36 @@ def config_changes_section(runs: Sequence[RunData]) -> list[str]:
             *md_table(["run", "after step", "field", "old", "new"], rows), ""]
 
 
+def pipeline_section(runs: Sequence[RunData]) -> list[str]:
+    """``## Asynchronous steps``: per run that overlapped generation and training (``pipeline.max_staleness``) and
+    member, the staleness of its batches (mean and largest over the steps) and the trainer-vs-behaviour log-prob gap
+    its update logged, and the rollouts PBT discarded; nothing when no run is asynchronous."""
+    rows: list[list[str]] = []
+    dropped: list[str] = []
+    for r in runs:
+        names = sorted({m for tag in r.scalars if (p := tags.parse_member(tag)) and p[1] == tags.STALENESS
+                        for m in [p[0]]})
+        for m in names:
+            st = nx.series(r, tags.member(m, tags.STALENESS))[1]
+            top = nx.series(r, tags.member(m, tags.STALENESS_MAX))[1]
+            gap = nx.series(r, tags.member(m, tags.SYNC))[1]
+            rows.append([r.name, m, nx.fmt(float(np.mean(st))), nx.fmt(float(np.max(top))) if len(top) else "n/a",
+                         str(len(st)), nx.fmt(float(np.mean(gap))) if len(gap) else "n/a"])
+        discarded = nx.series(r, tags.pipeline(tags.DISCARDED))[1]
+        if len(discarded) and names:
+            dropped.append(f"{r.name}: {int(discarded.sum())}")
+    if not rows:
+        return []
+    return ["## Asynchronous steps", "",
+            "Staleness = updates between the adapter version that generated a member's batch and the version its "
+            f"update trained (`{tags.member('<member>', tags.STALENESS)}`); the gap is the mean |log π_trainer − "
+            "log π_behaviour| scored before the update where the run logs it (Ray's `sync`: drift plus mismatch).",
+            "", *md_table(["run", "member", "staleness (mean)", "staleness (max)", "updates", "log-prob gap (mean)"],
+                          rows), "",
+            "Rollouts discarded because PBT replaced their member after they were generated "
+            f"(`{tags.pipeline(tags.DISCARDED)}`): {'; '.join(dropped) or 'none'}.", ""]
+
+
 def summary_markdown(
     runs: Sequence[RunData],
     smoothing: float,
@@ -293,6 +323,7 @@ def summary_markdown(
         *md_table(["metric"] + [r.name for r in runs], [[m] + [heads[r.name][m] for r in runs] for m in metrics]),
         "",
         *config_changes_section(runs),
+        *pipeline_section(runs),
         "## Evaluation",
         "",
         *eval_section(runs, entries),

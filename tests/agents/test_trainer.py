@@ -381,7 +381,8 @@ def test_first_mini_batch_behaviour_logprobs_come_from_its_own_forward(populatio
 
         monkeypatch.setattr(trainer.forward, "logprobs", spy)
         if way == "all up front":
-            def every_mini_batch(rollouts, batch, n_steps, mini, zero_gradient, live=None, trainer=trainer):
+            def every_mini_batch(rollouts, batch, n_steps, mini, zero_gradient, live=None, stale=False,
+                                 trainer=trainer):
                 minis = [list(range(s, min(batch.size, s + mini))) for s in range(0, batch.size, mini)]
                 return trainer.forward.logprobs_no_grad(batch, reference=False, minis=minis), set(), None
 

@@ -4,6 +4,7 @@ buffers, lineage and logged values; a Ray run killed during a checkpoint and res
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -134,6 +135,69 @@ def test_a_killed_ray_run_resumes_to_the_uninterrupted_run(ray_cluster, local_ru
     assert "resumed" in p.stderr and "from checkpoint step 2" in p.stderr, p.stderr[-3000:]
     assert json.loads((run / "config.json").read_text())["config"]["backend"] == "ray"
     assert_same_run(local_run(), run)
+
+
+# ------------------------------------------------------------------- asynchronous runs (pipeline.max_staleness)
+
+ASYNC = ["--pipeline.max-staleness", "1"]
+
+
+def test_staleness_0_machinery_on_ray_is_the_local_synchronous_run(ray_cluster, local_run, tmp_path):
+    """The asynchronous loop's machinery at staleness 0, driving the Ray engines (given each version) and shards
+    (updates on the driver's worker thread), ends bitwise where the synchronous local run does."""
+    import tyro
+
+    from selfplay.config import TrainConfig, load_preset
+    from selfplay.pipeline import AsyncSelfPlayLoop
+
+    _cluster, address = ray_cluster
+    args = [a for a in ARGS if a != "--no-progress"] + ray_args(address) + ASYNC
+    cfg = dataclasses.replace(tyro.cli(TrainConfig, default=load_preset("cpu-smoke"), args=args), progress=False,
+                              run_dir=tmp_path)
+    cfg.validate()
+    loop = AsyncSelfPlayLoop(cfg, tmp_path, max_staleness=0)
+    loop.setup()
+    try:
+        for _ in range(3):
+            loop.train_step()
+        states = {m: loop.population.state(m) for m in loop.population.names}
+        env_state = loop.env_state()
+    finally:
+        loop.close()
+        loop.backend.close()
+    ref = local_run()
+    wa = _weights(ref / "adapters")
+    assert wa.keys() == states.keys()
+    for m in wa:
+        assert all(torch.equal(wa[m][k], states[m][k]) for k in wa[m]), m
+    la = [_untimed(json.loads(x)) for x in (ref / "lineage.jsonl").read_text().splitlines()]
+    lb = [_untimed(json.loads(x)) for x in (tmp_path / "lineage.jsonl").read_text().splitlines()]
+    assert la == lb and len(la) == 2
+    assert json.loads(json.dumps(env_state)) == json.loads((ref / "checkpoints" / "step_3" / "env_state.json").read_text())
+
+
+def test_an_async_ray_run_is_bitwise_the_local_async_run(ray_cluster, tmp_path):
+    """Staleness 1 on Ray (engines and shards overlapping across actors) ends where the local asynchronous run
+    (its generator in an engine process) does: adapters, optimizer states, env, PBT, loop and pipeline state at every
+    checkpoint, lineage and every logged value but wall-clock times (Ray adds its sync metric)."""
+    _cluster, address = ray_cluster
+    local = tmp_path / "local"
+    proc = populora_started("train", *ARGS, *ASYNC, "--run-dir", str(local))
+    with killed_on_exit([proc]):
+        run = tmp_path / "ray"
+        p = populora("train", *ARGS, *ASYNC, *ray_args(address), "--run-dir", str(run), timeout=1800)
+        assert p.returncode == 0, p.stderr[-6000:]
+        _out, err = proc.communicate(timeout=1200)
+        assert proc.returncode == 0, err[-4000:]
+    assert_same_run(local, run)
+    for s in (1, 2, 3):
+        a, b = (d / "checkpoints" / f"step_{s}" / "pipeline_state.json" for d in (local, run))
+        assert json.loads(a.read_text()) == json.loads(b.read_text())
+    sl, sr = load_scalars(local), load_scalars(run)
+    assert tags.member("teacher_0", tags.STALENESS) in sl
+    for tag in sl:
+        if not tag.startswith(TIMED):
+            assert sl[tag] == sr[tag], tag
 
 
 def test_cli_refuses_impossible_requests_before_any_work(ray_cluster, tmp_path):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -187,6 +188,24 @@ def test_one_seed_gives_one_async_run_whichever_layout_generates(async_runs: dic
     assert len(summary["history"]) == STEPS
 
 
+def test_async_metrics_per_member_in_tensorboard_and_the_report(async_runs: dict[str, Path]) -> None:
+    from evaluation.report import load_scalars
+    from selfplay import tags
+
+    run = async_runs["process"]
+    scalars = load_scalars(run)
+    members = json.loads((run / "config.json").read_text())["mapping"]["agent_to_member"].values()
+    for m in members:
+        steps = [s for s, _ in scalars[tags.member(m, tags.STALENESS)]]
+        assert steps and set(steps) <= set(range(1, STEPS + 1))
+        assert {v for _, v in scalars[tags.member(m, tags.STALENESS)]} <= {0.0, 1.0}
+    assert [s for s, _ in scalars[tags.pipeline(tags.DISCARDED)]] == list(range(1, STEPS + 1))
+    assert sum(v for _, v in scalars[tags.pipeline(tags.DISCARDED)]) > 0  # PBT after step 2 replaced two members
+    report = (run / "report" / "summary.md").read_text()
+    section = report.split("## Asynchronous steps", 1)[1].split("\n## ", 1)[0]
+    assert all(f"| {run.name} | {m} |" in section for m in members)
+
+
 def test_kill_9_during_an_async_run_then_resume_equals_the_uninterrupted_run(async_runs: dict[str, Path],
                                                                             tmp_path: Path) -> None:
     """Killed while step 2's checkpoint is written (round 3 already generated, ahead), resumed from step 1."""
@@ -209,3 +228,26 @@ def test_kill_9_during_an_async_run_then_resume_equals_the_uninterrupted_run(asy
     for step in (3, 4):
         a, b = (d / "checkpoints" / f"step_{step}" / PIPELINE_STATE for d in (async_runs["process"], run))
         assert json.loads(a.read_text()) == json.loads(b.read_text())
+
+
+@pytest.mark.parametrize("field, value, why", [
+    ("versions", {"a": 1}, "not a count for each of the run's members"),
+    ("boundaries", {"9": {"a": 0, "b": 0}}, "not an object of steps 0..4"),
+    ("rating_resets", [[5, "zz"]], "not a list of [round, member] pairs"),
+    ("older_versions", {"a": ["1"]}, "not lists of versions"),
+    ("floor", -1, "not a step in 0..4"),
+])
+def test_a_damaged_pipeline_state_is_refused_naming_the_field(tmp_path: Path, field: str, value, why: str) -> None:
+    from selfplay.checkpoint import CheckpointError
+    from selfplay.pipeline import read_pipeline_state
+
+    good = {"max_staleness": 1, "versions": {"a": 3, "b": 2}, "birth": {"a": 0, "b": 2}, "floor": 0,
+            "boundaries": {"3": {"a": 2, "b": 2}, "4": {"a": 3, "b": 2}}, "older_versions": {"a": [2]},
+            "rating_resets": [[6, "b"]]}
+    path = tmp_path / PIPELINE_STATE
+    path.write_text(json.dumps(good))
+    state = read_pipeline_state(path, ["a", "b"], 4)
+    assert state["boundaries"] == {3: {"a": 2, "b": 2}, 4: {"a": 3, "b": 2}}
+    path.write_text(json.dumps(good | {field: value}))
+    with pytest.raises(CheckpointError, match=f"field '{field}'.*{re.escape(why)}"):
+        read_pipeline_state(path, ["a", "b"], 4)
