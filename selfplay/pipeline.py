@@ -124,8 +124,10 @@ class AsyncSelfPlayLoop(SelfPlayLoop):
     # -------------------------------------------------------------------------------- the schedule
     def round_versions(self, r: int) -> dict[str, int]:
         """Every member's version that generates round ``r``: its version at boundary ``r - 1 - k`` (module
-        docstring; never before the first boundary there is)."""
-        return dict(self.boundaries[max(r - 1 - self.k, self.floor)])
+        docstring; never before the first boundary there is, and, in a run resumed with a larger staleness than
+        its checkpoint kept boundaries for, the earliest one it kept after that)."""
+        target = max(r - 1 - self.k, self.floor)
+        return dict(self.boundaries[min((b for b in self.boundaries if b >= target), default=max(self.boundaries))])
 
     def _may_play(self, r: int, step: int) -> bool:
         """Whether round ``r`` may be played while step ``step``'s update runs: the next round, within the run,
