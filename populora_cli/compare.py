@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from populora_cli.errors import fail
+from populora_cli.parsing import ArgumentParser
 
 ARMS = {"population": "train", "baseline": "baseline"}
 """Arm -> the ``populora`` sub-command that runs it."""
@@ -92,30 +93,30 @@ class Arm:
 
 def parse_arm(spec: str) -> Arm:
     """An :class:`Arm` from ``NAME=KIND[ FLAGS]`` (``--arm``); :class:`CompareError` naming what is wrong."""
-    from populora_cli.main import ARM_NAME
+    from populora_cli.api import ARM_NAME
 
     name, sep, rest = spec.partition("=")
     try:
         words = shlex.split(rest)
     except ValueError as exc:
-        raise CompareError(f"--arm {spec!r}: {exc}") from None
+        raise CompareError(f"--arm: {exc} in {spec!r}") from None
     if not sep or not words or not re.fullmatch(ARM_NAME, name) or words[0] not in ARMS:
-        raise CompareError(f"--arm {spec!r}: expected NAME=KIND[ FLAGS] with NAME matching {ARM_NAME} and KIND one "
-                           f"of {', '.join(ARMS)} (e.g. --arm 'async=population --pipeline.max-staleness 1')")
+        raise CompareError(f"--arm: expected NAME=KIND[ FLAGS] with NAME matching {ARM_NAME} and KIND one of "
+                           f"{', '.join(ARMS)}, got {spec!r} (e.g. --arm 'async=population --pipeline.max-staleness 1')")
     if any(w in ("--arm", "--run-dir", "--seed", "--preset", "--resume") or w.startswith(("--arm=", "--run-dir="))
            for w in words[1:]):
-        raise CompareError(f"--arm {spec!r}: its flags may not set the arm, run directory, seed, preset or resume "
-                           "(compare sets them)")
+        raise CompareError(f"--arm: an arm's flags may not set the arm, run directory, seed, preset or resume "
+                           f"(compare sets them), got {spec!r}")
     return Arm(name, words[0], tuple(words[1:]))
 
 
 def _parser() -> argparse.ArgumentParser:
     from evaluation.compare.rundirs import EVAL_SCORES
 
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="populora compare",
         description="Launch (or resume) every arm x seed run of a preset into DIR/<arm>-s<seed>/ and compare the "
-        "arms over seeds: mean and IQM per arm with 95%% bootstrap intervals, the difference population - "
+        "arms over seeds: mean and IQM per arm with 95 % bootstrap intervals, the difference population - "
         "baseline and the probability of improvement, learning curves (DIR/compare.md, compare.json, PNGs). "
         "Flags after '--' go to every new run's train/baseline command.")
     p.add_argument("--preset", help="preset of the runs (shipped name or .json file)")
@@ -404,40 +405,42 @@ def compare_main(argv: list[str]) -> int:
     if not stats.rliable_available():
         return fail("compare", f"statistics over seeds need rliable, which is not installed: {stats.INSTALL_HINT}")
     if args.tail < 1:
-        return fail("compare", f"--tail must be >= 1 (got {args.tail})")
+        return fail("compare", f"--tail: must be >= 1, got {args.tail}")
     if args.reps < 1:
-        return fail("compare", f"--reps must be >= 1 (got {args.reps})")
+        return fail("compare", f"--reps: must be >= 1, got {args.reps}")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
-        return fail("compare", f"--out {out} exists and is not a directory")
+        return fail("compare", f"--out: {out} exists and is not a directory")
     common = {"tail": args.tail, "reps": args.reps, "seed": args.bootstrap_seed, "eval_score": args.eval_score}
     from evaluation.compare import compare_runs
     from selfplay.rundir import RunDirError
 
     if args.from_dirs is not None:
         if args.preset or args.seeds is not None or extra:
-            return fail("compare", "--from compares existing runs: it takes no --preset, --seeds or train flags")
+            return fail("compare", "--from: compares existing runs; it takes no --preset, --seeds or train flags")
         missing = [d for d in args.from_dirs if not Path(d).is_dir()]
         if missing:
             return fail("compare", f"--from: {', '.join(missing)} is not a directory")
-        out.mkdir(parents=True, exist_ok=True)
+        from populora_cli.api import compare
+
         try:
-            files = compare_runs([Path(d) for d in args.from_dirs], out, **common)
+            result = compare(args.from_dirs, out, tail=args.tail, reps=args.reps, bootstrap_seed=args.bootstrap_seed,
+                             eval_score=args.eval_score)
         except RunDirError as e:  # a file of a run this project never writes (a link out of it, nested too deep)
             return fail("compare", str(e))
-        print(f"comparison written to {out / 'compare.md'} ({len(files)} files)")
+        print(f"comparison written to {out / 'compare.md'} ({len(result.files)} files)")
         return 0
     if not args.preset:
-        return fail("compare", "--preset is required (or --from RUN_DIR ...)")
+        return fail("compare", "--preset: required (or --from RUN_DIR ...)")
     if args.seeds is None or args.seeds < 1:
-        return fail("compare", "--seeds N (N >= 1) is required")
+        return fail("compare", "--seeds: required, N >= 1")
     if args.first_seed < 0:
-        return fail("compare", f"--first-seed must be >= 0 (got {args.first_seed})")
+        return fail("compare", f"--first-seed: must be >= 0, got {args.first_seed}")
     if args.parallel < 1:
-        return fail("compare", f"--parallel must be >= 1 (got {args.parallel})")
+        return fail("compare", f"--parallel: must be >= 1, got {args.parallel}")
     if args.arm is not None:
         if args.arms is not None:
-            return fail("compare", "--arms and --arm: give one of them (--arm names each arm with its kind)")
+            return fail("compare", "--arm: give either --arms or --arm (--arm names each arm with its kind)")
         try:
             arms = [parse_arm(spec) for spec in args.arm]
         except CompareError as e:
@@ -456,9 +459,9 @@ def compare_main(argv: list[str]) -> int:
         from selfplay.distributed.config import RAY_INSTALL_HINT, ray_installed
 
         if not ray_installed():
-            return fail("compare", f"--backend ray needs Ray: {RAY_INSTALL_HINT}")
+            return fail("compare", f"--backend: ray needs Ray: {RAY_INSTALL_HINT}")
     elif args.ray_address:
-        return fail("compare", "--ray-address needs --backend ray")
+        return fail("compare", "--ray-address: needs --backend ray")
     presets = {a.name: args.baseline_preset or args.preset if a.kind == "baseline" else args.preset for a in arms}
     by_name = {a.name: a for a in arms}
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))

@@ -4,10 +4,13 @@ Usage::
 
     populora eval runs/<name> [--baseline runs/<other>] [--benchmarks humaneval,humaneval+,mbpp+,gsm8k,...]
                   [--limit N] [--engine auto|hf|vllm] [--device auto|cpu|cuda] [--restart] [...]
+    populora eval --adapters DIR [DIR ...] [--model NAME] [--benchmarks ...] [same flags as a run]
     populora eval --samples FILE.jsonl --benchmark humaneval[,humaneval+] [--json] [--limit N]
                   [--data-dir DIR] [--results FILE.jsonl]
 
-The run mode's flags are the fields of :class:`evaluation.runner.EvalConfig` (``populora eval --help`` lists
+The run mode's flags are the fields of :class:`evaluation.runner.EvalConfig` (the adapters mode's too: each
+directory is an entry named after it, e.g. a child of ``populora evolve``, on the base model its
+``adapter_config.json`` names or ``--model``) (``populora eval --help`` lists
 them with their documentation); the samples mode's are :class:`SamplesArgs`. docs/eval.md has the
 per-benchmark settings (prompts, stop strings, budgets) and what the results hold.
 
@@ -32,6 +35,15 @@ from evaluation.data import BenchmarkUnavailable, EvalDataError, parse_benchmark
 from evaluation.runner import EvalConfig, run_eval
 from evaluation.samples import score_samples
 from populora_cli.errors import config_error, fail
+from populora_cli.parsing import parse
+
+
+@dataclass
+class AdaptersEvalConfig(EvalConfig):
+    """``populora eval --adapters DIR [DIR ...]``: bare PEFT adapter directories instead of a run directory."""
+
+    run_dir: tyro.conf.Suppress[str | None] = None
+    adapters: tuple[str, ...] = ()
 
 
 @dataclass
@@ -53,7 +65,7 @@ class SamplesArgs:
 
 
 def _samples(argv: list[str]) -> int:
-    args = tyro.cli(SamplesArgs, args=argv, prog="populora eval --samples")
+    args = parse(SamplesArgs, argv, "populora eval --samples")
     benches = parse_benchmarks(args.benchmark)
     if args.limit is not None and args.limit < 1:
         return fail("eval", f"--limit: must be >= 1, got {args.limit}")
@@ -80,19 +92,23 @@ def eval_main(argv: list[str]) -> int:
     try:
         if any(a == "--samples" or a.startswith("--samples=") for a in argv):
             return _samples(argv)
-        if not argv or all(a.startswith("-") for a in argv) and not any(a in ("-h", "--help") for a in argv):
-            return fail("eval", "give a run directory (populora eval runs/<name>) or --samples FILE --benchmark NAME")
-        cfg = tyro.cli(EvalConfig, args=argv, prog="populora eval", config=(tyro.conf.PositionalRequiredArgs, tyro.conf.PositionalMetavarFromFieldName),
-                       description="Greedy pass@1 (and avg@k over sampled answers) of every member of a run (the "
-                       "students as the headline rows), the base model and a baseline run, on offline code and "
-                       "math benchmarks, with AZR's aggregate rows (docs/eval.md).")
+        adapters = any(a == "--adapters" or a.startswith("--adapters=") for a in argv)
+        if not adapters and (not argv or all(a.startswith("-") for a in argv)
+                             and not any(a in ("-h", "--help") for a in argv)):
+            return fail("eval", "give a run directory (populora eval runs/<name>), --adapters DIR [DIR ...] or "
+                        "--samples FILE --benchmark NAME")
+        cfg = parse(AdaptersEvalConfig if adapters else EvalConfig, argv, "populora eval", extra_flags=("--samples",),
+                    config=(tyro.conf.PositionalRequiredArgs, tyro.conf.PositionalMetavarFromFieldName),
+                    description="Greedy pass@1 (and avg@k over sampled answers) of every member of a run (the "
+                    "students as the headline rows), the base model and a baseline run, on offline code and math "
+                    "benchmarks, with AZR's aggregate rows (docs/eval.md).")
         cfg.validate()  # refuse livecodebench / unknown names / bad values before loading anything
         results = run_eval(cfg)
     except ConfigError as exc:  # one line per bad value, as train's: --field: reason
         return config_error("eval", exc)
     except (BenchmarkUnavailable, EvalDataError, FileNotFoundError, SettingsMismatch, ValueError, RunDirError) as exc:
         return fail("eval", str(exc))
-    out = cfg.out_dir or f"{cfg.run_dir}/{EVAL}"
+    out = cfg.out_dir or f"{cfg.run_dir or cfg.adapters[0]}/{EVAL}"
     print(f"wrote {out}/results.json and {out}/results.md")
     for bench, rec in results["benchmarks"].items():
         who = "students" if rec.get("headline") == "students" else "population"

@@ -13,29 +13,35 @@ Sub-commands::
     populora evolve   --op ties --parents DIR_A DIR_B --out DIR_C [--param density=0.5]
     populora compare  --preset P --seeds N --out DIR [--backend local|ray] [--parallel K]  # arms over seeds
     populora compare  --from RUN_DIR [RUN_DIR ...] --out DIR
+    populora list     [schemes|estimators|operators|presets|models|benchmarks] [--plugins FILE.py ...]
+    populora test-scheme    NAME [--plugins FILE.py ...] [--kwargs JSON]   # every branch, scripted, no model
+    populora test-estimator NAME [--plugins FILE.py ...] [--kwargs JSON]
 
+Any sub-command takes --verbose (every library's log lines and warnings) or --quiet (warnings only).
 A bad flag or config value exits with status 2 and one line naming the field, before any work starts
 (``populora train: error: --trainer.lr: must be > 0, got -1``; populora_cli.errors).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import difflib
 import json
 import logging
 import os
 import re
 import sys
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import tyro
 
+from populora_cli.api import ARM_NAME
 from populora_cli.errors import config_error as _config_error
 from populora_cli.errors import fail as _fail
+from populora_cli.logs import DEFAULT, configure, program, summary, take_verbosity
+from populora_cli.parsing import ArgumentParser, UsageError, json_dict_rule, parse
 
 if TYPE_CHECKING:
     from selfplay.resume import ResumePoint
@@ -45,38 +51,14 @@ if TYPE_CHECKING:
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 USAGE = __doc__ or ""
-COMMANDS = ("train", "baseline", "report", "eval", "evolve", "compare")
+_VERBOSITY = DEFAULT
+"""The output level of this invocation (``--verbose`` / ``--quiet``; :mod:`populora_cli.logs`)."""
+COMMANDS = ("train", "baseline", "report", "eval", "evolve", "compare", "list", "test-scheme", "test-estimator")
 
 
 # ----------------------------------------------------------------------------------- train/baseline
 
 ARMS = {"train": "population", "baseline": "baseline"}
-ARM_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
-"""An arm's label (``--arm``): it names the run's directory under ``populora compare``."""
-
-
-def _json_dict_rule() -> Any:
-    """tyro rule: every ``dict`` field is one JSON argument (``--env.reward-kwargs '{"extreme_reward": -0.5}'``)
-    instead of one flag per key of its default."""
-    from tyro.constructors import ConstructorRegistry, PrimitiveConstructorSpec, PrimitiveTypeInfo
-
-    registry = ConstructorRegistry()
-
-    def parse(args: list[str]) -> dict:
-        value = json.loads(args[0])
-        if not isinstance(value, dict):
-            raise ValueError(f"expected a JSON object, got {args[0]!r}")
-        return value
-
-    @registry.primitive_rule
-    def _rule(info: PrimitiveTypeInfo) -> PrimitiveConstructorSpec | None:
-        if typing.get_origin(info.type) is not dict:
-            return None
-        return PrimitiveConstructorSpec(nargs=1, metavar="JSON", instance_from_str=parse,
-                                        is_instance=lambda x: isinstance(x, dict),
-                                        str_from_instance=lambda x: [json.dumps(x)])
-
-    return registry
 
 
 def _take_overrides(argv: list[str]) -> tuple[list[str], list[str] | None]:
@@ -118,10 +100,10 @@ def _without_arm(argv: list[str]) -> list[str]:
 def _train(cmd: str, argv: list[str]) -> int:
     from selfplay.config import ConfigError, TrainConfig, list_presets, load_preset, to_dict
     from selfplay.config_changes import SavedRun, plan_resume, read_saved_run
-    from selfplay.plugins import PluginError, load_plugins, normalize_plugin
+    from selfplay.plugins import PluginError, normalize_plugin
     from selfplay.rundir import CONFIG, CONFIG_HISTORY, RunDirError
 
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = ArgumentParser(add_help=False)
     pre.add_argument("--preset", default=None)
     pre.add_argument("--resume", default=None)
     pre.add_argument("--dry-run", action="store_true")
@@ -153,36 +135,33 @@ def _train(cmd: str, argv: list[str]) -> int:
     except RunDirError as e:
         return _fail(cmd, f"--resume: {e}")
     presets = ", ".join(list_presets())
-    with _json_dict_rule():
-        cfg = tyro.cli(TrainConfig, default=default, args=argv, prog=f"populora {cmd}",
-                       description=(TrainConfig.__doc__ or "") + f" Shipped presets: {presets}. "
-                       "--dry-run prints the resolved configuration as JSON and exits. With --resume RUN_DIR, "
-                       "--override FIELD [FIELD ...] allows the named settings (dotted, e.g. trainer.lr) to differ "
-                       f"from the run's {CONFIG}; the change is recorded in RUN_DIR/{CONFIG_HISTORY}.")
+    with json_dict_rule():
+        cfg = parse(TrainConfig, argv, f"populora {cmd}", default=default,
+                    extra_flags=("--preset", "--resume", "--dry-run", "--override"),
+                    description=(TrainConfig.__doc__ or "") + f" Shipped presets: {presets}. "
+                    "--dry-run prints the resolved configuration as JSON and exits. With --resume RUN_DIR, "
+                    "--override FIELD [FIELD ...] allows the named settings (dotted, e.g. trainer.lr) to differ "
+                    f"from the run's {CONFIG}; the change is recorded in RUN_DIR/{CONFIG_HISTORY}. Any sub-command "
+                    "takes --verbose (every library's log lines, warnings and loading bars) or --quiet (warnings and "
+                    "the run's final lines only).")
     if known.resume:
         cfg = dataclasses.replace(cfg, resume=Path(known.resume))
-    elif cmd == "baseline":
-        from baselines.azr import azr_config, azr_mapping
-
-        cfg = azr_config(cfg)
-        assignment = azr_mapping()
     cfg = dataclasses.replace(cfg, plugins=tuple(normalize_plugin(p) for p in cfg.plugins))
     unnamed = [p for p in saved.config.plugins if p not in cfg.plugins] if saved is not None else []
     if unnamed:
         return _fail(cmd, f"--resume: {saved.run.entry(CONFIG)} names the plugin(s) {', '.join(unnamed)}; a run's "
                           "plugins are imported only when named on the command line: if you trust them, add "
                           f"--plugins {' '.join(unnamed)}")
-    try:
-        load_plugins(cfg.plugins)
-    except PluginError as e:
-        return _fail(cmd, f"--plugins: {e}")
-    if cfg.name is None and cfg.run_dir is None and not known.resume:
-        cfg = dataclasses.replace(cfg, name=f"{Path(cfg.preset).stem}-{arm}-s{cfg.seed}")
+    from populora_cli.api import prepare
+
     plan = None
     try:
-        cfg.validate()
+        cfg, new_assignment = prepare(cfg, ARMS[cmd])  # the baseline's transform, plugins, the run's name, validate()
+        assignment = assignment or new_assignment
         if saved is not None:  # the run's own configuration: a difference is refused (or recorded) before any work
             plan = plan_resume(cfg, overrides or (), saved)
+    except PluginError as e:
+        return _fail(cmd, f"--plugins: {e}")
     except ConfigError as e:
         return _config_error(cmd, e)
     if known.dry_run:
@@ -202,28 +181,17 @@ def _train(cmd: str, argv: list[str]) -> int:
 
 def _train_locked(cmd: str, cfg: Any, assignment: dict[str, str] | None, arm: str, point: ResumePoint
                   ) -> int:
+    from populora_cli.api import run_arm
     from populora_env.rewards import RewardSchemeError
+    from selfplay.checkpoint import CheckpointError
     from selfplay.config import ConfigError
     from selfplay.distributed.cluster import ClusterError
+    from selfplay.finite import NonFiniteTraining
     from selfplay.rundir import CONFIG, RunDirError, os_error_line
 
     target = point.run_dir
-    if cfg.backend == "ray":  # the cluster can hold the run (resources, run directory on every node): exit 2 if not
-        from dataclasses import asdict
-
-        from selfplay.distributed.cluster import member_count, preflight, sandbox_limits
-
-        try:
-            preflight(cfg.ray, member_count(cfg, assignment), target, asdict(sandbox_limits(cfg)))
-        except ClusterError as e:
-            return _fail(cmd, str(e))
-    from selfplay.checkpoint import CheckpointError
-    from selfplay.finite import NonFiniteTraining
-    from selfplay.run import train_from
-
     try:
-        meta = {"arm": arm} if arm == ARMS[cmd] else {"arm": arm, "arm_kind": ARMS[cmd]}
-        run_dir = train_from(point, cfg, assignment, meta=meta)
+        run = run_arm(point, cfg, arm, assignment, report=False, kind=ARMS[cmd])
     except ConfigError as e:
         return _config_error(cmd, e)
     except RewardSchemeError as e:
@@ -237,11 +205,11 @@ def _train_locked(cmd: str, cfg: Any, assignment: dict[str, str] | None, arm: st
     from evaluation.report import make_report
 
     try:
-        make_report([run_dir])
+        report = make_report([run.run_dir])
     except OSError as e:
-        return _fail(cmd, f"the run finished in {run_dir}, but its report could not be written: {os_error_line(e)}")
-    print(f"run directory: {run_dir}")
-    print(f"  tensorboard --logdir {run_dir}")
+        return _fail(cmd, f"the run finished in {run.run_dir}, but its report could not be written: "
+                          f"{os_error_line(e)}")
+    print(summary(dataclasses.replace(run, report=report), _VERBOSITY))
     return 0
 
 
@@ -262,17 +230,19 @@ class ReportArgs:
 
 
 def _report(argv: list[str]) -> int:
-    args = tyro.cli(ReportArgs, args=argv, prog="populora report")
+    args = parse(ReportArgs, argv, "populora report")
+    if not args.runs:
+        return _fail("report", "RUNS: required (give one or more run directories)")
     for r in args.runs:
         if not Path(r).is_dir():
-            return _fail("report", f"run directory {r} does not exist")
+            return _fail("report", f"RUNS: run directory {r} does not exist")
     from evaluation.report import make_report
     from selfplay.rundir import RunDirError
 
     try:
         out = make_report(args.runs, out=args.out, smoothing=args.smoothing)
     except (FileNotFoundError, ValueError, RunDirError) as e:
-        return _fail("report", str(e))
+        return _fail("report", f"RUNS: {e}")
     print(f"report written to {out}")
     return 0
 
@@ -297,18 +267,24 @@ class EvolveArgs:
 
 
 def _evolve(argv: list[str]) -> int:
-    args = tyro.cli(EvolveArgs, args=argv, prog="populora evolve")
-    from evolution.adapters_io import evolve_dirs, parse_params
+    args = parse(EvolveArgs, argv, "populora evolve")
+    from evolution.adapters_io import PROVENANCE_NAME, EvolveError, evolve_dirs, parse_params
     from selfplay.rundir import os_error_line
 
     try:
         params = parse_params(args.param)
+    except ValueError as e:
+        return _fail("evolve", f"--param: {e}")
+    try:
         out = evolve_dirs(args.op, args.parents, args.out, params, seed=args.seed)
-    except (ValueError, KeyError, FileNotFoundError) as e:
-        return _fail("evolve", str(e).strip("'\""))
+    except EvolveError as e:
+        return _fail("evolve", f"--{e.argument}: {e}")
+    except FileNotFoundError as e:
+        return _fail("evolve", f"--parents: {e}")
     except OSError as e:  # writing the child: a full disk, --out under a file, ...
         return _fail("evolve", f"cannot write --out {args.out}: {os_error_line(e)}")
-    print(f"child adapter written to {out}")
+    print(f"child adapter written to {out} (how it was made: {out / PROVENANCE_NAME})")
+    print(f"  score it: {program()} eval --adapters {out} --benchmarks humaneval,gsm8k --limit 10")
     return 0
 
 
@@ -325,9 +301,27 @@ def _eval(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``populora`` console script."""
+    """Entry point of the ``populora`` console script. A command line that cannot be parsed is one line on
+    stderr and exit 2; output cut off by a closed pipe (``populora train --help | head``) ends quietly."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cmd = argv[0] if argv else ""
+    try:
+        try:
+            return _dispatch(argv)
+        except UsageError as e:
+            return _fail(cmd, str(e))
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away: nothing more can be shown, and no traceback should be
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush at exit fails quietly too
+        return 128 + 13  # as if killed by SIGPIPE, the shells' convention
+
+
+def _dispatch(argv: list[str]) -> int:
+    global _VERBOSITY
+    argv, _VERBOSITY = take_verbosity(argv)
+    configure(_VERBOSITY)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0
@@ -344,7 +338,17 @@ def main(argv: list[str] | None = None) -> int:
         from populora_cli.compare import compare_main
 
         return compare_main(rest)
-    return _fail(cmd, f"unknown command (choose one of: {', '.join(COMMANDS)})")
+    if cmd == "list":
+        from populora_cli.listing import list_main
+
+        return list_main(rest)
+    if cmd in ("test-scheme", "test-estimator"):
+        from populora_cli.plugin_check import check_main
+
+        return check_main(cmd, rest)
+    close = difflib.get_close_matches(cmd, COMMANDS, n=1)
+    return _fail(cmd, f"unknown command (choose one of: {', '.join(COMMANDS)})"
+                      + (f"; did you mean {close[0]}?" if close else ""))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 A run is described by :class:`TrainConfig`. Its ``env`` section *is* the env's own
 :class:`populora_env.config.EnvConfig` (same fields, same defaults, same validation), so everything the game
 can be told is settable from a preset or a flag (``--env.induction-inputs 10``) and the env is built from that
-section as is. The other sections are the learner's own configs (:class:`agents.trainer.TrainerConfig`,
-:class:`evolution.pbt.PBTConfig`) and the generation settings below.
+section as is. The other sections are the learner's own configs (:class:`agents.trainer_config.TrainerConfig`,
+:class:`evolution.pbt_config.PBTConfig`: torch-free modules, so parsing a command line imports no torch) and the
+generation settings below.
 
 Every field has a docstring: ``populora train --help`` shows them. A preset is a JSON object with the same
 nesting as :class:`TrainConfig` (a shipped name, see :func:`list_presets`, or a path to a ``.json`` file);
@@ -29,9 +30,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from agents.models import HF_CONFIG, RANDOM_PREFIX, random_shapes
-from agents.trainer import TrainerConfig
-from evolution.pbt import PBTConfig
+from agents.model_names import HF_CONFIG, RANDOM_PREFIX, random_shapes
+from agents.trainer_config import TrainerConfig
+from evolution.pbt_config import PBTConfig
 from populora_env.checks import check_bool, check_choice, check_section, renamed
 from populora_env.config import ConfigError, EnvConfig, check, check_int, check_number
 from selfplay.distributed.config import RAY_INSTALL_HINT, RayConfig, ray_installed
@@ -223,7 +224,8 @@ class TrainConfig:
         """Check every value: the types of every field (:func:`check_types`), this config's own fields and
         cross-section rules, and each section by its own ``validate()`` under its prefix (``env.``, ``trainer.``,
         ...); raise :class:`ConfigError` naming the first bad dotted field. Plugins must already be imported
-        (their registered names are looked up here)."""
+        (their registered names are looked up here). The checks that need torch come last, so a bad plain value
+        is reported without loading it."""
         check_types(self)
         check_int("steps", self.steps, 1)
         check_int("seed", self.seed, 0, MAX_SEED)
@@ -234,13 +236,14 @@ class TrainConfig:
               "device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         check_int("rank", self.rank, 1, 4096)
         check_number("alpha", self.alpha, low=0.0, high=1e6, low_open=True)
-        _check_target_modules(self.model, self.target_modules)
+        check_int("checkpoint_every", self.checkpoint_every, 1)
+        check_int("keep_checkpoints", self.keep_checkpoints, 0)
+        check_int("log_samples", self.log_samples, 0)
+        check_choice("backend", self.backend, ("local", "ray"))
         check_section("env.", self.env)
         check_section("generation.", self.generation)
         check(not (self.generation.engine == "vllm" and self.model.startswith(RANDOM_PREFIX)), "generation.engine",
               f"vllm needs a model directory; {self.model!r} is built in memory: use --generation.engine hf")
-        check_section("trainer.", self.trainer)
-        check_section("pbt.", self.pbt)
         check_section("pipeline.", self.pipeline)
         if self.asynchronous and self.backend == "local" and self.generation.engine == "hf" \
                 and self.pipeline.layout == "thread":
@@ -248,15 +251,16 @@ class TrainConfig:
                   f"'thread' runs both sides in one process, whose torch thread count is shared: set --threads and "
                   f"--generation.threads to the same count > 0 (got {self.threads} and {self.generation.threads}), "
                   "or use --pipeline.layout process")
-        check_int("checkpoint_every", self.checkpoint_every, 1)
-        check_int("keep_checkpoints", self.keep_checkpoints, 0)
-        check_int("log_samples", self.log_samples, 0)
-        check_choice("backend", self.backend, ("local", "ray"))
         if self.backend == "ray":
             check(ray_installed(), "backend", f"ray is not installed; {RAY_INSTALL_HINT}")
             check_section("ray.", self.ray, self.env.num_teachers + self.env.num_students)
         else:  # the local backend ignores the section's values but still checks them
             check_section("ray.", self.ray)
+        # last, the checks that import torch: the registries of the pbt and trainer sections (each checks its
+        # plain values first), then the model's module names (transformers builds the model on the meta device)
+        check_section("pbt.", self.pbt)
+        check_section("trainer.", self.trainer)
+        _check_target_modules(self.model, self.target_modules)
 
 
 # ----------------------------------------------------------------------------------- dict <-> config

@@ -133,7 +133,7 @@ def train_from(point: ResumePoint, cfg: TrainConfig, assignment: Mapping[str, st
                "totals_seconds": dict(progress.totals), "members": list(loop.population.names),
                "history": progress.history}
     write_json(run_dir / SUMMARY, summary)
-    log.info("run finished: %s", json.dumps({k: v for k, v in summary.items() if k != "history"}))
+    log.debug("run finished: %s", json.dumps({k: v for k, v in summary.items() if k != "history"}))
     return run_dir
 
 

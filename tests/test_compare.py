@@ -137,18 +137,18 @@ def _compare_in_process(*args: str) -> int:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--seeds", "2"], "--preset is required"),
-    (["--preset", "cpu-smoke"], "--seeds N"),
+    (["--seeds", "2"], "--preset: required"),
+    (["--preset", "cpu-smoke"], "--seeds: required"),
     (["--preset", "cpu-smoke", "--seeds", "2", "--arms", "population,nobody"], "--arms"),
     (["--preset", "cpu-smoke", "--seeds", "2", "--parallel", "0"], "--parallel"),
-    (["--preset", "cpu-smoke", "--seeds", "2", "--ray-address", "x:1"], "--ray-address needs --backend ray"),
+    (["--preset", "cpu-smoke", "--seeds", "2", "--ray-address", "x:1"], "--ray-address: needs --backend ray"),
     (["--preset", "cpu-smoke", "--seeds", "1", "--tail", "0"], "--tail"),
     (["--from", "/nonexistent/run"], "is not a directory"),
     (["--preset", "cpu-smoke", "--seeds", "1", "--arm", "a=nobody"], "KIND one of population, baseline"),
     (["--preset", "cpu-smoke", "--seeds", "1", "--arm", "a b=population"], "NAME matching"),
     (["--preset", "cpu-smoke", "--seeds", "1", "--arm", "a=population --seed 3"], "may not set"),
     (["--preset", "cpu-smoke", "--seeds", "1", "--arm", "a=population", "--arm", "a=baseline"], "share a name"),
-    (["--preset", "cpu-smoke", "--seeds", "1", "--arm", "a=population", "--arms", "baseline"], "give one of them"),
+    (["--preset", "cpu-smoke", "--seeds", "1", "--arm", "a=population", "--arms", "baseline"], "give either --arms or --arm"),
 ])
 def test_bad_arguments_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
                               message: str) -> None:

@@ -70,6 +70,13 @@ def _table(rows: list[tuple[str, dict[str, Any]]], arms: list[str], pct: bool = 
     return lines
 
 
+def _seed_count(result: dict[str, Any], arms: list[str]) -> str:
+    """``"3 seeds"``, or ``"2-3 seeds"`` when the arms have different numbers of runs."""
+    counts = sorted({len(result["runs"][a]) for a in arms}) or [0]
+    n = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    return f"{n} seed{'' if n == '1' else 's'}"
+
+
 def render_markdown(result: dict[str, Any], figures: list[str]) -> str:
     """``compare.md``: the runs, one table per block (mean and IQM per arm with 95 % intervals, difference and
     probability of improvement), the figures and the notes."""
@@ -84,7 +91,8 @@ def render_markdown(result: dict[str, Any], figures: list[str]) -> str:
              f"mean over its last k = min({s['tail']}, steps // 2) logged steps; `gain` = final minus the mean of "
              "its first k. Reading: the difference's interval above 0, below 0, or overlapping it "
              "(estimators: evaluation/stats.py). A percentile-bootstrap interval never leaves the range of the "
-             "seeds' own values: with 3 seeds per arm it understates the uncertainty.", "", "## Runs", ""]
+             f"seeds' own values: with {_seed_count(result, arms)} per arm it understates the uncertainty.", "",
+             "## Runs", ""]
     for arm in arms:
         rs = result["runs"][arm]
         lines.append(f"- **{arm}** ({len(rs)}): " + ", ".join(

@@ -27,10 +27,17 @@ ROLE_LABELS = {"teacher": "teacher", "student": "student"}
 BOTH_ROLES_LABELS = {"teacher": "teacher (proposer)", "student": "student (solver)"}
 
 
+def _suptitle(fig: Any) -> list[Any]:
+    """The figure's title as the Text the layout placed, if it has one. Not ``fig.suptitle(fig.get_suptitle())``:
+    that sets the title again at its default position, below which the layout has not made room (a wrapped
+    title then overlapped the first panel's)."""
+    text = getattr(fig, "_suptitle", None)
+    return [text] if text is not None and text.get_text() else []
+
+
 def _titles(fig: Any) -> list[Any]:
     """The figure's title and every axes' centre title (the texts a layout engine does not wrap)."""
-    found = [fig.suptitle(fig.get_suptitle())] if fig.get_suptitle() else []
-    return found + [ax.title for ax in fig.axes if ax.get_visible() and ax.get_title()]
+    return _suptitle(fig) + [ax.title for ax in fig.axes if ax.get_visible() and ax.get_title()]
 
 
 def fit_titles(fig: Any, margin: float = 2.0) -> bool:
@@ -81,8 +88,7 @@ def texts_outside(fig: Any, margin: float = 2.0, drawn: bool = False) -> list[st
     for i, ax in enumerate(fig.axes):
         if ax.get_visible() and outside(ax.get_tightbbox(renderer)):
             out.append(ax.get_title() or f"axes {i}")
-    suptitle = [fig.suptitle(fig.get_suptitle())] if fig.get_suptitle() else []
-    for t in [*suptitle, *fig.texts, *fig.legends]:
+    for t in [*_suptitle(fig), *fig.texts, *fig.legends]:
         if t.get_visible() and outside(t.get_window_extent(renderer)):
             out.append(getattr(t, "get_text", lambda: "figure legend")())
     return out

@@ -42,13 +42,17 @@ def headline(run: RunData) -> dict[str, str]:
     rows["last step"] = str(max(all_steps)) if all_steps else "n/a"
     rows["logged steps"] = str(len(all_steps))
     for label, tag in HEADLINE_RATES:
-        values = nx.series(run, tag)[1]
+        steps, values = nx.series(run, tag)
         if tag == tags.VALID_RATE and len(values) == 0:  # fall back on the validity counts
             _, counts = nx.validity(run)
             if "valid" in counts:
                 total = sum(counts.values())
                 values = counts["valid"][total > 0] / total[total > 0]
-        rows[f"{label} (final / last-{nx.LAST_N} mean)"] = nx.pair_str(nx.final_and_last_mean(values), " / ")
+                steps = []
+        text = nx.pair_str(nx.final_and_last_mean(values), " / ")
+        if len(steps) and all_steps and int(steps[-1]) < max(all_steps):  # e.g. no valid task in the last steps
+            text += f" (final from step {int(steps[-1])}: none logged after it)"
+        rows[f"{label} (final / last-{nx.LAST_N} mean)"] = text
     osc = nx.oscillation(*nx.series(run, tags.SOLVE_RATE))
     rows[f"solve-rate oscillation (sign changes per {nx.OSC_WINDOW} steps / amplitude, EMA {nx.OSC_EMA})"] = (
         "n/a" if osc is None else f"{osc[0]:.2f} / {nx.fmt(osc[1])}"

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from agents.advantages import (
+    GROUP_EPS,
     _returns,
+    estimator_params,
     get_advantage,
     group_by_member,
     group_by_prompt,
@@ -20,6 +22,8 @@ from agents.advantages import (
     unregister_advantage,
 )
 from agents.rollout import Rollout
+from agents.trainer_config import TrainerConfig
+from populora_env.checks import ConfigError
 
 EPS = 1e-6
 
@@ -66,6 +70,33 @@ def test_registering_a_new_estimator_makes_it_available():
     assert name not in list_advantages()
     with pytest.raises(KeyError, match="unknown advantage estimator 'test_only_constant_one'; known: "):
         unregister_advantage(name)
+
+
+def test_estimator_settings_are_the_named_keyword_parameters():
+    """An estimator's settings are its named keyword parameters other than what the trainer passes; the
+    built-ins' ``**_`` catch-all takes none, so a misspelt key is refused, naming it and the accepted ones."""
+    assert estimator_params(get_advantage("grpo")) == {"eps": GROUP_EPS}
+    assert estimator_params(get_advantage("reinforce_pp")) == {"gamma": 1.0}
+    for name in ("dr_grpo", "rloo", "reinforce_pp_baseline"):
+        assert estimator_params(get_advantage(name)) == {}
+    TrainerConfig(advantage="grpo", advantage_kwargs={"eps": 1e-4}).validate()
+    with pytest.raises(ConfigError) as err:
+        TrainerConfig(advantage="grpo", advantage_kwargs={"epsilon": 1e-4}).validate()
+    assert err.value.field == "advantage_kwargs"
+    assert err.value.reason == "estimator 'grpo' takes no keyword argument 'epsilon' (it takes: eps)"
+    with pytest.raises(ConfigError, match="'scope_ids' .* takes: gamma"):  # the trainer's own argument
+        TrainerConfig(advantage="reinforce_pp", advantage_kwargs={"scope_ids": 1.0}).validate()
+
+    @register_advantage("test_only_tempered")
+    def tempered(rewards, response_mask, group_ids, *, temperature: float = 1.0, **kw):
+        return response_mask.float() / temperature
+
+    try:
+        TrainerConfig(advantage="test_only_tempered", advantage_kwargs={"temperature": 2.0}).validate()
+        with pytest.raises(ConfigError, match="'temp' .* takes: temperature"):
+            TrainerConfig(advantage="test_only_tempered", advantage_kwargs={"temp": 2.0}).validate()
+    finally:
+        unregister_advantage("test_only_tempered")
 
 
 def test_grpo_hand_computed():

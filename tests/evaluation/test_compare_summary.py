@@ -99,6 +99,7 @@ def test_compare_runs_writes_files(tmp_path: Path) -> None:
     assert names == ["compare.json", "compare.md", "curves.png", "final.png"]
     md = (tmp_path / "out" / "compare.md").read_text()
     assert "teachers' valid rate: final" in md and "![curves.png](curves.png)" in md
+    assert " with 2 seeds per arm it understates the uncertainty" in md  # the runs' own count, not a constant
     data = json.loads((tmp_path / "out" / "compare.json").read_text())
     assert data["metrics"]["valid_rate"]["final"]["difference"]["point"] == pytest.approx(0.0)
     for f in files:

@@ -583,3 +583,38 @@ def test_the_report_reads_config_changes_without_importing_torch(tmp_path: Path)
     assert imported == "[]"
     summary = (Path(out) / "summary.md").read_text()
     assert "## Configuration changes" in summary and "| 4 | `trainer.lr` | `0.001` | `0.002` |" in summary
+
+
+def test_a_final_value_from_an_earlier_step_says_so(tmp_path: Path) -> None:
+    """The solve rate is logged only at steps with a valid matched task: when the last steps had none, the
+    headline's "final" is the last logged value, and the row names its step instead of passing it off as the
+    last step's."""
+    from evaluation.report.loading import RunData
+    from evaluation.report.summary import headline
+
+    scalars = {tags.SOLVE_RATE: [(1, 0.5), (2, 0.25)], tags.VALID_RATE: [(1, 0.5), (2, 0.5), (3, 0.0), (4, 0.0)]}
+    rows = headline(RunData(tmp_path, "r", {"arm": "population"}, scalars, [], None))
+    solve = next(v for k, v in rows.items() if k.startswith("student solve rate on matched tasks"))
+    valid = next(v for k, v in rows.items() if k.startswith("valid rate"))
+    assert solve == "0.25 / 0.375 (final from step 2: none logged after it)"
+    assert valid == "0 / 0.25"  # logged at the last step: no note
+
+
+def test_a_wrapped_figure_title_stays_above_the_panels(tmp_path: Path) -> None:
+    """A figure title too long for the figure is wrapped onto two lines and the panels are laid out below both
+    (roles.png's title once overlapped its first panel: measuring it set it again at its default place)."""
+    from evaluation.report.plots import Plotter
+
+    plotter = Plotter([], tmp_path, 0.6, [], 100)
+    with plotter.mpl.rc_context(plotter.rc):
+        fig, axes = plotter.figure(3, 1, (5.0, 8.9))
+        for ax in axes:
+            ax.plot([1, 2], [0.0, 1.0])
+        axes[0].set_title("tiny (population): entropy (mean per token)", fontsize=9)
+        fig.suptitle("Per role: teacher vs student (one member playing both: proposer vs solver)  (EMA 0.6)")
+        plotter.save(fig, "long_title", "long title", [])
+    renderer = fig.canvas.get_renderer()
+    title = fig._suptitle
+    assert "\n" in title.get_text()  # wrapped
+    assert title.get_window_extent(renderer).y0 >= axes[0].get_tightbbox(renderer).y1  # and above the panel
+    assert plotter.manifest[-1]["text_outside"] == []

@@ -145,7 +145,8 @@ ARM_STEPS = 3
 @pytest.fixture(scope="session")
 def arm_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A population and a baseline run of ``ARM_STEPS`` steps (PBT at step 2), run side by side, and the report
-    of both (``"report"``). Shared: tests must not change them (copy them first)."""
+    of both (``"report"``); each run's console output (stdout, then stderr) is ``<root>/<arm>.console``. Shared:
+    tests must not change them (copy them first)."""
     root = tmp_path_factory.mktemp("contract")
     dirs = {"population": root / "pop", "baseline": root / "base"}
     procs = {arm: populora_started("train" if arm == "population" else "baseline", *TINY, "--steps", str(ARM_STEPS),
@@ -153,8 +154,9 @@ def arm_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
              for arm, d in dirs.items()}
     with killed_on_exit(procs.values()):
         for arm, p in procs.items():
-            _, err = p.communicate(timeout=900)
+            out, err = p.communicate(timeout=900)
             assert p.returncode == 0, f"{arm}: {err[-4000:]}"
+            (root / f"{arm}.console").write_text(out + err)  # what the user saw (tests/selfplay/test_readme_results.py)
     rep = populora("report", str(dirs["population"]), str(dirs["baseline"]), "--out", str(root / "report"))
     assert rep.returncode == 0, rep.stderr[-3000:]
     return dirs | {"report": root / "report"}

@@ -51,7 +51,8 @@ def test_dry_run_prints_the_resolved_config_and_does_nothing(tmp_path: Path) -> 
 
 def test_dict_settings_are_json_flags() -> None:
     cfg = _dry("--pbt.operators", '{"dare": 1.0}', "--env.reward-scheme", "azr",
-               "--env.reward-kwargs", '{"extreme_reward": -0.5}', "--trainer.advantage-kwargs", '{"gamma": 0.99}')
+               "--env.reward-kwargs", '{"extreme_reward": -0.5}', "--trainer.advantage", "reinforce_pp",
+               "--trainer.advantage-kwargs", '{"gamma": 0.99}')
     assert cfg["pbt"]["operators"] == {"dare": 1.0}
     assert cfg["env"]["reward_kwargs"] == {"extreme_reward": -0.5}
     assert cfg["trainer"]["advantage_kwargs"] == {"gamma": 0.99}

@@ -28,6 +28,8 @@ def _one_error_line(err: str) -> str:
         (["--env.reward-scheme", "no-such-scheme"], "--env.reward-scheme"),
         (["--env.task-types", "deduction", "guessing"], "--env.task-types"),
         (["--trainer.advantage", "no-such-estimator"], "--trainer.advantage"),
+        (["--trainer.advantage-kwargs", '{"foo": 1}'], "--trainer.advantage-kwargs: estimator "
+         "'reinforce_pp_baseline' takes no keyword argument 'foo'"),
         (["--preset", "no-such-preset"], "--preset"),
         (["--env.num-teachers", "0"], "--env.num-teachers"),
     ],
@@ -57,7 +59,10 @@ def test_resume_of_a_non_run_exits_2(cli, tmp_path: Path) -> None:
 def test_unknown_command_exits_2() -> None:
     p = populora("fly", timeout=60)
     assert p.returncode == 2
-    assert p.stderr.strip() == "populora fly: error: unknown command (choose one of: train, baseline, report, eval, evolve, compare)"
+    assert p.stderr.strip() == ("populora fly: error: unknown command (choose one of: train, baseline, report, eval, "
+                                "evolve, compare, list, test-scheme, test-estimator)")
+    p = populora("trian", timeout=60)
+    assert p.returncode == 2 and p.stderr.strip().endswith("; did you mean train?")
 
 
 def test_help_documents_the_flags() -> None:

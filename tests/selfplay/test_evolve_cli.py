@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import torch
@@ -40,6 +42,25 @@ def test_evolve_ties_writes_a_loadable_child(tmp_path: Path) -> None:
 
     base, _ = load_base("tiny-random")
     PeftModel.from_pretrained(base, str(child))  # loads as an ordinary PEFT adapter
+
+    record = json.loads((child / "provenance.json").read_text())  # how it was made, next to its PEFT files
+    assert record["operator"] == "ties" and record["family"] == "crossover" and record["seed"] == 3
+    assert [p["path"] for p in record["parents"]] == [str(a), str(b)]
+    for parent, entry in zip((a, b), record["parents"], strict=True):
+        assert entry["sha256"]["adapter_model.safetensors"] == hashlib.sha256(
+            (parent / "adapter_model.safetensors").read_bytes()).hexdigest()
+    assert record["params"] == {"density": 0.5} and record["resolved_params"]["density"] == 0.5
+    assert record["command"].startswith(f"populora evolve --op ties --parents {a} {b} --out OUT --param "
+                                        "density=0.5 --seed 3")
+
+    # the child is scored as a bare adapter directory (no run around it), on the base its config names
+    e = populora("eval", "--adapters", str(child), "--benchmarks", "humaneval,gsm8k", "--limit", "1",
+                 "--no-progress", timeout=600)
+    assert e.returncode == 0, e.stderr[-3000:]
+    results = json.loads((child / "eval" / "results.json").read_text())
+    assert results["complete"] and results["run"] is None and results["adapters"] == {"child": str(child)}
+    assert set(results["benchmarks"]) == {"humaneval", "gsm8k"}
+    assert "child" in results["benchmarks"]["humaneval"]["members"], results["benchmarks"]["humaneval"]
 
 
 def test_evolve_rank_mismatch_exits_2_naming_it(tmp_path: Path) -> None:

@@ -47,7 +47,7 @@ def test_evolve_refuses_a_non_finite_child(parents, tmp_path: Path, capsys, op: 
     rc, err = _run(capsys, "evolve", "--op", op, "--parents", *map(str, parents[:n]), "--out", str(out),
                    "--param", param)
     assert rc == 2
-    assert err.startswith(f"populora evolve: error: operator '{op}' with {param.split('=')[0]}=") and \
+    assert err.startswith(f"populora evolve: error: --param: operator '{op}' with {param.split('=')[0]}=") and \
         "produced a child with NaN/inf weights" in err and err.endswith(f"choose smaller values of {name}"), err
     assert not out.exists()
 
@@ -85,14 +85,14 @@ def test_evolve_on_a_damaged_parent_names_the_file(parents, tmp_path: Path, caps
     bad = _damaged(parents[0], tmp_path, how)
     rc, err = _run(capsys, "evolve", "--op", "ties", "--parents", str(parents[1]), str(bad), "--out",
                    str(tmp_path / "child"))
-    assert rc == 2 and err.startswith(f"populora evolve: error: {bad}/{DAMAGE[how]}"), err
+    assert rc == 2 and err.startswith(f"populora evolve: error: --parents: {bad}/{DAMAGE[how]}"), err
 
 
 def test_evolve_out_on_a_file_names_it(parents, tmp_path: Path, capsys) -> None:
     f = tmp_path / "a_file"
     f.write_text("")
     rc, err = _run(capsys, "evolve", "--op", "ties", "--parents", *map(str, parents), "--out", str(f))
-    assert (rc, err) == (2, f"populora evolve: error: --out {f} exists and is not a directory")
+    assert (rc, err) == (2, f"populora evolve: error: --out: {f} exists and is not a directory")
     rc, err = _run(capsys, "evolve", "--op", "ties", "--parents", *map(str, parents), "--out", str(f / "child"))
     assert rc == 2 and err.startswith(f"populora evolve: error: cannot write --out {f / 'child'}: "), err
     assert str(f) in err

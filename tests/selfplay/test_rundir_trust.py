@@ -85,7 +85,7 @@ def test_report_on_a_deep_config_json_exits_2_naming_it(tmp_path: Path) -> None:
     p = populora("report", str(run), timeout=300)
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert p.stderr.strip().splitlines()[-1] == (
-        f"populora report: error: {run / 'config.json'}: nests deeper than 100 levels")
+        f"populora report: error: RUNS: {run / 'config.json'}: nests deeper than 100 levels")
     assert not (run / "report").exists()
 
 
@@ -168,7 +168,7 @@ def test_report_refuses_a_link_out_of_the_run_and_writes_nothing_outside(tmp_pat
     p = populora("report", str(run), timeout=300)
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
     line = p.stderr.strip().splitlines()[-1]
-    assert line.startswith(f"populora report: error: {run}/") and ("symbolic link" in line), line
+    assert line.startswith(f"populora report: error: RUNS: {run}/") and ("symbolic link" in line), line
     assert snapshot(outside) == before
 
 
