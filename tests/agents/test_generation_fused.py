@@ -271,7 +271,12 @@ def test_fused_steps_read_keys_stored_transposed_and_dropping_rows_keeps_the_lay
 
 @pytest.mark.parametrize("onednn", ONEDNN)
 def test_fused_logits_do_not_depend_on_the_key_layout(pop_tok, onednn):
-    """A decode step over keys stored transposed gives the logits of contiguous keys (the same sums; 1e-6)."""
+    """A decode step over keys stored transposed gives the logits of contiguous keys.
+
+    The same sums, but the GEMM kernel for a transposed operand may add them in another order, so the logits agree
+    to float32 rounding, not bit for bit: up to 7e-6 measured on logits of order 1 (two CPUs, torch 2.13); 5e-5
+    leaves room for other kernels while a wrong layout (keys read at the wrong positions) moves logits by O(1).
+    """
     from agents.generation.decode import _cache_buffers, _padded, _RowsLayer
 
     pop, tok = pop_tok
@@ -300,4 +305,4 @@ def test_fused_logits_do_not_depend_on_the_key_layout(pop_tok, onednn):
         dec.bind()
         plain = dec.step(ids, pos, step_mask, cache(False))
         transposed = dec.step(ids, pos, step_mask, cache(True))
-    torch.testing.assert_close(transposed, plain, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(transposed, plain, rtol=1e-5, atol=5e-5)
