@@ -142,38 +142,55 @@ def test_a_killed_ray_run_resumes_to_the_uninterrupted_run(ray_cluster, local_ru
 ASYNC = ["--pipeline.max-staleness", "1"]
 
 
-def test_staleness_0_machinery_on_ray_is_the_local_synchronous_run(ray_cluster, local_run, tmp_path):
+@pytest.mark.parametrize("arm", ["population", "baseline"])
+def test_staleness_0_machinery_on_ray_is_the_local_synchronous_run(ray_cluster, tmp_path, arm):
     """The asynchronous loop's machinery at staleness 0, driving the Ray engines (given each version) and shards
-    (updates on the driver's worker thread), ends bitwise where the synchronous local run does."""
+    (updates on the driver's worker thread), ends bitwise where the synchronous local loop does, for both arms:
+    the same adapters, lineage and env state."""
     import tyro
 
+    from baselines.azr import azr_config, azr_mapping
     from selfplay.config import TrainConfig, load_preset
+    from selfplay.loop import SelfPlayLoop
     from selfplay.pipeline import AsyncSelfPlayLoop
 
     _cluster, address = ray_cluster
-    args = [a for a in ARGS if a != "--no-progress"] + ray_args(address) + ASYNC
-    cfg = dataclasses.replace(tyro.cli(TrainConfig, default=load_preset("cpu-smoke"), args=args), progress=False,
-                              run_dir=tmp_path)
-    cfg.validate()
-    loop = AsyncSelfPlayLoop(cfg, tmp_path, max_staleness=0)
-    loop.setup()
-    try:
-        for _ in range(3):
-            loop.train_step()
-        states = {m: loop.population.state(m) for m in loop.population.names}
-        env_state = loop.env_state()
-    finally:
-        loop.close()
-        loop.backend.close()
-    ref = local_run()
-    wa = _weights(ref / "adapters")
-    assert wa.keys() == states.keys()
+    threads = torch.get_num_threads()
+
+    def play(loop) -> tuple[dict, dict]:
+        loop.setup()
+        try:
+            for _ in range(3):
+                loop.train_step()
+            return {m: loop.population.state(m) for m in loop.population.names}, loop.env_state()
+        finally:
+            loop.close()
+            if loop.backend is not None:
+                loop.backend.close()
+
+    ends = {}
+    for backend in ("local", "ray"):
+        on_ray = ray_args(address) + ASYNC + (["--ray.trainers", "1"] if arm == "baseline" else [])  # one member
+        args = [a for a in ARGS if a != "--no-progress"] + (on_ray if backend == "ray" else [])
+        cfg = tyro.cli(TrainConfig, default=load_preset("cpu-smoke"), args=args)
+        cfg, assignment = (azr_config(cfg), azr_mapping()) if arm == "baseline" else (cfg, None)
+        cfg = dataclasses.replace(cfg, progress=False, run_dir=tmp_path / backend)
+        cfg.validate()
+        loop = (AsyncSelfPlayLoop(cfg, tmp_path / backend, assignment, max_staleness=0) if backend == "ray"
+                else SelfPlayLoop(cfg, tmp_path / backend, assignment))
+        try:
+            ends[backend] = play(loop)
+        finally:
+            torch.set_num_threads(threads)
+    (wa, ea), (wb, eb) = ends["local"], ends["ray"]
+    assert wa.keys() == wb.keys() and len(wa) == (4 if arm == "population" else 1)
     for m in wa:
-        assert all(torch.equal(wa[m][k], states[m][k]) for k in wa[m]), m
-    la = [_untimed(json.loads(x)) for x in (ref / "lineage.jsonl").read_text().splitlines()]
-    lb = [_untimed(json.loads(x)) for x in (tmp_path / "lineage.jsonl").read_text().splitlines()]
-    assert la == lb and len(la) == 2
-    assert json.loads(json.dumps(env_state)) == json.loads((ref / "checkpoints" / "step_3" / "env_state.json").read_text())
+        assert all(torch.equal(wa[m][k], wb[m][k]) for k in wa[m]), m
+    assert json.loads(json.dumps(ea)) == json.loads(json.dumps(eb))
+    if arm == "population":
+        la, lb = ([_untimed(json.loads(x)) for x in (tmp_path / b / "lineage.jsonl").read_text().splitlines()]
+                  for b in ("local", "ray"))
+        assert la == lb and len(la) == 2
 
 
 def test_an_async_ray_run_is_bitwise_the_local_async_run(ray_cluster, tmp_path):
