@@ -14,8 +14,11 @@ behaviour and reference policies (:meth:`PolicyForward.logprobs_no_grad`). Each 
    4D mask (flash-attention kernels) keep the padded layout (:attr:`PolicyForward.packs_prefix`).
    ``_packed_hidden`` / ``_padded_hidden`` return the hidden states that predict the completion tokens.
 2. **Attention** (``TrainerConfig.packed_attention``, :meth:`PolicyForward.attention`): over a packed row,
-   ``"tree"`` runs :mod:`agents.tree_attention` (each query block over its ancestor columns only), ``"mask"``
-   one dense SDPA call with the ``L x L`` additive mask; the same values up to float summation order.
+   ``"tree"`` runs :mod:`agents.tree_attention` (each query block over its ancestor columns only; on CUDA the
+   within-block mask is a causal bias that the flash kernel takes), ``"flex"`` one ``flex_attention`` call
+   with the tree's block mask (compiled on CUDA; no backward on CPU), ``"mask"`` one dense SDPA call with the
+   ``L x L`` additive mask; the same values up to float summation order. Only ``"mask"`` builds the mask: the
+   others hand the decoder :func:`agents.tree_attention.placeholder_mask`.
 3. **Log-probs** (:meth:`PolicyForward.completion_logprobs`): the LM head, log-softmax and entropy run on the
    gathered hidden states only (prompts cost no logits), in chunks of ``logprob_chunk_size`` tokens under
    activation checkpointing, so full-vocabulary logits never exist for the whole batch at once; a micro-batch
@@ -26,8 +29,11 @@ behaviour and reference policies (:meth:`PolicyForward.logprobs_no_grad`). Each 
    with ``z_t`` the float32 logits of the position that predicts ``c_t``.
 4. **Planning** (:meth:`PolicyForward.micro_batches`): at most ``micro_batch_size`` rollouts per pass; packed,
    rows sorted by prompt so that attempts at one prompt (and prompts with a common beginning) share a pass;
-   padded, longest first so that a pass pads little. A bound on a packed row's tokens belongs here (split a
-   micro-batch whose trees would exceed it) or in the bin-packing of ``pack_prefix_shared``.
+   padded, longest first so that a pass pads little. With ``max_tokens_per_row`` (``TrainerConfig``), a pass
+   also holds at most that many token slots: a micro-batch closes before the rollout that would take its
+   packed row (every prompt prefix once, plus the completions) or its padded rows past the cap, and its trees
+   share one row of at most the cap (``pack_prefix_shared(row_capacity=...)``), so a pass's activations are
+   bounded by the cap. A single rollout longer than the cap is a pass of its own.
 """
 
 from __future__ import annotations
@@ -41,11 +47,17 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from agents.models import activation_dtype
-from agents.packing import pack_prefix_shared
+from agents.packing import pack_prefix_shared, prefix_shared_tokens
 from agents.rollout import Rollout
-from agents.tree_attention import takes_tree_mask, tree_attention
+from agents.tree_attention import (
+    TREE_ATTENTION,
+    placeholder_mask,
+    takes_tree_mask,
+    tree_attention,
+    tree_block_mask,
+)
 
-__all__ = ["PolicyForward", "RolloutBatch", "pack_rollouts", "rollout_logprobs"]
+__all__ = ["PolicyForward", "RolloutBatch", "pack_rollouts", "rollout_logprobs", "sampled_logprobs"]
 
 
 @dataclass
@@ -81,18 +93,31 @@ def pack_rollouts(rollouts: Sequence[Rollout]) -> RolloutBatch:
     return RolloutBatch(prompts, comps, mask, targets)
 
 
-def rollout_logprobs(rollouts: Sequence[Rollout], batch: RolloutBatch) -> Tensor:
-    """The log-probs the rollouts were sampled with (``Rollout.logprobs``), ``[B, Tc]`` like ``batch.mask``;
-    a missing or misaligned list is refused naming the rollout."""
+def sampled_logprobs(rollouts: Sequence[Rollout], batch: RolloutBatch, need: str | None = None
+                     ) -> tuple[Tensor | None, list[bool]]:
+    """The log-probs the generator sampled the rollouts with (``Rollout.logprobs``), ``[B, Tc]`` like
+    ``batch.mask``, and per row whether it carries them aligned with its completion (``None`` for the tensor when
+    no row does). ``need``: why every row must carry them (the error's opening); a missing or misaligned list is
+    then refused naming the rollout. The one place an update reads the behaviour log-probs (the ratio's
+    denominator, the mismatch, the importance correction; ``agents.trainer``)."""
+    has = [r.logprobs is not None and len(r.logprobs) == len(r.completion_ids) for r in rollouts]
+    if need is not None and not all(has):
+        i = has.index(False)
+        got = "no logprobs" if rollouts[i].logprobs is None else f"{len(rollouts[i].logprobs)} logprobs"
+        raise ValueError(f"{need}: rollout {i} has {got} for {len(rollouts[i].completion_ids)} completion tokens")
+    if not any(has):
+        return None, has
     out = torch.zeros_like(batch.mask)
     for i, r in enumerate(rollouts):
-        if r.logprobs is None:
-            raise ValueError(f"the ratio needs the behaviour log-probs (use_behaviour_logprobs=True, or a batch "
-                             f"generated by an older version) but rollout {i} has no logprobs")
-        if len(r.logprobs) != len(r.completion_ids):
-            raise ValueError(f"rollout {i}: {len(r.logprobs)} logprobs for {len(r.completion_ids)} completion tokens")
-        out[i, : len(r.logprobs)] = torch.tensor(r.logprobs, dtype=out.dtype)
-    return out
+        if has[i]:
+            out[i, : len(r.logprobs)] = torch.tensor(r.logprobs, dtype=out.dtype)
+    return out, has
+
+
+def rollout_logprobs(rollouts: Sequence[Rollout], batch: RolloutBatch) -> Tensor:
+    """:func:`sampled_logprobs` of rollouts that must all carry them, ``[B, Tc]``."""
+    lp, _has = sampled_logprobs(rollouts, batch, need="the ratio needs the behaviour log-probs")
+    return torch.zeros_like(batch.mask) if lp is None else lp
 
 
 class PolicyForward:
@@ -102,20 +127,25 @@ class PolicyForward:
     Args:
         population: an ``agents.population.LoRAPopulation`` (``model``, ``disabled``).
         packing: ``"prefix"`` or ``"none"`` (``TrainerConfig.packing``).
-        packed_attention: ``"tree"`` or ``"mask"`` (``TrainerConfig.packed_attention``).
+        packed_attention: ``"tree"``, ``"flex"`` or ``"mask"`` (``TrainerConfig.packed_attention``).
         micro_batch_size: most rollouts per pass.
         logprob_chunk_size: completion tokens per LM-head chunk.
+        max_tokens_per_row: most token slots per pass (None: no bound; module docstring, step 4).
     """
 
     def __init__(self, population, packing: str = "prefix", packed_attention: str = "tree",
-                 micro_batch_size: int = 8, logprob_chunk_size: int = 1024) -> None:
+                 micro_batch_size: int = 8, logprob_chunk_size: int = 1024,
+                 max_tokens_per_row: int | None = None) -> None:
         self.population = population
         self.packing = packing
         self.packed_attention = packed_attention
         self.micro_batch_size = micro_batch_size
         self.logprob_chunk_size = logprob_chunk_size
+        self.max_tokens_per_row = max_tokens_per_row
         self.forward_tokens = 0
         """Token slots processed by the decoder's forward passes so far (padding included)."""
+        self.largest_pass = 0
+        """The most token slots one forward pass has held so far (what bounds its activations)."""
 
     # ------------------------------------------------------------------------------------ the model
     @property
@@ -135,8 +165,8 @@ class PolicyForward:
 
     @property
     def tree(self) -> bool:
-        """Packed passes run :mod:`agents.tree_attention` (``packed_attention == "tree"``)."""
-        return self.packs_prefix and self.packed_attention == "tree"
+        """Packed passes run :mod:`agents.tree_attention` (``packed_attention`` ``"tree"`` or ``"flex"``)."""
+        return self.packs_prefix and self.packed_attention in ("tree", "flex")
 
     def attention(self):
         """The context the update's passes run in: tree attention for packed rows (checkpointing's
@@ -181,11 +211,23 @@ class PolicyForward:
     def _packed_hidden(self, batch: RolloutBatch, rows: list[int], b_idx: Tensor, t_idx: Tensor) -> Tensor:
         """The prefix-shared layout: the hidden states that predict completion token ``t_idx`` of row
         ``b_idx`` (indices into ``rows``), ``[n, d]``."""
+        dtype, device = activation_dtype(self.causal_lm), self.device
+        cap = {} if self.max_tokens_per_row is None else {"row_capacity": self.max_tokens_per_row}
         packed = pack_prefix_shared([batch.prompts[i] for i in rows], [batch.completions[i] for i in rows],
-                                    dtype=activation_dtype(self.causal_lm), device=self.device)
-        tree = {"tree_blocks": packed.blocks, "tree_pad_start": packed.pad_start} if self.tree else {}
-        hidden = self._hidden(packed.input_ids, packed.attention_mask, packed.position_ids, **tree)
+                                    dtype=dtype, device=device, **cap)
+        if not self.tree:
+            hidden = self._hidden(packed.input_ids, packed.attention_mask, packed.position_ids)
+        else:  # the blocks (or their flex block mask) carry the tree
+            tree = ({"tree_block_mask": tree_block_mask(packed.key_end)} if self.packed_attention == "flex" else
+                    {"tree_blocks": packed.blocks, "tree_pad_start": packed.pad_start})
+            # inside :meth:`attention` every attention call reads them, so the decoder gets a one-element mask;
+            # a caller outside it runs the model's own attention, which needs the dense mask
+            inside = getattr(self.causal_lm.config, "_attn_implementation", None) == TREE_ATTENTION
+            mask = (placeholder_mask(*packed.input_ids.shape, dtype=dtype, device=device) if inside
+                    else packed.attention_mask)
+            hidden = self._hidden(packed.input_ids, mask, packed.position_ids, **tree)
         self.forward_tokens += packed.tokens
+        self.largest_pass = max(self.largest_pass, packed.tokens)
         return hidden[packed.predictor_index(b_idx, t_idx)]
 
     def _padded_hidden(self, batch: RolloutBatch, rows: list[int], b_idx: Tensor, t_idx: Tensor) -> Tensor:
@@ -203,6 +245,7 @@ class PolicyForward:
         pos = plen[b_idx] - 1 + t_idx  # the position whose logits predict completion token t
         hidden = self._hidden(input_ids, attn)
         self.forward_tokens += len(rows) * S
+        self.largest_pass = max(self.largest_pass, len(rows) * S)
         return hidden[b_idx, pos]
 
     def _hidden(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor | None = None,
@@ -260,14 +303,30 @@ class PolicyForward:
 
     # ------------------------------------------------------------------------------- planning
     def micro_batches(self, batch: RolloutBatch, rows: Sequence[int] | None = None) -> list[list[int]]:
-        """The rows of each pass, at most ``micro_batch_size`` rollouts each (module docstring, step 4)."""
+        """The rows of each pass, at most ``micro_batch_size`` rollouts and ``max_tokens_per_row`` token slots
+        each (module docstring, step 4)."""
         rows = list(range(batch.size)) if rows is None else list(rows)
         mb = self.micro_batch_size
         if self.packs_prefix:
             order = sorted(rows, key=lambda i: (batch.prompts[i], i))
         else:
             order = sorted(rows, key=lambda i: -(len(batch.prompts[i]) + len(batch.completions[i])))
-        return [order[k : k + mb] for k in range(0, len(order), mb)]
+        if self.max_tokens_per_row is None:
+            return [order[k : k + mb] for k in range(0, len(order), mb)]
+        passes: list[list[int]] = []
+        for i in order:
+            if passes and len(passes[-1]) < mb and self.pass_tokens(batch, [*passes[-1], i]) <= self.max_tokens_per_row:
+                passes[-1].append(i)
+            else:
+                passes.append([i])
+        return passes
+
+    def pass_tokens(self, batch: RolloutBatch, rows: Sequence[int]) -> int:
+        """Token slots of one pass over ``rows``: packed, every prompt prefix once plus the completions (one row
+        under a row cap); padded, rows x the longest ``prompt + completion``."""
+        if self.packs_prefix:
+            return prefix_shared_tokens([batch.prompts[i] for i in rows]) + sum(len(batch.completions[i]) for i in rows)
+        return len(rows) * max(len(batch.prompts[i]) + len(batch.completions[i]) for i in rows)
 
 
 def _logits(lm: nn.Module, h: Tensor) -> Tensor:

@@ -17,6 +17,20 @@ log-probs are given (KL *as a loss*; KL *in the reward* is applied to the reward
 ``agents.trainer``), plus ``coef * agg(f)`` for every registered extra term ``f`` (:func:`register_loss_term`).
 With one optimizer step per batch rho = 1 and clipping is inert (AZR).
 
+Importance correction of the sampler (``is_weights``; ``agents.trainer``'s ``is_correction``). The rollouts
+were sampled by the generator mu (e.g. vLLM, in bf16 with its own kernels), not by the trainer's pi_old that
+rho is taken against; with ``w_t = pi_old(a_t) / mu(a_t) = exp(lp_old_t - lp_mu_t)`` (detached),
+``E_mu[w_t g_t] = E_pi_old[g_t]``, so the surrogate of each token is weighted::
+
+    l_t = -w'_t min(rho_t A_t, clip(rho_t, 1 - eps_low, 1 + eps_high) A_t)
+
+    TIS (truncated):  w'_t = min(w_t, C)
+    MIS (masked):     w'_t = w_t if w_t <= C else 0
+
+TIS bounds the variance a rare token with a large weight adds, at the cost of a bias towards pi_old where
+w_t > C; MIS drops such tokens from the gradient instead (they keep their place in the normaliser). Where the
+two samplers agree w_t = 1 and both equal the uncorrected loss.
+
 Where ``A_t = 0`` the surrogate is ``l_t = -min(rho_t * 0, clip(rho_t) * 0) = 0`` whatever rho_t, with a zero
 gradient; the entropy bonus and the KL penalty are not (they regularise every token). A row whose advantages
 are all zero therefore adds exactly nothing to the loss and its gradient only when every other term with a
@@ -316,7 +330,8 @@ def _masked_mean(x: Tensor, m: Tensor) -> float:
 
 
 def _check_inputs(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor,
-                  clip_eps_low: float, clip_eps_high: float, token_weights: Tensor | None) -> None:
+                  clip_eps_low: float, clip_eps_high: float, token_weights: Tensor | None,
+                  is_weights: Tensor | None = None) -> None:
     """Refuse tensors of different shapes and clip ranges outside ``0 <= eps_low < 1``, ``eps_high >= 0``."""
     if not (logprobs.shape == old_logprobs.shape == advantages.shape == response_mask.shape):
         raise ValueError(
@@ -328,8 +343,9 @@ def _check_inputs(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, re
         raise ValueError(
             f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {clip_eps_low}, {clip_eps_high}"
         )
-    if token_weights is not None and token_weights.shape != response_mask.shape:
-        raise ValueError(f"token_weights must be {tuple(response_mask.shape)}, got {tuple(token_weights.shape)}")
+    for name, w in (("token_weights", token_weights), ("is_weights", is_weights)):
+        if w is not None and w.shape != response_mask.shape:
+            raise ValueError(f"{name} must be {tuple(response_mask.shape)}, got {tuple(w.shape)}")
 
 
 def _ratio_metrics(ratio: Tensor, log_ratio: Tensor, adv: Tensor, pg1: Tensor, pg2: Tensor, m: Tensor,
@@ -366,6 +382,7 @@ def policy_loss(
     num_seqs: float | None = None,
     norm_len: float | None = None,
     token_weights: Tensor | None = None,
+    is_weights: Tensor | None = None,
 ) -> PolicyLossOutput:
     """Clipped token-level policy-gradient loss (module docstring for the math).
 
@@ -384,8 +401,10 @@ def policy_loss(
         token_weights: ``[B, T]`` loss weights w (e.g. ``agents.weighting.role_loss_weights``): every per-token
             loss matrix (surrogate, entropy, KL, extra terms) is aggregated as ``agg(w * l)``; the metrics stay
             unweighted means. None: w = 1.
+        is_weights: ``[B, T]`` TIS / MIS weights w'_t (module docstring) of the surrogate's terms only; None: 1.
     """
-    _check_inputs(logprobs, old_logprobs, advantages, response_mask, clip_eps_low, clip_eps_high, token_weights)
+    _check_inputs(logprobs, old_logprobs, advantages, response_mask, clip_eps_low, clip_eps_high, token_weights,
+                  is_weights)
     m = response_mask.to(logprobs.dtype)
     w = None if token_weights is None else token_weights.detach().to(logprobs.dtype)
 
@@ -397,7 +416,7 @@ def policy_loss(
     ratio = torch.exp(log_ratio)
     pg1 = -adv * ratio
     pg2 = -adv * torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
-    pg_mat = torch.maximum(pg1, pg2)
+    pg_mat = torch.maximum(pg1, pg2) if is_weights is None else torch.maximum(pg1, pg2) * is_weights.detach()
     norms = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_len": norm_len}
     pg_loss = agg_loss(weighted(pg_mat), m, loss_agg_mode, **norms)
     loss = pg_loss

@@ -27,7 +27,14 @@ dtype, shape ``[R, 1, L, L]``: transformers passes a 4D mask through unchanged (
 mask is already 4D, simply return as-is") to the eager path (adds it to the scores) and to SDPA (an additive
 float ``attn_mask``). Flash-attention kernels take no such mask; the trainer keeps the padded layout
 (``TrainerConfig.packing = "none"``) for those. The mask is L x L per row: memory grows with the square of a
-micro-batch's packed length (4 bytes x 4,000^2 = 64 MB for a float32 row of 4,000 tokens).
+micro-batch's packed length (4 bytes x 4,000^2 = 64 MB for a float32 row of 4,000 tokens), so it is built
+only when read (``PackedRows.attention_mask``): tree attention never reads it.
+
+Because the layout is depth-first, the columns below a node (its subtree) are contiguous, and the mask has a
+one-vector form: key column ``k`` is seen by exactly the queries ``k <= q < key_end[k]``, where
+``key_end[k]`` is the end of the subtree of ``k``'s node (``k + 1`` for padding): a node's own tokens see it
+causally, every descendant sees all of it, and a column past its subtree belongs to no descendant
+(``PackedRows.key_end``; block-sparse kernels such as ``flex_attention`` evaluate the mask from it).
 
 Not the generation's KV cache: the update needs the prompt's activations under the adapter being TRAINED and
 their gradient; a cache from sampling carries neither.
@@ -36,7 +43,8 @@ their gradient; a cache from sampling carries neither.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -51,7 +59,8 @@ class PackedRows:
     Attributes:
         input_ids: ``[R, L]`` token ids (0 on padding).
         position_ids: ``[R, L]`` positions (0 on padding).
-        attention_mask: ``[R, 1, L, L]`` additive mask (module docstring), in the requested dtype.
+        attention_mask: ``[R, 1, L, L]`` additive mask (module docstring), in the requested dtype; built on
+            first access (a property: the tree layout's attention never reads it).
         row: ``[n]`` the packed row of each input rollout.
         prompt_last: ``[n]`` column of the last prompt token of each rollout's prompt (predicts completion
             token 0).
@@ -71,7 +80,6 @@ class PackedRows:
 
     input_ids: Tensor
     position_ids: Tensor
-    attention_mask: Tensor
     row: Tensor
     prompt_last: Tensor
     completion_start: Tensor
@@ -80,6 +88,26 @@ class PackedRows:
     blocks: list[list[tuple[int, int, tuple[tuple[int, int], ...]]]]
     pad_start: list[int]
     prompt_ranges: list[tuple[tuple[int, int], ...]]
+    _mask_of: tuple = field(default=(), repr=False)  # (node_of, parents, dtype, device): the mask's inputs
+
+    @cached_property
+    def attention_mask(self) -> Tensor:
+        """The additive ``[R, 1, L, L]`` tree mask (module docstring), built on first access."""
+        node_of, parents, dtype, device = self._mask_of
+        return _tree_mask(node_of, parents, self.position_ids.cpu(), dtype).to(device)
+
+    @cached_property
+    def key_end(self) -> Tensor:
+        """``[R, L]`` long: key column ``k`` is seen by the query columns ``k <= q < key_end[r, k]`` (module
+        docstring): the largest block end among the blocks that see it (its own block's and those whose
+        ancestor ranges hold it); ``k + 1`` for a padding column."""
+        R, L = self.input_ids.shape
+        end = torch.arange(1, L + 1).repeat(R, 1)
+        for r, blocks in enumerate(self.blocks):
+            for s, e, anc in blocks:
+                for a, b in (*anc, (s, e)):
+                    end[r, a:b] = end[r, a:b].clamp(min=e)
+        return end.to(self.input_ids.device)
 
     def predictor_index(self, b_idx: Tensor, t_idx: Tensor) -> tuple[Tensor, Tensor]:
         """``(rows, cols)`` of the hidden states that predict completion token ``t_idx`` of rollout ``b_idx``."""
@@ -153,8 +181,12 @@ def pack_prefix_shared(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
     groups: Sequence[Hashable] | None = None,
+    row_capacity: int | None = None,
 ) -> PackedRows:
     """Pack rollouts ``(prompts[i], completions[i])`` prefix-shared and unpadded (module docstring).
+
+    ``row_capacity``: the rows' capacity in tokens when it exceeds the largest tree (default: the largest tree),
+    so that trees whose sum fits share one row (``agents.forward`` plans micro-batches under a row cap so).
 
     ``groups``: rollouts of different groups never share a node or a row (the generation's prefill packs the
     prompts of several adapters at once: a row runs under one adapter, and equal tokens under different
@@ -174,14 +206,13 @@ def pack_prefix_shared(
             trees.append(t)
             tree_group.append(g)
     seg_len = [_tree_tokens(t, completions) for t in trees]
-    rows, width = _bin_pack(seg_len, tree_group, len(members))
+    rows, width = _bin_pack(seg_len, tree_group, len(members), row_capacity)
     lay = _Layout(len(rows), width, len(prompts))
     for r, segs in enumerate(rows):
         lay.place_row(r, [trees[s] for s in segs], completions)
     return PackedRows(
         input_ids=lay.ids.to(device),
         position_ids=lay.pos.to(device),
-        attention_mask=_tree_mask(lay.node_of, lay.parents, lay.pos, dtype).to(device),
         row=torch.tensor(lay.row_of, dtype=torch.long, device=device),
         prompt_last=torch.tensor(lay.plast, dtype=torch.long, device=device),
         completion_start=torch.tensor(lay.cstart, dtype=torch.long, device=device),
@@ -190,6 +221,7 @@ def pack_prefix_shared(
         blocks=lay.blocks,
         pad_start=lay.pad_start,
         prompt_ranges=lay.prompt_ranges,
+        _mask_of=(lay.node_of, lay.parents, dtype, device),
     )
 
 
@@ -204,12 +236,14 @@ def _check_rollouts(prompts: Sequence[Sequence[int]], completions: Sequence[Sequ
         raise ValueError(f"{len(groups)} groups for {len(prompts)} rollouts")
 
 
-def _bin_pack(seg_len: Sequence[int], tree_group: Sequence[int], n_groups: int) -> tuple[list[list[int]], int]:
+def _bin_pack(seg_len: Sequence[int], tree_group: Sequence[int], n_groups: int,
+              row_capacity: int | None = None) -> tuple[list[list[int]], int]:
     """The trees of each row (indices into ``seg_len``, the trees' token counts) and the rows' width: first-fit
-    decreasing within each group, into rows as long as the largest tree (stable: equal lengths keep their order,
-    so the layout is deterministic). A bound on a row's tokens would set the capacity here (and split the trees
-    longer than it beforehand)."""
+    decreasing within each group, into rows as long as the largest tree or ``row_capacity`` if larger (stable:
+    equal lengths keep their order, so the layout is deterministic). The width is the longest row's tokens."""
     capacity = max(seg_len) if seg_len else 1
+    if row_capacity is not None:
+        capacity = max(capacity, row_capacity)
     rows: list[list[int]] = []  # tree indices per row
     free: list[int] = []
     for g in range(n_groups):

@@ -547,7 +547,10 @@ class LoRAPopulation:
         """Forward passes inside run member ``name``'s LoRA modules as ``base(x) + s * (x A^T) B^T`` with the
         low-rank product added by ONE ``addmm`` (``alpha = s``), where PEFT's forward writes ``(x A^T) B^T``,
         scales it and adds it: two full-size passes over each module's ``[tokens, out]`` output (and their
-        backward) fewer, the same function and gradients up to float rounding. For training the active member
+        backward) fewer, the same function and gradients up to float rounding. On a base in a lower precision
+        than the adapters (bf16 base, fp32 LoRA: PEFT's default) the product runs in the base's dtype with the
+        factors cast to it, where PEFT casts every input to float32; the parameters and their optimizer state
+        stay float32 (the master weights). For training the active member
         (:class:`agents.trainer.PolicyGradientTrainer`, ``lora_impl="fused"``); ``name`` must be the active
         adapter. A module whose LoRA is not plain (another variant such as DoRA, a LoRA bias), or a forward with
         adapters disabled or merged, runs PEFT's own forward. Not re-entrant with :meth:`mixed`."""
@@ -674,6 +677,10 @@ class _SingleForward:
             return type(m).forward(m, x, *args, **kwargs)
         result = m.base_layer(x, *args, **kwargs)
         a, b = m.lora_A[name].weight, m.lora_B[name].weight
+        if x.dtype != a.dtype and x.dtype == result.dtype:  # a bf16 base with fp32 adapters (the GPU recipe)
+            # compute in the base's dtype: cast the rank-r factors (small, differentiable: the gradients reach the
+            # fp32 master weights in fp32) instead of copying every [tokens, in] input to fp32
+            a, b = a.to(x.dtype), b.to(x.dtype)
         low = torch.nn.functional.linear(m.lora_dropout[name](x.to(a.dtype)), a)
         if result.dtype != b.dtype:
             return result + (torch.nn.functional.linear(low, b) * m.scaling[name]).to(result.dtype)

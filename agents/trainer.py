@@ -27,18 +27,37 @@ needs the log-probs of the policy before the first step: the first mini-batch's 
 forward pass (detached: nothing has stepped yet, so rho == 1 there exactly), every other mini-batch's from a
 no-grad pass before the first step, laid out as that mini-batch's steps lay it out (the same micro-batches);
 with the KL-in-reward term, which needs them for the advantages, all of them come from that no-grad pass.
-``use_behaviour_logprobs=True`` uses ``Rollout.logprobs`` (the generator's, e.g. vLLM's) instead, which also
-corrects generator/trainer numerical mismatch.
+``use_behaviour_logprobs=True`` uses ``Rollout.logprobs`` (the generator's, e.g. vLLM's) instead.
+
+Rollout/trainer mismatch. The generator's log-probs ``lp_mu`` (``Rollout.logprobs``: the engine that sampled,
+e.g. vLLM in bf16 with its own kernels) and the trainer's own ``lp_old`` for the same tokens under the same
+weights differ numerically; per update the trainer reports, over the completion tokens of the rollouts that
+carry log-probs, with ``delta_t = lp_old_t - lp_mu_t``: ``mismatch_abs_mean`` = mean |delta_t|,
+``mismatch_abs_max`` = max |delta_t|, and ``mismatch_kl`` = mean (exp(delta_t) - 1 - delta_t), the k3 estimate
+of KL(mu || pi_old) from mu's own samples (non-negative, 0 iff they agree). ``lp_old`` is the trainer's
+log-prob before the update's first optimizer step: each row's first forward in a one-step update, the no-grad
+pass's for the later mini-batches of a multi-step one (with ``use_behaviour_logprobs`` only the first
+mini-batch is measured: there is no such pass). Rows that take no pass (the zero-advantage skip) are not
+measured. ``is_correction`` (``"tis"``, ``"mis"``) weighs each token's surrogate by the importance weight
+``w_t = exp(delta_t)`` truncated or masked at ``is_cap`` (``agents.losses.policy_loss``'s ``is_weights``).
 
 Stale batches (an asynchronous run, ``pipeline.max_staleness >= 1``): ``update(member, rollouts, version=v)``
 says that the member's weights are its version ``v``, and each rollout says the version that generated it
-(``Rollout.version``). A batch generated with an older version is off-policy by ``v - Rollout.version``
-updates (its *staleness*), so the ratio's denominator must be the policy that sampled it, not the weights
-being trained: whenever a rollout of the batch is stale, the behaviour log-probs are the rollouts' own
-(``Rollout.logprobs``, sampled with that version), ``rho_t = pi_v(y_t) / pi_{v - staleness}(y_t)``, clipped to
-``[1 - clip_eps_low, 1 + clip_eps_high]`` as in PPO, whatever ``use_behaviour_logprobs`` says. A batch of
-staleness 0 keeps the on-policy rule above (bit for bit the synchronous update). The metrics ``staleness`` (mean
-over the rollouts) and ``staleness_max`` are reported whenever ``version`` is given.
+(``Rollout.version``). A batch generated with an older version is off-policy by ``s = v - Rollout.version``
+updates (its *staleness*); its ``lp_mu`` are the log-probs of the version that sampled it, ``pi_{v-s}``, so the
+update is corrected towards that behaviour policy in one of two ways, both through the code above:
+
+* ``is_correction = "none"``: the ratio's denominator is the behaviour policy itself, ``old_lp = lp_mu``,
+  ``rho_t = pi_theta(y_t) / pi_{v-s}(y_t)``, clipped to ``[1 - clip_eps_low, 1 + clip_eps_high]`` as in PPO;
+* ``"tis"`` / ``"mis"``: the decoupled objective (AReaL): the ratio is taken against the trainer's own weights
+  before the update (``pi_v``, the proximal policy: the on-policy rule above) and each token's surrogate is
+  weighted by ``w_t = pi_v(y_t) / pi_{v-s}(y_t)``, truncated or masked at ``is_cap`` (the same importance weight
+  as the numerical mismatch's, now also covering the ``s`` updates of drift).
+
+A batch of staleness 0 keeps the on-policy rule (bit for bit the synchronous update). With ``version`` the
+metrics add ``staleness`` (mean over the rollouts) and ``staleness_max``; the mismatch metrics are then taken
+against the weights being trained (``pi_v``, measured by the first optimizer step's forward when ``old_lp =
+lp_mu``), so for a stale batch they hold the drift of ``s`` updates plus the numerical mismatch.
 
 Rows whose advantages are all zero (``skip_zero_advantage``): when the loss declares that such a row adds
 exactly zero to it and to its gradient (``agents.losses.zero_advantage_rows_add_zero``: the clipped surrogate
@@ -65,7 +84,7 @@ import torch
 from torch import Tensor, nn
 
 from agents.advantages import get_advantage
-from agents.forward import PolicyForward, RolloutBatch, pack_rollouts, rollout_logprobs
+from agents.forward import PolicyForward, RolloutBatch, pack_rollouts, sampled_logprobs
 from agents.losses import (
     kl_penalty,
     list_loss_terms,
@@ -74,10 +93,19 @@ from agents.losses import (
 )
 from agents.nonfinite import finite_update
 from agents.rollout import Rollout
-from agents.trainer_config import KL_MODES, LORA_IMPLS, PACKED_ATTENTIONS, PACKINGS, TrainerConfig
+from agents.trainer_config import (
+    IS_CORRECTIONS,
+    KL_MODES,
+    LORA_IMPLS,
+    PACKED_ATTENTIONS,
+    PACKINGS,
+    TrainerConfig,
+)
 from agents.weighting import role_loss_weights
+from populora_env.checks import ConfigError
 
-__all__ = ["TrainerConfig", "PolicyGradientTrainer", "KL_MODES", "LORA_IMPLS", "PACKINGS", "PACKED_ATTENTIONS"]
+__all__ = ["TrainerConfig", "PolicyGradientTrainer", "IS_CORRECTIONS", "KL_MODES", "LORA_IMPLS", "PACKINGS",
+           "PACKED_ATTENTIONS"]
 
 @dataclass
 class _Targets:
@@ -91,6 +119,10 @@ class _Targets:
     role_rows: dict[str, Tensor]  # role -> [B] float indicator of its rows (empty without meta roles)
     norm_len: float  # the constant L of seq-mean-token-sum-norm
     live: set[int] | None  # rows with a non-zero advantage, which take passes (skip_zero_advantage); None: all
+    behaviour: bool = False  # old_lp is the generator's rollout_lp (use_behaviour_logprobs, or a stale batch)
+    rollout_lp: Tensor | None = None  # [B, Tc] the generator's log-probs (None: no rollout carries them)
+    has_rollout_lp: list[bool] = field(default_factory=list)  # per row: its log-probs are there and aligned
+    measured: set[int] = field(default_factory=set)  # rows whose mismatch is tallied (each once per update)
 
     def old_logprobs(self, rows: list[int], lp: Tensor) -> Tensor:
         """The behaviour log-probs of ``rows`` for a forward that gave ``lp``: its own, detached, when on-policy;
@@ -118,6 +150,7 @@ class _Tally:
     pg_losses: list[float] = field(default_factory=list)
     grad_norms: list[float] = field(default_factory=list)
     skipped: int = 0  # optimizer steps skipped as non-finite
+    mismatch: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # |delta| and k3 sums, max, n
     zero_steps: int = 0  # optimizer steps on exact zero gradients (all-zero advantages, no passes)
     zero_rows: int = 0  # rows left out of an optimizer step's passes (all-zero advantages), summed over steps
 
@@ -134,6 +167,17 @@ class _Tally:
             rm = m * sel[rows].to(m.device).unsqueeze(-1)
             self.role_ent[role] += float((ent.detach() * rm).sum().item())
             self.role_tok[role] += float(rm.sum().item())
+
+    def add_mismatch(self, delta: Tensor, m: Tensor) -> None:
+        """``delta`` = the trainer's minus the generator's log-probs ``[rows, Tc]`` over the tokens ``m``."""
+        n = float(m.sum().item())
+        if n == 0:
+            return
+        d = delta.detach().double() * m
+        self.mismatch["abs"] += float(d.abs().sum().item())
+        self.mismatch["k3"] += float(((torch.expm1(d) - d) * m).sum().item())
+        self.mismatch["max"] = max(self.mismatch["max"], float(d.abs().max().item()))
+        self.mismatch["tokens"] += n
 
 
 class PolicyGradientTrainer:
@@ -152,8 +196,12 @@ class PolicyGradientTrainer:
         self._advantage = get_advantage(self.config.advantage)
         cfg = self.config
         self.forward = PolicyForward(population, packing=cfg.packing, packed_attention=cfg.packed_attention,
-                                     micro_batch_size=cfg.micro_batch_size, logprob_chunk_size=cfg.logprob_chunk_size)
+                                     micro_batch_size=cfg.micro_batch_size, logprob_chunk_size=cfg.logprob_chunk_size,
+                                     max_tokens_per_row=cfg.max_tokens_per_row)
         """The update's forward passes (``agents.forward``)."""
+        if cfg.packed_attention == "flex" and self.forward.packs_prefix and self.forward.device.type != "cuda":
+            raise ConfigError("trainer.packed_attention", "'flex' needs a CUDA device (PyTorch's flex_attention has "
+                              f"no backward on {self.forward.device.type}); use 'tree' there")
 
     @property
     def forward_tokens(self) -> int:
@@ -172,8 +220,8 @@ class PolicyGradientTrainer:
     def update(self, member: str, rollouts: Sequence[Rollout], version: int | None = None) -> dict[str, float]:
         """One policy-gradient update of ``member`` from ``rollouts``; ``version``: the member's current version
         (``None``: versions are not tracked, the batch is on-policy), against which each rollout's
-        ``Rollout.version`` gives its staleness (module docstring: a stale batch's ratio is taken against the
-        rollouts' own log-probs).
+        ``Rollout.version`` gives its staleness (module docstring: a stale batch is corrected towards the
+        log-probs it was sampled with).
 
         Returns float metrics: ``loss`` (total loss, mean over optimizer steps), ``pg_loss``, ``grad_norm``
         (pre-clip L2 norm over the member's parameters, mean over steps), ``clip_frac``, ``approx_kl``
@@ -222,7 +270,7 @@ class PolicyGradientTrainer:
         stale: bool = False,
     ) -> dict[str, float]:
         """Steps 2 to 4 of the module docstring on a gathered batch, ``member`` active (``stale``: some rollout was
-        generated by an older version of it: the rollouts' log-probs are the behaviour policy's).
+        generated by an older version of it, whose log-probs the rollouts carry: module docstring).
 
         2. ``_targets``: the advantages and the fixed (behaviour, reference) log-probs of the whole batch;
         3. and 4. ``_optimizer_step`` for each epoch and each mini-batch (``_backward`` for each of its
@@ -274,13 +322,20 @@ class PolicyGradientTrainer:
             adv = self._advantages(rollouts, batch, rewards, groups, token_rewards=None)
             live = _live_rows(adv)
         zero_gradient = live is not None and not live
-        old_lp, pending, ref_lp = self._fixed_logprobs(rollouts, batch, n_steps, mini, zero_gradient, live, stale)
+        behaviour = cfg.use_behaviour_logprobs or (stale and cfg.is_correction == "none")  # module docstring
+        rollout_lp, has = sampled_logprobs(rollouts, batch, need=(
+            "use_behaviour_logprobs=True needs the generator's log-probs" if cfg.use_behaviour_logprobs
+            else "is_correction needs the generator's log-probs" if cfg.is_correction != "none"
+            else "a stale batch's ratio needs the log-probs it was sampled with" if stale else None))
+        old_lp, pending, ref_lp = self._fixed_logprobs(batch, n_steps, mini, zero_gradient, live,
+                                                       rollout_lp if behaviour else None)
         if adv is None:
             token_rewards = self._kl_token_rewards(batch, old_lp, ref_lp)
             adv = self._advantages(rollouts, batch, rewards, groups, token_rewards=token_rewards)
         role_w = role_loss_weights(_roles(rollouts), batch.mask, cfg.role_weighting, cfg.loss_agg_mode, mini)
         norm_len = float(cfg.norm_len or batch.mask.shape[1])
-        return _Targets(adv, old_lp, pending, ref_lp, role_w, _role_rows(rollouts), norm_len, live)
+        return _Targets(adv, old_lp, pending, ref_lp, role_w, _role_rows(rollouts), norm_len, live, behaviour,
+                        rollout_lp, has)
 
     def _advantages(self, rollouts: list[Rollout], batch: RolloutBatch, rewards: Tensor, groups: list[Hashable],
                     token_rewards: Tensor | None) -> Tensor:
@@ -292,20 +347,21 @@ class PolicyGradientTrainer:
         return adv.to(torch.float32) * batch.mask
 
     def _fixed_logprobs(
-        self, rollouts: list[Rollout], batch: RolloutBatch, n_steps: int, mini: int, zero_gradient: bool,
-        live: set[int] | None = None, stale: bool = False,
+        self, batch: RolloutBatch, n_steps: int, mini: int, zero_gradient: bool, live: set[int] | None = None,
+        behaviour_lp: Tensor | None = None,
     ) -> tuple[Tensor | None, set[int], Tensor | None]:
         """``(old_lp, pending, ref_lp)``: the behaviour log-probs ``[B, Tc]`` (the ratio denominator; None:
         on-policy, each forward's own detached log-probs), the rows of ``old_lp`` left for the first mini-batch's
         own forward to fill (module docstring), and the reference (base) log-probs (None with
         ``kl_mode == "off"``). ``live``: the rows the optimizer steps forward (``skip_zero_advantage``; None:
-        all); the no-grad pass covers only those (the others' log-probs stay 0, never read). ``stale``: the
-        batch was generated by an older version, whose log-probs the rollouts carry."""
+        all); the no-grad pass covers only those (the others' log-probs stay 0, never read). ``behaviour_lp``:
+        the generator's log-probs when they are the ratio's denominator (``use_behaviour_logprobs``, or a stale
+        batch without an importance correction: module docstring)."""
         cfg = self.config
         old_lp: Tensor | None = None
         pending: set[int] = set()
-        if cfg.use_behaviour_logprobs or stale:
-            old_lp = rollout_logprobs(rollouts, batch)
+        if behaviour_lp is not None:
+            old_lp = behaviour_lp
         elif cfg.kl_mode == "reward" and not zero_gradient:  # the advantages need every row's now
             old_lp = self.forward.logprobs_no_grad(batch, reference=False)
         elif n_steps > 1 and not zero_gradient:
@@ -369,9 +425,11 @@ class PolicyGradientTrainer:
         device = lp.device
         m = batch.mask[rows].to(device)
         ref_lp = None if targets.ref_lp is None else targets.ref_lp[rows].to(device)
+        old = targets.old_logprobs(rows, lp)
+        is_weights = self._mismatch(rows, lp, old, m, targets, tally)
         out = policy_loss(
             lp,
-            targets.old_logprobs(rows, lp),
+            old,
             targets.adv[rows].to(device),
             m,
             clip_eps_low=cfg.clip_eps_low,
@@ -381,6 +439,7 @@ class PolicyGradientTrainer:
             ref_logprobs=ref_lp if cfg.kl_mode == "loss" else None,
             kl_estimator=cfg.resolved_kl_estimator,
             token_weights=None if targets.role_w is None else targets.role_w[rows].to(device),
+            is_weights=is_weights,
             **self._loss_coefs,
             **norms,
         )
@@ -391,6 +450,34 @@ class PolicyGradientTrainer:
             kl_tok = kl_penalty(lp.detach(), ref_lp, cfg.resolved_kl_estimator)
             tally.sums["kl"] += float((kl_tok * m).sum().item())
         return float(out.loss.detach().item()), float(out.pg_loss.item())
+
+    def _mismatch(self, rows: list[int], lp: Tensor, old: Tensor, m: Tensor, targets: _Targets, tally: _Tally
+                  ) -> Tensor | None:
+        """Tally the rollout/trainer mismatch of ``rows`` not measured yet (module docstring) and return the
+        importance weights of ``is_correction`` ``[rows, Tc]`` (None with ``"none"``; ``agents.losses``).
+
+        The trainer's pre-step log-probs are ``old`` (its own behaviour log-probs), or when ``old`` is the
+        generator's (``targets.behaviour``: ``use_behaviour_logprobs``, a stale batch) this forward's own before
+        any step."""
+        cfg = self.config
+        if targets.rollout_lp is None:
+            return None
+        mu = targets.rollout_lp[rows].to(lp.device)
+        pre = None if targets.behaviour and tally.grad_norms else (lp.detach() if targets.behaviour else old)
+        if pre is not None:
+            new = torch.tensor([i not in targets.measured and targets.has_rollout_lp[i] for i in rows],
+                               dtype=m.dtype, device=m.device)
+            tally.add_mismatch(pre - mu, m * new.unsqueeze(-1))
+            targets.measured.update(i for i in rows if targets.has_rollout_lp[i])
+        if cfg.is_correction == "none":
+            return None
+        w = torch.exp((old - mu).clamp(min=-20.0, max=20.0))
+        capped = w > cfg.is_cap
+        tally.sums["is_weight_mean"] += float((w * m).sum().item())
+        tally.sums["is_capped_frac"] += float((capped.to(m.dtype) * m).sum().item())
+        if cfg.is_correction == "tis":
+            return w.clamp(max=cfg.is_cap)
+        return torch.where(capped, torch.zeros_like(w), w)
 
     def _metrics(self, batch: RolloutBatch, adv: Tensor, tally: _Tally, n_steps: int) -> dict[str, float]:
         """The update's metrics (``update``'s docstring) from its advantages and running sums."""
@@ -411,6 +498,10 @@ class PolicyGradientTrainer:
         }
         for key, total in tally.sums.items():
             metrics[key] = total / max(tally.tokens, 1.0)
+        if tally.mismatch["tokens"] > 0:
+            n = tally.mismatch["tokens"]
+            metrics |= {"mismatch_abs_mean": tally.mismatch["abs"] / n, "mismatch_abs_max": tally.mismatch["max"],
+                        "mismatch_kl": tally.mismatch["k3"] / n}
         for role, n in tally.role_tok.items():
             if n > 0:
                 metrics[f"entropy/{role}"] = tally.role_ent[role] / n

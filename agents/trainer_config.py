@@ -14,12 +14,13 @@ from typing import Literal
 
 from populora_env.checks import check, check_bool, check_choice, check_int, check_number, shown
 
-__all__ = ["TrainerConfig", "KL_MODES", "LORA_IMPLS", "PACKINGS", "PACKED_ATTENTIONS"]
+__all__ = ["TrainerConfig", "IS_CORRECTIONS", "KL_MODES", "LORA_IMPLS", "PACKINGS", "PACKED_ATTENTIONS"]
 
 KL_MODES = ("off", "reward", "loss")
 PACKINGS = ("prefix", "none")
-PACKED_ATTENTIONS = ("tree", "mask")
+PACKED_ATTENTIONS = ("tree", "mask", "flex")
 LORA_IMPLS = ("fused", "peft")
+IS_CORRECTIONS = ("none", "tis", "mis")
 
 
 @dataclass
@@ -88,11 +89,25 @@ class TrainerConfig:
     summation order). "none": one right-padded row per rollout (the layout before packing; for equality
     tests and ablations). Models whose attention takes no 4D mask (flash-attention kernels) use "none"
     whatever this says."""
-    packed_attention: Literal["tree", "mask"] = "tree"
+    packed_attention: Literal["tree", "mask", "flex"] = "tree"
     """How the prefix-shared layout's attention runs. "tree": per query block over its ancestor columns only
-    (``agents.tree_attention``: the pairs the tree mask forbids are never computed); "mask": one dense SDPA
-    call with the L x L additive mask (the computation before tree attention; for equality tests and
-    ablations). The same values up to float summation order."""
+    (``agents.tree_attention``: the pairs the tree mask forbids are never computed; on CUDA each block runs
+    the flash kernel with a lower-right causal bias); "flex": PyTorch's flex_attention with the tree's block
+    mask, compiled (CUDA only: it has no CPU backward); "mask": one dense SDPA call with the L x L additive mask
+    (the computation before tree attention; for equality tests and ablations). The same values up to float
+    summation order (docs/vllm.md, "Attention of packed rows", says which and why)."""
+    max_tokens_per_row: int | None = None
+    """Most token slots one forward pass of the update holds (the packed row: every shared prompt prefix once
+    plus the completions; padded: rows x the longest): micro-batches close before a rollout that would exceed
+    it, so the activations of a pass are bounded by it (``agents.forward``; a single longer rollout is a pass
+    of its own). None: only ``micro_batch_size`` bounds a pass (the CPU presets)."""
+    is_correction: Literal["none", "tis", "mis"] = "none"
+    """Importance correction for the gap between the generator's sampling log-probs (``Rollout.logprobs``) and
+    the trainer's: each token's surrogate is weighted by ``w_t = pi_old(a_t) / mu(a_t)``, "tis" truncated at
+    ``is_cap`` (min(w_t, C)), "mis" masked above it (w_t if w_t <= C else 0); "none": unweighted (on CPU the HF
+    generator and the trainer agree to float rounding). Math: ``agents.losses.policy_loss``."""
+    is_cap: float = 2.0
+    """The cap C of ``is_correction`` (TIS's truncation, MIS's mask threshold); >= 1."""
     lora_impl: Literal["fused", "peft"] = "fused"
     """How the member's LoRA modules run in the update. "fused": ``base(x) + s (x A^T) B^T`` with the low-rank
     product added by one ``addmm`` (:meth:`agents.population.LoRAPopulation.single`: two full-size passes per
@@ -152,6 +167,13 @@ class TrainerConfig:
         check_choice("packing", self.packing, PACKINGS)
         check_choice("packed_attention", self.packed_attention, PACKED_ATTENTIONS)
         check_choice("lora_impl", self.lora_impl, LORA_IMPLS)
+        if self.max_tokens_per_row is not None:
+            check_int("max_tokens_per_row", self.max_tokens_per_row, 16, 1 << 24)
+        check_choice("is_correction", self.is_correction, IS_CORRECTIONS)
+        check_number("is_cap", self.is_cap, low=1.0, high=1e6)
+        check(self.is_correction == "none" or not self.use_behaviour_logprobs, "is_correction",
+              f"{self.is_correction!r} weighs the ratio with the trainer's own log-probs as its denominator; "
+              "use_behaviour_logprobs puts the generator's there: set one of them")
         self._validate_names()
 
     def _validate_names(self) -> None:

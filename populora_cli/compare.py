@@ -140,6 +140,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap-seed", type=int, default=0)
     p.add_argument("--eval-score", choices=EVAL_SCORES, default="population_mean",
                    help="which number of a run's eval/results.json stands for the run")
+    p.add_argument("--gpu-memory-gib", default=None, metavar="N",
+                   help="check each arm's GPU memory plan on an N GiB GPU before launching (exit 2 if one does not "
+                   "fit); with --dry-run print the plans and launch nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="resolve the arms' configurations (and plans, with --gpu-memory-gib), print them, launch nothing")
     return p
 
 
@@ -392,6 +397,23 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+def _plans(arms: list[str], config_of, gpu_gib: str | None, dry_run: bool) -> int | None:
+    """``--dry-run`` / ``--gpu-memory-gib``: each arm's resolved configuration or GPU memory plan
+    (:mod:`populora_cli.gpu_memory`); an exit status, or None when the runs may be launched."""
+    if gpu_gib is None:  # --dry-run alone: the resolved configurations
+        for arm in arms:
+            print(f"[{arm}] " + json.dumps(config_of(arm), indent=2, sort_keys=True))
+        return 0
+    from populora_cli import gpu_memory
+    from selfplay.config import TrainConfig, from_dict
+
+    plans = []
+    for arm in arms:
+        cfg = from_dict(TrainConfig, config_of(arm))
+        plans.append((arm, cfg, 1 if arm == "baseline" else cfg.env.num_teachers + cfg.env.num_students))
+    return gpu_memory.check("compare", plans, gpu_gib, dry_run)
+
+
 def compare_main(argv: list[str]) -> int:
     """Entry of ``populora compare`` (see the module docstring); returns the exit status."""
     if "--" in argv:
@@ -477,6 +499,10 @@ def compare_main(argv: list[str]) -> int:
         return configs[arm]
 
     try:  # every check before the cluster is joined and before any run starts
+        if args.gpu_memory_gib is not None or args.dry_run:
+            status = _plans(arms, config_of, args.gpu_memory_gib, args.dry_run)
+            if status is not None:
+                return status
         jobs, _ = plan(out, arms, presets, seeds, extra, config_of, 1)
     except (CompareError, RunDirError) as e:
         return fail("compare", str(e))

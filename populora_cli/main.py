@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import tyro
 
+from populora_cli import gpu_memory
 from populora_cli.api import ARM_NAME
 from populora_cli.errors import config_error as _config_error
 from populora_cli.errors import fail as _fail
@@ -109,6 +110,7 @@ def _train(cmd: str, argv: list[str]) -> int:
     pre.add_argument("--dry-run", action="store_true")
     pre.add_argument("--arm", default=None)
     known, _ = pre.parse_known_args(argv)
+    argv, gpu_gib = gpu_memory.take_flag(argv)
     argv, overrides = _take_overrides([a for a in argv if a != "--dry-run"])
     argv = _without_arm(argv)
     if overrides is not None and not known.resume:
@@ -137,9 +139,11 @@ def _train(cmd: str, argv: list[str]) -> int:
     presets = ", ".join(list_presets())
     with json_dict_rule():
         cfg = parse(TrainConfig, argv, f"populora {cmd}", default=default,
-                    extra_flags=("--preset", "--resume", "--dry-run", "--override"),
+                    extra_flags=("--preset", "--resume", "--dry-run", "--override", gpu_memory.FLAG),
                     description=(TrainConfig.__doc__ or "") + f" Shipped presets: {presets}. "
-                    "--dry-run prints the resolved configuration as JSON and exits. With --resume RUN_DIR, "
+                    "--dry-run prints the resolved configuration as JSON and exits; with --gpu-memory-gib N it prints "
+                    "the run's GPU memory plan instead and exits 2 when the run does not fit (without --dry-run "
+                    "the plan gates the run). With --resume RUN_DIR, "
                     "--override FIELD [FIELD ...] allows the named settings (dotted, e.g. trainer.lr) to differ "
                     f"from the run's {CONFIG}; the change is recorded in RUN_DIR/{CONFIG_HISTORY}. Any sub-command "
                     "takes --verbose (every library's log lines, warnings and loading bars) or --quiet (warnings and "
@@ -164,6 +168,11 @@ def _train(cmd: str, argv: list[str]) -> int:
         return _fail(cmd, f"--plugins: {e}")
     except ConfigError as e:
         return _config_error(cmd, e)
+    if gpu_gib is not None:  # the GPU memory plan: printed with --dry-run, a gate without
+        members = len(set(assignment.values())) if assignment else cfg.env.num_teachers + cfg.env.num_students
+        status = gpu_memory.check(cmd, [(arm, cfg, members)], gpu_gib, known.dry_run)
+        if status is not None:
+            return status
     if known.dry_run:
         print(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
         return 0

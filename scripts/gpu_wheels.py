@@ -16,7 +16,8 @@ no network, no model weights and no vLLM, and at most ~60 MB travel with the rep
    pure Python (``*-none-any.whl``);
 4. copies SmolLM2's tokenizer (3.5 MB: the tokenizer of ``random:<shape>`` models, ``agents.models``) to
    ``<out>/cache/models/``, so ``POPULORA_CACHE=$PWD/<out>/cache`` finds it there;
-5. prints the folder's size (exit 1 above ``--limit-mb``) and the commands to run on the GPU machine.
+5. prints the folder's size (exit 1 above ``--limit-mb``) and the command to run on the GPU machine
+   (``benchmarks/gpu_check.py`` installs the wheels itself where its dependencies are missing: docs/vllm.md).
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESENT = ("torch", "transformers", "peft", "tensorboard", "pytest", "hypothesis")
-"""What the lendable GPU machine ships (with their own dependencies)."""
+PRESENT = ("torch", "transformers", "peft", "tensorboard", "pytest", "hypothesis", "numpy", "matplotlib", "requests",
+           "cloudpickle", "python-dateutil", "six", "pyparsing", "safetensors", "tqdm", "filelock", "sympy")
+"""What the lendable GPU machine ships (with their own dependencies): the device's KINDS.md lists them in its
+image; a bundle that brought them again would shadow the image's builds (matplotlib against its numpy)."""
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64", "linux_x86_64")
 
 
@@ -140,10 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     for p in sorted(wheels.iterdir()):
         print(f"  {p.stat().st_size / 2**20:6.2f} MB  {p.name}")
     print(f"{args.out}: {len(files)} files, {size:.1f} MB (limit {args.limit_mb} MB)")
-    print("on the GPU machine, from the repository root:\n"
-          f"  python -m pip install --no-index --no-deps {args.out.name}/wheels/*.whl\n"
-          f"  export PYTHONPATH=$PWD POPULORA_CACHE=$PWD/{args.out.name}/cache HF_HUB_OFFLINE=1\n"
-          "  python benchmarks/gpu_check.py --model random:qwen2.5-coder-7b --engine hf")
+    print(f"on the GPU machine (the device call carries {args.out.name}: it is git-ignored), from the repository "
+          "root; the check installs the wheels itself (into .gpu-site) and finds the tokenizer in the bundle:\n"
+          "  HF_HUB_OFFLINE=1 python3 benchmarks/gpu_check.py --model random:qwen2.5-coder-7b "
+          "--out-dir /tmp/gpu_check --report-dir $OUT")
     return 1 if size > args.limit_mb else 0
 
 

@@ -4,6 +4,10 @@ they produce, so that a refactor of ``agents/`` can be checked bit for bit again
     python scripts/replay_updates.py --out after.pt              # this checkout's results
     python scripts/replay_updates.py --compare before.pt after.pt  # equal bit for bit? (exit 1 if not)
 
+Everything both files hold must be equal bit for bit; what only AFTER holds (a trainer setting or a metric the
+newer code added) is listed as added and does not fail the comparison (``--strict`` makes it fail); what only
+BEFORE holds fails it.
+
 To get ``before.pt``, run this file with the older code first on the path (e.g. ``git archive <commit> | tar
 -x -C /tmp/before`` and ``PYTHONPATH=/tmp/before python scripts/replay_updates.py --out before.pt``); it uses
 public names only (``LoRAPopulation``, ``PolicyGradientTrainer``, ``TrainerConfig``, ``HFGenerator``).
@@ -53,6 +57,10 @@ SETTINGS: dict[str, dict] = {
     "grpo-roles-tokens": {"advantage": "grpo", "role_weighting": "tokens"},
     "dr-grpo": {"advantage": "dr_grpo", "loss_agg_mode": "seq-mean-token-sum-norm", "norm_len": 12},
     "rloo-padded": {"advantage": "rloo", "packing": "none", "micro_batch_size": 2},
+    "row-cap": {"max_tokens_per_row": 40},
+    "row-cap-padded": {"max_tokens_per_row": 40, "packing": "none"},
+    "tis": {"is_correction": "tis", "is_cap": 1.5},
+    "mis-mini-epochs": {"is_correction": "mis", "is_cap": 1.5, "mini_batch_size": 6, "epochs": 2},
 }
 
 
@@ -119,54 +127,67 @@ def _generation(model, tokenizer) -> list:
 
 
 def collect() -> dict:
+    """Every setting this code's ``TrainerConfig`` has the fields of (an older checkout lacks the newer ones: those
+    settings are left out, and ``--compare`` lists them as added), and the generation."""
+    import dataclasses
+
     from agents.models import load_base
+    from agents.trainer import TrainerConfig
 
     torch.set_num_threads(1)
     model, tokenizer = load_base("tiny-random")
-    results = {name: _replay(model, extra) for name, extra in SETTINGS.items()}
+    known = {f.name for f in dataclasses.fields(TrainerConfig)}
+    results = {name: _replay(model, extra) for name, extra in SETTINGS.items() if set(extra) <= known}
     results["generation"] = _generation(model, tokenizer)
     return results
 
 
-def _same(a, b, where: str, diffs: list[str]) -> None:
+def _same(a, b, where: str, diffs: list[str], added: list[str]) -> None:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
                 and a.shape == b.shape and torch.equal(a, b)):
             diffs.append(where)
     elif isinstance(a, dict) and isinstance(b, dict):
-        if set(a) != set(b):
-            diffs.append(f"{where}: keys {sorted(set(a) ^ set(b), key=str)}")
+        if set(a) - set(b):
+            diffs.append(f"{where}: keys missing after {sorted(set(a) - set(b), key=str)}")
+        added += [f"{where}.{k}" for k in sorted(set(b) - set(a), key=str)]
         for k in set(a) & set(b):
-            _same(a[k], b[k], f"{where}.{k}", diffs)
+            _same(a[k], b[k], f"{where}.{k}", diffs, added)
     elif isinstance(a, list | tuple) and isinstance(b, list | tuple):
         if len(a) != len(b):
             diffs.append(f"{where}: length {len(a)} vs {len(b)}")
         for i, (x, y) in enumerate(zip(a, b, strict=False)):
-            _same(x, y, f"{where}[{i}]", diffs)
+            _same(x, y, f"{where}[{i}]", diffs, added)
     elif isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return
     elif a != b or type(a) is not type(b):
         diffs.append(f"{where}: {a!r} vs {b!r}")
 
 
-def compare(before: dict, after: dict) -> list[str]:
-    """The paths where ``after`` differs from ``before`` (tensors bit for bit, floats exactly, NaN == NaN)."""
+def compare(before: dict, after: dict) -> tuple[list[str], list[str]]:
+    """``(diffs, added)``: the paths where ``after`` differs from ``before`` (tensors bit for bit, floats exactly,
+    NaN == NaN; a key ``before`` has and ``after`` lacks), and the keys only ``after`` has."""
     diffs: list[str] = []
-    _same(before, after, "", diffs)
-    return diffs
+    added: list[str] = []
+    _same(before, after, "", diffs, added)
+    return diffs, added
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="save this checkout's results here")
     parser.add_argument("--compare", type=Path, nargs=2, metavar=("BEFORE", "AFTER"))
+    parser.add_argument("--strict", action="store_true", help="with --compare: keys only AFTER has fail it too")
     args = parser.parse_args(argv)
     if args.compare:
         before, after = (torch.load(p, weights_only=False) for p in args.compare)
-        diffs = compare(before, after)
+        diffs, added = compare(before, after)
         print("\n".join(diffs[:40]) if diffs else f"equal bit for bit: {len(before) - 1} trainer settings and "
               "the generation")
-        return 1 if diffs else 0
+        if added:
+            names = sorted({a.rsplit(".", 1)[-1] for a in added})
+            print(f"added after (not in BEFORE, {len(added)} places): {', '.join(names)}")
+        return 1 if diffs or (args.strict and added) else 0
     if args.out is None:
         parser.error("give --out FILE or --compare BEFORE AFTER")
     import agents

@@ -55,6 +55,9 @@ __all__ = [
 ]
 
 KNOWN_MODELS = ("smollm2-135m", "tiny-random")
+VLLM_ADAPTERS = "vllm-adapters"
+"""The run directory's folder for vLLM's adapter versions when /dev/shm lacks the room
+(``GenerationConfig.vllm_adapter_dir``)."""
 PRESETS_PACKAGE = "selfplay.presets"  # the repository's configs/ directory, shipped as package data
 
 
@@ -94,6 +97,13 @@ class GenerationConfig:
     """Fraction of GPU memory vLLM may take (vLLM backend)."""
     vllm_max_model_len: int = 4096
     """Maximum sequence length of the vLLM engine (vLLM backend)."""
+    vllm_adapter_dir: str | None = None
+    """Where the vLLM backend writes each member's adapter versions (its free space is checked before the first
+    write). None: /dev/shm when it has room for them, else the run directory's vllm-adapters/."""
+    max_prompt_tokens: int | None = None
+    """AZR's prompt-length rule: a prompt longer than this many tokens is dropped before generation (never sent
+    to the engine), counted per role, answered with an empty completion (a format error in the game) and not
+    trained on (agents.generation.limit; docs/azr.md §14). None: no limit (the CPU presets); GPU presets: 6144."""
     backend: InitVar[Literal["hf", "vllm"] | None] = None
     """Deprecated spelling of --generation.engine (accepted, with a warning, for one release)."""
 
@@ -102,13 +112,16 @@ class GenerationConfig:
             self.engine = renamed("--generation.backend (generation.backend)",  # type: ignore[assignment]
                                   "--generation.engine (generation.engine)", backend)
 
-    def generator_kwargs(self, model: str) -> dict[str, Any]:
+    def generator_kwargs(self, model: str, run_dir: Path | None = None) -> dict[str, Any]:
         """The keyword arguments of ``agents.generation.make_generator`` for this engine (the generator is built by
-        :func:`selfplay.members.build_members`, locally and in the Ray engines); ``model``: the run's model."""
+        :func:`selfplay.members.build_members`, locally and in the Ray engines); ``model``: the run's model;
+        ``run_dir``: the run directory (vLLM's adapters fall back to its ``vllm-adapters/``)."""
+        limit = {} if self.max_prompt_tokens is None else {"max_prompt_tokens": self.max_prompt_tokens}
         if self.engine == "hf":
-            return {"batch_size": self.batch_size, "engine": self.hf_engine, "fused_decode": self.fused_decode}
+            return {"batch_size": self.batch_size, "engine": self.hf_engine, "fused_decode": self.fused_decode} | limit
         return {"model_path": model, "gpu_memory_utilization": self.vllm_gpu_memory_utilization,
-                "max_model_len": self.vllm_max_model_len}
+                "max_model_len": self.vllm_max_model_len, "adapter_dir": self.vllm_adapter_dir,
+                "fallback_dir": None if run_dir is None else Path(run_dir) / VLLM_ADAPTERS} | limit
 
     def validate(self) -> None:
         """Check every setting; raise :class:`ConfigError` naming the first bad field."""
@@ -124,6 +137,13 @@ class GenerationConfig:
         check_number("vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization, low=0.0, high=1.0,
                      low_open=True)
         check_int("vllm_max_model_len", self.vllm_max_model_len, 16, 1 << 24)
+        if self.max_prompt_tokens is not None:
+            check_int("max_prompt_tokens", self.max_prompt_tokens, 1, 1 << 24)
+            check(self.engine != "vllm" or self.max_prompt_tokens < self.vllm_max_model_len, "max_prompt_tokens",
+                  f"{self.max_prompt_tokens} leaves no room to generate within vllm_max_model_len "
+                  f"{self.vllm_max_model_len}")
+        if self.vllm_adapter_dir is not None:
+            check(bool(str(self.vllm_adapter_dir).strip()), "vllm_adapter_dir", "must be a directory path")
 
 
 PIPELINE_LAYOUTS = ("process", "thread")

@@ -18,8 +18,9 @@ step, phase, agent, index), so a resumed run repeats the uninterrupted one.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from agents.generation import Completion, GenerationRequest
+from agents.generation.limit import dropped
 from agents.generation.threads import generation_threads
 from populora_env.results import RoundOutcome
 from selfplay.config import TrainConfig
@@ -35,9 +37,12 @@ from selfplay.finite import NonFiniteGuard, check_rewards
 from selfplay.mapping import AgentMapping
 from selfplay.members import model_device
 from selfplay.parts import build_parts
+from selfplay.phase_memory import PhaseMemory
 from selfplay.rollouts import CompletionId, rollouts_from_round
 from selfplay.rundir import LINEAGE
 from selfplay.seeding import SeedingReport, seed_before_training
+
+log = logging.getLogger(__name__)
 
 
 def derive_seed(*parts: int | str) -> int:
@@ -57,6 +62,7 @@ class PlayedRound:
         completions: the generated completions by id ``(agent, index)``.
         prompts: the observation each completion answered, by the same id.
         times: seconds spent generating (``generation``) and in the sandbox (``sandbox``).
+        dropped_prompts: role -> prompts the prompt-length rule dropped (:meth:`SelfPlayLoop._dropped`).
     """
 
     step: int
@@ -64,6 +70,7 @@ class PlayedRound:
     completions: dict[CompletionId, Completion]
     prompts: dict[CompletionId, str]
     times: dict[str, float]
+    dropped_prompts: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -82,6 +89,11 @@ class StepRecord:
             ``checkpoint``).
         pipeline: an asynchronous run's per-step counters (:mod:`selfplay.pipeline`; empty in the synchronous
             loop), logged as ``pipeline/<key>``.
+        dropped_prompts: role -> prompts the prompt-length rule dropped before generation this step (every role,
+            0 included, when ``generation.max_prompt_tokens`` is set; empty otherwise).
+        memory: peak GPU bytes per phase (``generation``, ``update``, ``evolution``; the run adds
+            ``checkpoint``; :class:`~selfplay.phase_memory.PhaseMemory`); empty off CUDA and in an asynchronous
+            run, whose phases overlap.
     """
 
     step: int
@@ -93,6 +105,8 @@ class StepRecord:
     evolution: list[dict] = field(default_factory=list)
     times: dict[str, float] = field(default_factory=dict)
     pipeline: dict[str, float] = field(default_factory=dict)
+    dropped_prompts: dict[str, int] = field(default_factory=dict)
+    memory: dict[str, int] = field(default_factory=dict)
 
 
 class SelfPlayLoop:
@@ -123,6 +137,7 @@ class SelfPlayLoop:
         self.env, self.mapping, self.pbt = parts.env, parts.mapping, parts.pbt
         self.population, self.generator, self.trainer = parts.population, parts.generator, parts.trainer
         self.tokenizer, self.backend = parts.tokenizer, parts.backend
+        self.memory = PhaseMemory(self.device if self.backend is None else "cpu")  # local CUDA runs only
         self.step = 0
         self._seeded = False
         self.seeding: SeedingReport | None = None  # the base model's seeding stage (env.seed_tasks), if any
@@ -202,7 +217,7 @@ class SelfPlayLoop:
         if not requests:
             return completions, prompts, 0.0
         t0 = time.perf_counter()
-        with self._generation_threads():
+        with self._generation_threads(), self.memory.phase("generation"):
             generated = self.generator.generate(requests)
         seconds = time.perf_counter() - t0
         for c in generated:
@@ -216,12 +231,31 @@ class SelfPlayLoop:
             raise RuntimeError(f"generator returned no completion for {missing[:5]}")
         return completions, prompts, seconds
 
+    def _dropped(self, completions: Mapping[CompletionId, Completion], step: int) -> dict[str, int]:
+        """Role -> completions of step ``step``'s round that stand for prompts over
+        ``generation.max_prompt_tokens`` (never generated; ``agents.generation.limit``), with one log line when
+        there are any; empty without a limit."""
+        limit = self.cfg.generation.max_prompt_tokens
+        if limit is None:
+            return {}
+        roles = self.mapping.agent_roles
+        counts = Counter(roles.get(agent, "?") for (agent, _), c in completions.items() if dropped(c))
+        out = {role: counts.get(role, 0) for role in sorted(set(roles.values()) | set(counts))}
+        if counts:
+            log.warning("step %d: dropped %s prompt(s) longer than %d tokens before generation (scored as format "
+                        "errors, not trained on)", step,
+                        " and ".join(f"{n} {role}" for role, n in out.items()), limit)
+        return out
+
     @staticmethod
-    def _actions(completions: Mapping[CompletionId, Completion], agents: Sequence[str]) -> dict[str, tuple[str, ...]]:
-        """Each agent's completion texts in observation order (the env's action format)."""
-        by_agent: dict[str, dict[int, str]] = defaultdict(dict)
+    def _actions(completions: Mapping[CompletionId, Completion], agents: Sequence[str]
+                 ) -> dict[str, tuple[str | None, ...]]:
+        """Each agent's completion texts in observation order (the env's action format); ``None`` for a prompt
+        the length rule dropped: the env scores a non-string as a format error whatever the prompt set (an empty
+        text can parse under a pre-filled answer opening)."""
+        by_agent: dict[str, dict[int, str | None]] = defaultdict(dict)
         for (agent, index), c in completions.items():
-            by_agent[agent][index] = c.text
+            by_agent[agent][index] = None if dropped(c) else c.text
         return {a: tuple(by_agent[a][k] for k in sorted(by_agent[a])) for a in agents}
 
     # ------------------------------------------------------------------------------------ a step
@@ -248,7 +282,8 @@ class SelfPlayLoop:
             raise RuntimeError("the env finished a round without an outcome")
         completions.update(solved)
         prompts.update(solve_prompts)
-        return PlayedRound(step, outcome, completions, prompts, {"generation": gen_s + gen2_s, "sandbox": sandbox_s})
+        return PlayedRound(step, outcome, completions, prompts, {"generation": gen_s + gen2_s, "sandbox": sandbox_s},
+                           self._dropped(completions, step))
 
     def _seed_once(self) -> None:
         """A fresh run's seeding stage: the base model fills the buffers first, once (``env.seed_tasks``)."""
@@ -260,7 +295,8 @@ class SelfPlayLoop:
         if self.pbt is None:
             return []
         member_ratings = {m: outcome.ratings[self.mapping.agents_of(m)[0]] for m in self.mapping.members}
-        return self.pbt.maybe_evolve(step, self.mapping.roles, self.population, member_ratings, reset_rating)
+        with self.memory.phase("evolution"):
+            return self.pbt.maybe_evolve(step, self.mapping.roles, self.population, member_ratings, reset_rating)
 
     def train_step(self) -> StepRecord:
         """Play one round, update every member and run the PBT step."""
@@ -272,7 +308,8 @@ class SelfPlayLoop:
         t0 = time.perf_counter()
         batches = rollouts_from_round(outcome, played.completions, self.mapping)
         check_rewards(batches, self.cfg.env.reward_scheme)  # real and finite in float32, else RewardSchemeError
-        member_metrics = self.trainer.update_many({m: batches[m] for m in self.mapping.members if batches.get(m)})
+        with self.memory.phase("update"):
+            member_metrics = self.trainer.update_many({m: batches[m] for m in self.mapping.members if batches.get(m)})
         self.nonfinite.observe(self.step + 1, member_metrics)  # NonFiniteTraining before this step's checkpoint
         self.generator.refresh(list(member_metrics))
         update_s = time.perf_counter() - t0
@@ -286,7 +323,8 @@ class SelfPlayLoop:
         record = StepRecord(
             step=self.step, outcome=outcome, completions=played.completions, prompts=played.prompts,
             mapping=self.mapping, member_metrics=member_metrics, evolution=events,
-            times={**played.times, "update": update_s, "evolution": time.perf_counter() - t0})
+            times={**played.times, "update": update_s, "evolution": time.perf_counter() - t0},
+            dropped_prompts=played.dropped_prompts, memory=self.memory.take())
         record.times["step"] = time.perf_counter() - t_step
         return record
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -60,7 +61,7 @@ class MemberParts:
 
 
 def build_members(cfg: TrainConfig, members: Sequence[str], *, generator: bool = False,
-                  trainer: bool = False) -> MemberParts:
+                  trainer: bool = False, run_dir: Path | None = None) -> MemberParts:
     """Load the base model and build the members' population, and over it the generator (``generation``
     section) and/or the trainer (``trainer`` section).
 
@@ -71,6 +72,7 @@ def build_members(cfg: TrainConfig, members: Sequence[str], *, generator: bool =
         cfg: the run configuration.
         members: the adapters this process holds, in the run's order.
         generator, trainer: which of the two to build.
+        run_dir: the run directory, where vLLM's adapters go when /dev/shm lacks the room (None: the temp dir).
     """
     base, tokenizer = load_base(cfg.model, dtype=getattr(torch, cfg.dtype))
     vllm_only = generator and not trainer and cfg.generation.engine == "vllm"
@@ -80,7 +82,7 @@ def build_members(cfg: TrainConfig, members: Sequence[str], *, generator: bool =
     g = cfg.generation
     return MemberParts(
         population, tokenizer,
-        generator=make_generator(g.engine, population, tokenizer, **g.generator_kwargs(cfg.model)) if generator
+        generator=make_generator(g.engine, population, tokenizer, **g.generator_kwargs(cfg.model, run_dir)) if generator
         else None,
         trainer=PolicyGradientTrainer(population, cfg.trainer) if trainer else None)
 

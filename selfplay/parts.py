@@ -94,7 +94,7 @@ def build_parts(cfg: TrainConfig, run_dir: Path, assignment: Mapping[str, str] |
     elif cfg.asynchronous and cfg.generation.engine == "hf":
         population, generator, trainer, tokenizer = _apart(cfg, mapping.members)
     else:
-        built = member_parts.build_members(cfg, mapping.members, generator=True, trainer=True)
+        built = member_parts.build_members(cfg, mapping.members, generator=True, trainer=True, run_dir=run_dir)
         population, generator, trainer, tokenizer = built.population, built.generator, built.trainer, built.tokenizer
     return RunParts(env, mapping, population, generator, trainer, build_pbt(cfg, mapping, lineage), tokenizer,
                     backend)

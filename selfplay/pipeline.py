@@ -51,6 +51,7 @@ from selfplay.checkpoint import CheckpointError, write_json
 from selfplay.config import TrainConfig
 from selfplay.finite import check_rewards
 from selfplay.loop import PlayedRound, SelfPlayLoop, StepRecord
+from selfplay.phase_memory import PhaseMemory
 from selfplay.rollouts import rollouts_from_round
 from selfplay.rundir import RunFileError, read_json
 
@@ -96,6 +97,9 @@ class AsyncSelfPlayLoop(SelfPlayLoop):
         self.env_states: dict[int, dict] = {}  # the env as round t left it, for a checkpoint after step t
         self.resets: list[list] = []  # [round before which, member, applied]: ratings PBT reset (_reset_rating)
         self.next_round = 1
+        # the phases overlap (generation on this thread, updates on the worker): CUDA's one peak counter cannot
+        # tell them apart, so an asynchronous run records no per-phase memory (a synchronous run's measure)
+        self.memory = PhaseMemory("cpu")
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="populora-update")
 
     def continue_after(self, step: int) -> None:
@@ -207,7 +211,7 @@ class AsyncSelfPlayLoop(SelfPlayLoop):
             step=t, outcome=played.outcome, completions=played.completions, prompts=played.prompts,
             mapping=self.mapping, member_metrics=member_metrics, evolution=events,
             times={**played.times, "update": update_s, "evolution": evolution_s},
-            pipeline={tags.DISCARDED: float(discarded)})
+            pipeline={tags.DISCARDED: float(discarded)}, dropped_prompts=played.dropped_prompts)
         record.times["step"] = time.perf_counter() - t_step
         return record
 

@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from agents.generation.limit import dropped
 from agents.rollout import Rollout
 from populora_env.results import AttemptResult, ProposalResult, RoundOutcome
 from selfplay.mapping import AgentMapping
@@ -91,7 +92,8 @@ def whitening_scopes(keys: Sequence[tuple[str, str]], min_size: int = MIN_SCOPE_
 
 def rollouts_from_round(outcome: RoundOutcome, completions: Mapping[CompletionId, GeneratedCompletion],
                         mapping: AgentMapping) -> dict[str, list[Rollout]]:
-    """Each member's rollouts of a finished round, in record order (teachers' proposals, then attempts).
+    """Each member's rollouts of a finished round, in record order (teachers' proposals, then attempts); a
+    completion that stands for a dropped prompt (``agents.generation.limit``) is joined but not trained on.
 
     Args:
         outcome: the env's :class:`RoundOutcome` (``env.last_outcome`` after the solve step).
@@ -111,6 +113,8 @@ def rollouts_from_round(outcome: RoundOutcome, completions: Mapping[CompletionId
         if cid not in completions:
             raise KeyError(f"no generated completion for {cid} ({role} record of task {record.task_id})")
         seen.add(cid)
+        if dropped(completions[cid]):  # its prompt was over the length limit: nothing was generated to train on
+            continue
         member = mapping.agent_to_member[record.agent]
         batches.setdefault(member, []).append(
             _rollout(record, role, completions[cid], outcome.reward(record.agent, record.index)))

@@ -117,9 +117,10 @@ def train_from(point: ResumePoint, cfg: TrainConfig, assignment: Mapping[str, st
         tb.log_hparams(to_dict(cfg))
     setup_s = time.perf_counter() - t_setup
     bar = tqdm(total=cfg.steps, initial=loop.step, desc=run_dir.name, disable=not cfg.progress, unit="step")
+    peaks: dict[str, float] = {}  # GiB per phase, the largest of this session's steps (CUDA runs)
     try:
         while loop.step < cfg.steps:
-            line = _run_step(loop, progress, tb, cfg)
+            line = _run_step(loop, progress, tb, cfg, peaks)
             bar.update(1)
             tqdm.write(line) if cfg.progress else log.info(line)
     finally:
@@ -132,14 +133,17 @@ def train_from(point: ResumePoint, cfg: TrainConfig, assignment: Mapping[str, st
                "median_step_seconds": float(np.median(step_times)) if step_times else None,
                "totals_seconds": dict(progress.totals), "members": list(loop.population.names),
                "history": progress.history}
+    if peaks:
+        summary["peak_gpu_memory_gib"] = peaks
     write_json(run_dir / SUMMARY, summary)
     log.debug("run finished: %s", json.dumps({k: v for k, v in summary.items() if k != "history"}))
     return run_dir
 
 
-def _run_step(loop: SelfPlayLoop, progress: Progress, tb: TensorBoardLogger, cfg: TrainConfig) -> str:
+def _run_step(loop: SelfPlayLoop, progress: Progress, tb: TensorBoardLogger, cfg: TrainConfig,
+              peaks: dict[str, float]) -> str:
     """One step, its logs, its history row and (when due) its checkpoint, in the order a resume relies on;
-    returns the step's summary line."""
+    returns the step's summary line. ``peaks``: the largest GPU memory per phase so far (GiB), updated."""
     record = loop.train_step()
     for k, v in record.times.items():  # before the checkpoint, so a resumed run keeps the sums
         if k != "step":
@@ -150,9 +154,14 @@ def _run_step(loop: SelfPlayLoop, progress: Progress, tb: TensorBoardLogger, cfg
     ckpt_s = 0.0
     if cfg.checkpoint_due(loop.step):
         t0 = time.perf_counter()
-        save_checkpoint(loop, progress, cfg.keep_checkpoints)
+        with loop.memory.phase("checkpoint"):
+            save_checkpoint(loop, progress, cfg.keep_checkpoints)
         ckpt_s = time.perf_counter() - t0
     progress.totals["time/checkpoint"] += ckpt_s
-    # the one value logged after the checkpoint: lost if the run dies between the two
+    # the values logged after the checkpoint: lost if the run dies between the two
     tb.add_scalar(tags.time("checkpoint"), ckpt_s, loop.step)
+    for phase, n in {**record.memory, **loop.memory.take()}.items():
+        peaks[phase] = max(peaks.get(phase, 0.0), n / 2**30)
+        if phase == "checkpoint":
+            tb.add_scalar(tags.memory(phase), n / 2**30, loop.step)
     return _summary_line(loop.step, cfg.steps, scalars)

@@ -8,8 +8,10 @@ Scalars are logged at ``global_step`` = training step. Families (CleanRL/TRL sty
 - ``programs/``: complexity of the valid programs and coverage of the task distribution;
 - ``validity/<reason>``: proposals with that outcome this step (``validity/valid`` for valid ones);
 - ``time/<phase>``: seconds per phase of the step;
+- ``memory/<phase>``: peak GPU memory (GiB) per phase of the step (CUDA runs only);
 - ``evolution/replacements``: members replaced by the PBT step;
 - ``pipeline/<key>``: an asynchronous run's per-step counters (``pipeline.max_staleness >= 1``);
+- ``generation/dropped_prompts/<role>``: prompts over the length limit dropped before generation this step;
 - ``pairs/<teacher>/<student>/{attempts,correct}``: the matched pair's attempts and correct ones this step
   (the teacher × student solve-rate matrix of the report);
 - text: ``samples/<role>`` and ``hyperparameters``.
@@ -79,6 +81,21 @@ def entropy(role: str) -> str:
 RATING_KEYS = ("mu", "sigma", "conservative")
 AGENT_KEYS = ("reward", "response_length")
 MEMBER_KEYS = ("loss", "entropy", "grad_norm")
+MISMATCH_ABS_MEAN = "mismatch_abs_mean"
+"""Member key: mean |log pi_trainer - log pi_generator| over the completion tokens of the member's update (the
+trainer's log-probs before its first optimizer step against the log-probs the generator sampled with;
+``agents.trainer``)."""
+MISMATCH_ABS_MAX = "mismatch_abs_max"
+"""Member key: the largest |log pi_trainer - log pi_generator| over those tokens."""
+MISMATCH_KL = "mismatch_kl"
+"""Member key: mean over those tokens of exp(d) - 1 - d, d = log pi_trainer - log pi_generator: the k3 estimate
+of KL(generator || trainer) from the generator's samples (prime-rl's name)."""
+MISMATCH_KEYS = (MISMATCH_ABS_MEAN, MISMATCH_ABS_MAX, MISMATCH_KL)
+"""The rollout/trainer mismatch, logged per member as ``population/<member>/<key>`` at every update whose
+rollouts carry the generator's log-probs (always with the HF and vLLM engines)."""
+IS_KEYS = ("is_weight_mean", "is_capped_frac")
+"""Member keys of ``trainer.is_correction`` (tis/mis): the mean importance weight pi_old/mu over the update's
+tokens and the fraction above ``trainer.is_cap`` (truncated or masked)."""
 SYNC = "sync"
 """Member key of the trainer-vs-engine log-prob gap: mean |log pi_trainer - log pi_engine| over the completion
 tokens of a few of the member's rollouts, scored with the weights that should have generated them (logged by
@@ -145,6 +162,21 @@ DISCARDED = "discarded_rollouts"
 """Pipeline key: rollouts of this step's round that no update used, because PBT replaced their member after they
 were generated (``selfplay.pipeline``)."""
 PIPELINE_KEYS = (DISCARDED,)
+DROPPED_PROMPTS = "generation/dropped_prompts"
+MEMORY_PREFIX = "memory/"
+
+
+def memory(phase: str) -> str:
+    """Peak GPU memory (GiB) the run's tensors held during ``phase`` of this step (CUDA runs only)."""
+    return f"{MEMORY_PREFIX}{phase}"
+
+
+def dropped_prompts(role: str) -> str:
+    """Prompts of ``role`` over ``generation.max_prompt_tokens`` dropped before generation this step (logged every
+    step when the limit is set)."""
+    return f"{DROPPED_PROMPTS}/{role}"
+
+
 HYPERPARAMETERS = "hyperparameters"
 
 

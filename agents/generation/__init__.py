@@ -15,7 +15,8 @@ from agents.generation.hf import HFGenerator, HFOptions
 __all__ = ["Completion", "GenerationRequest", "Generator", "HFGenerator", "HFOptions", "make_generator"]
 
 
-def make_generator(kind: Literal["hf", "vllm"], population, tokenizer, **kwargs) -> Generator:
+def make_generator(kind: Literal["hf", "vllm"], population, tokenizer, max_prompt_tokens: int | None = None,
+                   **kwargs) -> Generator:
     """Build a generation backend over ``population``.
 
     Args:
@@ -23,12 +24,20 @@ def make_generator(kind: Literal["hf", "vllm"], population, tokenizer, **kwargs)
         population: the :class:`~agents.population.LoRAPopulation` whose members requests name.
         tokenizer: the base's tokenizer (the vLLM backend uses it to apply the chat template, so prompt token
             ids are identical across backends).
+        max_prompt_tokens: drop prompts longer than this before they reach the backend
+            (:class:`agents.generation.limit.PromptLimit`); None: no limit.
         **kwargs: passed to the backend's constructor.
     """
     if kind == "hf":
-        return HFGenerator(population, tokenizer, **kwargs)
-    if kind == "vllm":
+        generator: Generator = HFGenerator(population, tokenizer, **kwargs)
+    elif kind == "vllm":
         from agents.generation.vllm import VLLMGenerator
 
-        return VLLMGenerator(population, tokenizer=tokenizer, **kwargs)
-    raise ValueError(f"unknown generator kind {kind!r}; use 'hf' or 'vllm'")
+        generator = VLLMGenerator(population, tokenizer=tokenizer, **kwargs)
+    else:
+        raise ValueError(f"unknown generator kind {kind!r}; use 'hf' or 'vllm'")
+    if max_prompt_tokens is None:
+        return generator
+    from agents.generation.limit import PromptLimit
+
+    return PromptLimit(generator, tokenizer, max_prompt_tokens)

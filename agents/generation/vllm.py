@@ -21,15 +21,21 @@ Design (see docs/anchors.md §5):
   so their samples differ);
 * log-probs: ``SamplingParams(logprobs=0)`` returns the sampled token's log-prob; the engine is created with
   ``logprobs_mode="raw_logprobs"`` (the V1 default) = before temperature / top-p, as the contract requires;
-* ``refresh(names)`` after every update: saves each member under ``<adapter_dir>/<member>/v<version>-<id>``
-  (``/dev/shm`` when available) and gives the new version a FRESH ``lora_int_id`` (re-submitting an id with a
-  new path is silently ignored by vLLM), then removes the old id from the engine and deletes its files;
+* ``refresh(names)`` after every update: saves each member under ``<adapter_dir>/<member>/v<version>-<id>`` and
+  gives the new version a FRESH ``lora_int_id`` (re-submitting an id with a new path is silently ignored by
+  vLLM), then removes the old id from the engine and deletes its files;
 * ``load_version(name, version, state)`` (an asynchronous run, :mod:`agents.generation.versions`): the same with
   the given weights and version label, under the lifecycle contract: the state is checked before anything is
   written, the new id replaces the old one only between generate calls (the old id, its files and the version
   a running call uses stay until that call ends), a failed write keeps the old id and raises
   :class:`~agents.generation.versions.AdapterLoadError`; a request naming another version of its adapter is
   refused;
+* where adapters are written (``adapter_dir``; :func:`adapter_root`): checked for free space before the first
+  write, for every member, the zero adapter and one member's next version (the old one is deleted after the
+  new one is written). By default ``/dev/shm`` (RAM: vLLM reads every refresh from it) when it is writable and
+  has that room, else ``fallback_dir`` (the run directory's ``vllm-adapters/``), else the system's temp dir: a
+  default container's 64 MB ``/dev/shm`` cannot hold a 7B population's rank-32 adapters (0.16 GB each in
+  bf16). A directory given explicitly that lacks the room is an error naming both sizes;
 * on vLLM's CPU platform the engine runs eagerly by default (``enforce_eager=None`` -> True there): LoRA is
   served that way on CPU, and graph compilation buys nothing for decoding on a few cores.
 """
@@ -53,7 +59,8 @@ from agents.generation.hf import check_request, encode_prompt, row_seed, stop_to
 from agents.generation.versions import AdapterVersions, check_state
 from agents.population import LoRAPopulation
 
-__all__ = ["VLLMGenerator", "VLLM_INSTALL_HINT", "supported_max_lora_rank"]
+__all__ = ["AdapterSpaceError", "VLLMGenerator", "VLLM_INSTALL_HINT", "adapter_bytes", "adapter_root",
+           "supported_max_lora_rank"]
 
 VLLM_INSTALL_HINT = (
     "the vLLM backend needs the optional extra: pip install '.[vllm]' (or pip install -c constraints.txt "
@@ -98,10 +105,56 @@ def _on_cpu_platform() -> bool:
     return bool(is_cpu()) if callable(is_cpu) else False
 
 
-def _default_adapter_root() -> Path:
-    shm = Path("/dev/shm")
-    parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
-    return Path(tempfile.mkdtemp(prefix="populora-lora-", dir=parent))
+SHM = Path("/dev/shm")
+ADAPTER_SLACK_BYTES = 64 << 10  # per adapter directory: its config file and the safetensors header
+
+
+class AdapterSpaceError(OSError):
+    """The directory vLLM's adapters are to be written to lacks the room for them (one line: where, how much)."""
+
+
+def adapter_bytes(population: LoRAPopulation, dtype: torch.dtype) -> int:
+    """Bytes of one member's adapter directory written in ``dtype`` (weights, config and header)."""
+    numel = sum(p.numel() for p in population.parameters(population.names[0]))
+    return numel * torch.empty((), dtype=dtype).element_size() + ADAPTER_SLACK_BYTES
+
+
+def _free(path: Path) -> int:
+    """Free bytes of the filesystem holding ``path`` (or its nearest existing parent)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def adapter_root(needed: int, adapter_dir: str | os.PathLike | None = None,
+                 fallback_dir: str | os.PathLike | None = None) -> tuple[Path, bool]:
+    """Where adapter versions go and whether that directory is this backend's own (deleted by ``close``):
+    ``adapter_dir`` as given (checked), else a new directory in ``/dev/shm`` when it is writable and has
+    ``needed`` bytes free, else in ``fallback_dir`` (checked), else in the system's temp dir (checked).
+
+    Raises:
+        AdapterSpaceError: the chosen filesystem has less than ``needed`` bytes free."""
+    def checked(path: Path, what: str) -> Path:
+        free = _free(path)
+        if free < needed:
+            raise AdapterSpaceError(
+                f"{what} {path} has {free / 2**20:.0f} MiB free; vLLM's adapters need {needed / 2**20:.0f} MiB "
+                "(every member, the zero adapter and one new version): free space there or set "
+                "--generation.vllm-adapter-dir to a directory with room")
+        return path
+
+    if adapter_dir is not None:
+        path = checked(Path(adapter_dir), "--generation.vllm-adapter-dir")
+        path.mkdir(parents=True, exist_ok=True)
+        return path, False
+    if SHM.is_dir() and os.access(SHM, os.W_OK) and _free(SHM) >= needed:
+        parent = SHM
+    elif fallback_dir is not None:
+        parent = checked(Path(fallback_dir), "the run directory's adapter folder")
+        parent.mkdir(parents=True, exist_ok=True)
+    else:
+        parent = checked(Path(tempfile.gettempdir()), "the temp dir")
+    return Path(tempfile.mkdtemp(prefix="populora-lora-", dir=parent)), True
 
 
 @dataclass
@@ -131,8 +184,10 @@ class VLLMGenerator:
             or ``VLLM_CPU_KVCACHE_SPACE`` is set: there ``gpu_memory_utilization`` reserves that share of host
             memory and the engine refuses to start when it is not free.
         enforce_eager: passed to ``vllm.LLM``; ``None`` (default): True on vLLM's CPU platform, else False.
-        adapter_dir: where adapter versions are written (default: a new directory in ``/dev/shm`` if
-            writable, else the temp dir; deleted by :meth:`close`).
+        adapter_dir: where adapter versions are written (default: a new directory in ``/dev/shm`` if it is
+            writable and has room, else in ``fallback_dir``, else in the temp dir; deleted by :meth:`close`);
+            its free space is checked first (:func:`adapter_root`, :class:`AdapterSpaceError`).
+        fallback_dir: the default's second choice (a run passes its ``vllm-adapters/`` folder).
         llm: an already-built engine to use instead of creating one (must have LoRA enabled).
         **engine_kwargs: more ``vllm.LLM`` arguments.
     """
@@ -151,6 +206,7 @@ class VLLMGenerator:
         enforce_eager: bool | None = None,
         seed: int = 0,
         adapter_dir: str | os.PathLike | None = None,
+        fallback_dir: str | os.PathLike | None = None,
         llm=None,
         **engine_kwargs,
     ) -> None:
@@ -162,6 +218,12 @@ class VLLMGenerator:
             dtype = str(dtype).removeprefix("torch.")
         self.dtype = dtype
         self.torch_dtype = _torch_dtype(dtype)
+        # where the adapters go, with room for them, decided before the engine starts (minutes) and any write
+        needed = (len(population) + 2) * adapter_bytes(population, self.torch_dtype)
+        self.adapter_dir, self._own_dir = adapter_root(needed, adapter_dir, fallback_dir)
+        self._finalizer = (
+            weakref.finalize(self, shutil.rmtree, str(self.adapter_dir), True) if self._own_dir else None
+        )
         if model_path is None:
             model_path = getattr(population.model.base_model.model.config, "_name_or_path", None)
             if not model_path or not Path(model_path).is_dir():
@@ -210,12 +272,6 @@ class VLLMGenerator:
         self._registered: dict[str, _Registered] = {}
         self.versions = AdapterVersions()
         self._base: _Registered | None = None  # the zero adapter, written on first use
-        self._own_dir = adapter_dir is None
-        self.adapter_dir = Path(adapter_dir) if adapter_dir is not None else _default_adapter_root()
-        self.adapter_dir.mkdir(parents=True, exist_ok=True)
-        self._finalizer = (
-            weakref.finalize(self, shutil.rmtree, str(self.adapter_dir), True) if self._own_dir else None
-        )
 
     # ------------------------------------------------------------------ adapters
 

@@ -256,3 +256,42 @@ def test_samples_are_separate_seeded_requests(fake_vllm, population, tiny_tokeni
     with pytest.raises(KeyError, match="not a member"):
         gen.generate([GenerationRequest("zz", "hi")])
     gen.close()
+
+
+def test_adapter_directory_is_checked_for_room_before_the_engine_starts(fake_vllm, monkeypatch, population,
+                                                                         tiny_tokenizer, tmp_path):
+    """``adapter_dir`` given: its free space is checked before the engine is built (no write, no engine on
+    failure, one line naming both sizes); default: ``/dev/shm`` when it has the room, else ``fallback_dir`` (a
+    run's ``vllm-adapters/``); the backend's own directory is deleted by ``close``."""
+    import agents.generation.vllm as vg
+
+    pop = population(["ma", "mb"], rank=4)
+    needed = 4 * vg.adapter_bytes(pop, torch.float32)  # every member, the zero adapter, one new version
+    free = {"bytes": needed - 1}
+    monkeypatch.setattr(vg, "_free", lambda path: free["bytes"])
+    explicit = tmp_path / "fast"
+    with pytest.raises(vg.AdapterSpaceError, match=r"--generation.vllm-adapter-dir .*fast has 0 MiB free; vLLM's "
+                                                   r"adapters need 0 MiB"):
+        make_generator("vllm", pop, tiny_tokenizer, model_path="tiny-random", adapter_dir=explicit)
+    assert fake_vllm.instances == [] and not explicit.exists()
+    # /dev/shm without the room: the run directory's folder, checked too
+    monkeypatch.setattr(vg, "SHM", tmp_path / "shm")
+    (tmp_path / "shm").mkdir()
+    with pytest.raises(vg.AdapterSpaceError, match="run directory's adapter folder"):
+        make_generator("vllm", pop, tiny_tokenizer, model_path="tiny-random", fallback_dir=tmp_path / "run" / "va")
+    room = {tmp_path / "shm": needed - 1}
+    monkeypatch.setattr(vg, "_free", lambda path: room.get(path, needed))
+    gen = make_generator("vllm", pop, tiny_tokenizer, model_path="tiny-random", fallback_dir=tmp_path / "run" / "va")
+    assert gen.adapter_dir.parent == tmp_path / "run" / "va"
+    gen.refresh(["ma"])
+    assert (gen.adapter_dir / "ma" / "v1" / "adapter_model.safetensors").is_file()
+    gen.close()
+    assert not gen.adapter_dir.exists()
+    room[tmp_path / "shm"] = needed  # /dev/shm with the room: the first choice
+    gen = make_generator("vllm", pop, tiny_tokenizer, model_path="tiny-random", fallback_dir=tmp_path / "run" / "va")
+    assert gen.adapter_dir.parent == tmp_path / "shm"
+    gen.close()
+    kept = make_generator("vllm", pop, tiny_tokenizer, model_path="tiny-random", adapter_dir=explicit)
+    kept.refresh(["mb"])
+    kept.close()
+    assert explicit.is_dir()  # a directory the user gave is theirs: emptied of versions, not removed

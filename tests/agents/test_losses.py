@@ -300,3 +300,29 @@ def test_the_loss_declares_whether_zero_advantage_rows_add_zero():
     out = policy_loss(lp, lp.detach() + 0.3, torch.zeros(2, 3), MASK, entropy=torch.rand(2, 3))
     out.loss.backward()
     assert out.loss.item() == 0.0 and torch.count_nonzero(lp.grad) == 0
+
+
+def test_importance_weights_scale_each_tokens_surrogate():
+    """``is_weights`` (TIS / MIS, module docstring): the surrogate of token t is multiplied by w'_t, the entropy
+    bonus is not, the gradient follows, and weights of one leave the loss bit for bit as without them."""
+    g = torch.Generator().manual_seed(0)
+    lp = torch.randn(2, 4, generator=g, requires_grad=True)
+    old = lp.detach() + 0.1 * torch.randn(2, 4, generator=g)
+    adv = torch.randn(2, 4, generator=g)
+    mask = torch.tensor([[1.0, 1, 1, 0], [1, 1, 0, 0]])
+    w = torch.tensor([[0.5, 2.0, 1.0, 7.0], [0.0, 1.5, 3.0, 3.0]])
+    ent = torch.rand(2, 4, generator=g)
+    plain = policy_loss(lp, old, adv, mask, entropy=ent, entropy_coef=0.1)
+    ones = policy_loss(lp, old, adv, mask, entropy=ent, entropy_coef=0.1, is_weights=torch.ones(2, 4))
+    assert torch.equal(plain.loss, ones.loss) and torch.equal(plain.pg_loss, ones.pg_loss)
+    weighted = policy_loss(lp, old, adv, mask, entropy=ent, entropy_coef=0.1, is_weights=w)
+    rho = torch.exp(lp.detach() - old)
+    surrogate = torch.maximum(-adv * rho, -adv * rho.clamp(0.8, 1.2))
+    want = (w * surrogate * mask).sum() / mask.sum()
+    torch.testing.assert_close(weighted.pg_loss, want)
+    torch.testing.assert_close(weighted.loss - weighted.pg_loss, plain.loss - plain.pg_loss)  # the bonus: unweighted
+    grad_w, = torch.autograd.grad(weighted.loss, lp)  # the entropy here carries no gradient: the surrogate's
+    grad_1, = torch.autograd.grad(plain.loss, lp)
+    torch.testing.assert_close(grad_w, w * grad_1 * mask)
+    with pytest.raises(ValueError, match="is_weights must be"):
+        policy_loss(lp, old, adv, mask, is_weights=torch.ones(3))

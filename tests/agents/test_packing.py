@@ -190,3 +190,46 @@ def test_zero_advantage_mini_batch_is_skipped_alone(population):
     assert states[True][1]["zero_advantage_steps"] == 1.0 and states[True][1]["num_steps"] == 3.0
     for k, v in states[False][0].items():
         assert (states[True][0][k] - v).abs().max() <= 1e-6, k
+
+
+# ------------------------------------------------------------------------------------------ the row cap
+
+
+def test_row_capacity_puts_trees_that_fit_in_one_row():
+    prompts, completions = [[1, 2, 3], [4, 5], [6, 7, 8, 9]], [[10], [11, 12], [13]]
+    assert pack_prefix_shared(prompts, completions).input_ids.shape[0] == 3  # capacity: the largest tree (5)
+    one = pack_prefix_shared(prompts, completions, row_capacity=16)
+    assert one.input_ids.shape == (1, 13) and one.pad_start == [13]
+
+
+@pytest.mark.parametrize("packing", ["prefix", "none"])
+@pytest.mark.parametrize("cap", [24, 40])
+def test_row_cap_bounds_every_pass_and_keeps_the_gradient(population, monkeypatch, packing, cap):
+    """``max_tokens_per_row``: every forward pass holds at most the cap's token slots (a rollout longer than the
+    cap alone), more passes are taken, and the gradient is the uncapped one (accumulation over micro-batches
+    normalised with the whole batch's counts)."""
+    from agents.forward import pack_rollouts
+
+    rollouts = shared_rollouts(n_prompts=4, attempts=3, seed=6)
+    batch = pack_rollouts(rollouts)
+    capped = PolicyGradientTrainer(population(), TrainerConfig(packing=packing, max_tokens_per_row=cap)).forward
+    passes = capped.micro_batches(batch)
+    longest = max(len(p) + len(c) for p, c in zip(batch.prompts, batch.completions, strict=True))
+    assert sorted(i for m in passes for i in m) == list(range(batch.size))
+    assert all(capped.pass_tokens(batch, m) <= cap or len(m) == 1 for m in passes)
+    assert len(passes) > len(PolicyGradientTrainer(population(), TrainerConfig(packing=packing)).forward
+                             .micro_batches(batch))
+    ga, ma = grads_of(population, TrainerConfig(packing=packing), rollouts, monkeypatch)
+    gb, mb = grads_of(population, TrainerConfig(packing=packing, max_tokens_per_row=cap), rollouts, monkeypatch)
+    assert_close_grads(gb, ga)
+    assert mb["loss"] == pytest.approx(ma["loss"], rel=1e-5, abs=1e-6)
+    trainer = PolicyGradientTrainer(population(nonzero_std=0.5), TrainerConfig(packing=packing, max_tokens_per_row=cap))
+    trainer.update("ma", rollouts)
+    assert 0 < trainer.forward.largest_pass <= max(cap, longest)
+
+
+def test_row_cap_is_validated():
+    from populora_env.checks import ConfigError
+
+    with pytest.raises(ConfigError, match="max_tokens_per_row"):
+        TrainerConfig(max_tokens_per_row=0).validate()

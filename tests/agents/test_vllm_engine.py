@@ -27,6 +27,7 @@ file on other models through ``POPULORA_VLLM_MODEL`` (a local HF directory), ``P
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -274,3 +275,50 @@ def test_stop_strings_and_prefix_match_hf_backend(engine, hf):
     assert len(ended_by_stop) >= 2, [c.text for c in ours]
     for c in ended_by_stop:
         assert c.text.endswith(c.extra["stop"]) and c.finish_reason == "stop"
+
+
+def test_mismatch_is_measured_and_tis_weighs_the_loss(engine, smol_population):
+    """The trainer measures the gap between the engine's sampling log-probs and its own: small but not zero with
+    fresh weights (vLLM's CPU kernels against HF's, float32 both), large once the engine serves a stale
+    version; TIS then weighs each token's surrogate by min(w, C), w = exp(lp_trainer - lp_engine), exactly as
+    agents.losses' docstring says (one optimizer step: rho = 1, so pg_loss = sum(-A min(w, C) m) / N_tok)."""
+    from agents.forward import pack_rollouts, rollout_logprobs
+    from agents.rollout import Rollout
+    from agents.trainer import PolicyGradientTrainer, TrainerConfig
+
+    pop, _ = smol_population
+    member = "mb"
+    saved = {k: v.clone() for k, v in pop.state(member).items()}
+    engine.refresh()
+
+    def sample(seed: int) -> list[Rollout]:
+        out = engine.generate([GenerationRequest(member, PROMPTS[1], max_new_tokens=16, temperature=1.0, seed=seed,
+                                                 n=4)])
+        return [Rollout(c.prompt_token_ids, c.token_ids, float(c.sample_index), group=0, logprobs=c.logprobs)
+                for c in out]
+
+    try:
+        fresh = PolicyGradientTrainer(pop, TrainerConfig(lr=1e-2, max_grad_norm=None)).update(member, sample(21))
+        assert 0 < fresh["mismatch_abs_max"] <= LOGPROB_TOL and fresh["mismatch_kl"] >= 0
+        # the trainer's weights moved; the engine still serves the old version: its samples are off-policy
+        rollouts = sample(22)
+        cfg = TrainerConfig(lr=1e-2, max_grad_norm=None, is_correction="tis", skip_zero_advantage=False)
+        trainer = PolicyGradientTrainer(pop, cfg)
+        batch = pack_rollouts(rollouts)
+        with pop.activate(member):
+            own = trainer.forward.logprobs_no_grad(batch, reference=False)
+        m = batch.mask
+        w = torch.exp(own - rollout_logprobs(rollouts, batch).to(own.device)).cpu()
+        cap = max(1.0, float(w[m.bool()].median()))
+        trainer = PolicyGradientTrainer(pop, dataclasses.replace(cfg, is_cap=cap))
+        adv = trainer._advantages(rollouts, batch, torch.tensor([r.reward for r in rollouts]), [0] * len(rollouts),
+                                  token_rewards=None)
+        stale = trainer.update(member, rollouts)
+        assert stale["mismatch_abs_mean"] > 10 * fresh["mismatch_abs_mean"]
+        want = float((-adv * w.clamp(max=cap) * m).sum() / m.sum())
+        assert stale["pg_loss"] == pytest.approx(want, rel=1e-4, abs=1e-6)
+        assert stale["pg_loss"] != pytest.approx(float((-adv * m).sum() / m.sum()), rel=1e-3)  # TIS moved it
+        assert 0 < stale["is_capped_frac"] < 1
+    finally:
+        pop.load_state(member, saved)
+        engine.refresh([member])

@@ -95,7 +95,13 @@ def test_generator_kwargs_carry_every_engine_setting() -> None:
     assert hf == {"batch_size": 7, "engine": "generate", "fused_decode": False}
     vllm = GenerationConfig(engine="vllm", vllm_gpu_memory_utilization=0.5, vllm_max_model_len=512)
     assert vllm.generator_kwargs("/models/x") == {"model_path": "/models/x", "gpu_memory_utilization": 0.5,
-                                                  "max_model_len": 512}
+                                                  "max_model_len": 512, "adapter_dir": None, "fallback_dir": None}
+    # the adapter directory, its fallback in the run directory and the prompt-length rule reach both engines
+    limited = GenerationConfig(engine="vllm", vllm_adapter_dir="/fast", max_prompt_tokens=300, vllm_max_model_len=512)
+    assert limited.generator_kwargs("/m", Path("/runs/r")) == {
+        "model_path": "/m", "gpu_memory_utilization": 0.6, "max_model_len": 512, "adapter_dir": "/fast",
+        "fallback_dir": Path("/runs/r/vllm-adapters"), "max_prompt_tokens": 300}
+    assert GenerationConfig(max_prompt_tokens=9).generator_kwargs("m")["max_prompt_tokens"] == 9
 
 
 def _deprecations(stderr: str) -> list[str]:

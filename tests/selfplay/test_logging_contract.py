@@ -7,7 +7,8 @@ Two layers, every tag name taken from ``selfplay.tags`` (never retyped, so a ren
    per-role rewards and lengths, and per-role entropy from the trainer's ``entropy/<role>`` (for the baseline's
    single member, not its mixed ``entropy``);
 2. real ``tiny-random`` runs through the CLI (``populora train`` and ``populora baseline``, 3 steps, PBT at
-   step 2): every tag the README and the report rely on is written at every step with plausible values and
+   step 2): every tag the README and the report rely on (and every member's rollout/trainer mismatch) is
+   written at every step with plausible values and
    counts that match the round (proposals = proposing teachers × tasks_per_teacher; matched attempts = valid
    tasks × samples_per_task), and ``populora report`` on both runs draws the teacher × student matrix, the
    retention figure and, for the baseline, proposer and solver entropy as two curves.
@@ -170,7 +171,12 @@ def test_run_writes_every_tag_with_plausible_values(runs: dict[str, Path], arm: 
     always += [tags.time(p) for p in tags.TIME_PHASES]
     always += [tags.member(a, k) for a in agents for k in (*tags.RATING_KEYS, *tags.AGENT_KEYS)]
     always += [tags.member(m, k) for m in members for k in tags.MEMBER_KEYS]
+    # the rollout/trainer mismatch of every member's update (the HF engine's sampling log-probs against the
+    # trainer's: float rounding on CPU)
+    always += [tags.member(m, k) for m in members for k in tags.MISMATCH_KEYS]
     series = {t: _every_step(sc, t) for t in always}
+    for m in members:
+        assert all(0 <= v < 1e-3 for v in series[tags.member(m, tags.MISMATCH_ABS_MAX)].values())
     for t in RATE_TAGS + tuple(t for t in sc if tags.parse_valid_rate(t)):
         assert all(0.0 <= v <= 1.0 for v in _at(sc, t).values()), (t, _at(sc, t))
     for t in (tags.TEACHER_REWARD, tags.STUDENT_REWARD):

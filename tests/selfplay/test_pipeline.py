@@ -7,7 +7,8 @@
 * At staleness 1 round ``r`` is generated with every member's version of boundary ``r - 2``; each update is told
   the member's version; a stale rollout's log-probs are those of the version that generated it (scored again
   with that version's weights: float rounding), not those of the weights being trained; the staleness is 1 in
-  steady state; PBT discards the replaced member's rollouts of the round generated before its replacement.
+  steady state, and the mismatch each update logs is the drift from the version that generated its batch; PBT
+  discards the replaced member's rollouts of the round generated before its replacement.
 * The same seed gives the same run whichever layout generates (an engine process or a thread), and a run
   killed with ``kill -9`` during a checkpoint and resumed ends as the uninterrupted one.
 """
@@ -199,11 +200,19 @@ def test_async_metrics_per_member_in_tensorboard_and_the_report(async_runs: dict
         steps = [s for s, _ in scalars[tags.member(m, tags.STALENESS)]]
         assert steps and set(steps) <= set(range(1, STEPS + 1))
         assert {v for _, v in scalars[tags.member(m, tags.STALENESS)]} <= {0.0, 1.0}
+        # the mismatch against the weights each update trained: float rounding on-policy, the drift when stale
+        mismatch = dict(scalars[tags.member(m, tags.MISMATCH_ABS_MEAN)])
+        assert sorted(mismatch) == steps
+        for step, staleness in scalars[tags.member(m, tags.STALENESS)]:
+            assert (mismatch[step] > 1e-3) if staleness else (mismatch[step] < 1e-4), (m, step, mismatch[step])
     assert [s for s, _ in scalars[tags.pipeline(tags.DISCARDED)]] == list(range(1, STEPS + 1))
     assert sum(v for _, v in scalars[tags.pipeline(tags.DISCARDED)]) > 0  # PBT after step 2 replaced two members
     report = (run / "report" / "summary.md").read_text()
     section = report.split("## Asynchronous steps", 1)[1].split("\n## ", 1)[0]
-    assert all(f"| {run.name} | {m} |" in section for m in members)
+    assert "mismatch |Δ log p| (mean)" in section and "mismatch KL (mean)" in section
+    rows = [line for line in section.splitlines() if line.startswith(f"| {run.name} |")]
+    assert sorted(line.split(" | ")[1] for line in rows) == sorted(members)
+    assert all("n/a" not in line for line in rows)
 
 
 def test_kill_9_during_an_async_run_then_resume_equals_the_uninterrupted_run(async_runs: dict[str, Path],
