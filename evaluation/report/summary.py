@@ -302,7 +302,7 @@ def pipeline_section(runs: Sequence[RunData]) -> list[str]:
             f"`{tags.member('<member>', tags.MISMATCH_KL)}`): for a stale batch the drift of its updates plus the "
             "engines' numerical mismatch.",
             "", *md_table(["run", "member", "staleness (mean)", "staleness (max)", "updates",
-                           "mismatch |Δ log p| (mean)", "mismatch KL (mean)"], rows), "",
+                           "mismatch, mean abs Δ log p", "mismatch KL (mean)"], rows), "",
             "Rollouts discarded because PBT replaced their member after they were generated "
             f"(`{tags.pipeline(tags.DISCARDED)}`): {'; '.join(dropped) or 'none'}.", ""]
 

@@ -209,7 +209,7 @@ def test_async_metrics_per_member_in_tensorboard_and_the_report(async_runs: dict
     assert sum(v for _, v in scalars[tags.pipeline(tags.DISCARDED)]) > 0  # PBT after step 2 replaced two members
     report = (run / "report" / "summary.md").read_text()
     section = report.split("## Asynchronous steps", 1)[1].split("\n## ", 1)[0]
-    assert "mismatch |Δ log p| (mean)" in section and "mismatch KL (mean)" in section
+    assert "mismatch, mean abs Δ log p" in section and "mismatch KL (mean)" in section
     rows = [line for line in section.splitlines() if line.startswith(f"| {run.name} |")]
     assert sorted(line.split(" | ")[1] for line in rows) == sorted(members)
     assert all("n/a" not in line for line in rows)
