@@ -23,19 +23,20 @@ Semantics follow evalplus 0.3.1 (``evalplus/eval/__init__.py::unsafe_execute``, 
   ``are_equivalent`` (always
   true), ``sum_div`` (or 0), ``surface_Area`` and ``digit_distance_nums`` (alternative readings),
   set-equality tasks, not-None tasks;
-* every call gets a deep copy of its input and its own time limit ``max(1 s, 4 x canonical runtime)``
-  (``signal.setitimer``; the sandbox's wall-clock kill backs it up), stdout/stderr are swallowed;
+* every call gets a deep copy of its input and its own time limit ``max(1 s, 4 x canonical runtime)`` (a
+  watchdog thread interrupts it: the sandbox refuses jobs signal handlers; its wall-clock kill backs it up),
+  stdout/stderr are swallowed;
 * (not in evalplus) the program's top-level code gets its own limit, :data:`LOAD_LIMIT_S`, so a program
   that hangs while being defined fails in seconds rather than at the per-task limit;
 * the run stops at the first failing test (evalplus' default ``fast_check``); "base" passes if every
   ``base_input`` test passes, "plus" if every base and plus test passes.
 """
 
+import _thread
 import copy
 import io
 import json
 import math
-import signal
 import sys
 import time
 from collections import Counter, OrderedDict, defaultdict, deque
@@ -232,10 +233,6 @@ class _Sink(io.TextIOBase):
         return True
 
 
-def _on_alarm(signum, frame):
-    raise _TestTimeout()
-
-
 class _Quiet:
     def __enter__(self):
         self._saved = sys.stdout, sys.stderr, sys.stdin
@@ -252,15 +249,50 @@ LOAD_LIMIT_S = 4.0
 """Time limit for executing a program's module-level code (its definitions) before the tests."""
 
 
-def _load(program, entry_point, limit_s=LOAD_LIMIT_S):
-    namespace = {"__name__": "__candidate__"}
-    signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, limit_s)
+def _limited(fn, args, limit_s, start=_thread.start_new_thread, lock=_thread.allocate_lock,
+             interrupt=_thread.interrupt_main):
+    """``fn(*args)``, interrupted once ``limit_s`` seconds have passed (then :class:`_TestTimeout`).
+
+    A watchdog thread interrupts the main thread (``_thread.interrupt_main``: a ``KeyboardInterrupt`` raised by
+    the interpreter's own SIGINT handler), since the sandbox refuses jobs their own signal handlers (a Python
+    handler is handed the interrupted frame). The watchdog is gone when this returns; an interrupt that fired
+    as ``fn`` returned is absorbed here, never raised later in the harness.
+    """
+    done, fired = lock(), []
+    done.acquire()
+
+    def watchdog():
+        if not done.acquire(timeout=limit_s):
+            fired.append(True)
+            interrupt()
+        else:
+            done.release()
+        finished.release()
+
+    finished = lock()
+    finished.acquire()
+    start(watchdog, ())
     try:
         with _Quiet():
-            exec(compile(program, "<candidate>", "exec"), namespace)
+            return fn(*args)
+    except KeyboardInterrupt:
+        if fired:
+            raise _TestTimeout() from None
+        raise
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        done.release()
+        finished.acquire()  # the watchdog has finished
+        if fired:
+            try:
+                for _ in range(100):  # a pending interrupt, not raised yet, is raised (and dropped) here
+                    pass
+            except KeyboardInterrupt:
+                pass
+
+
+def _load(program, entry_point, limit_s=LOAD_LIMIT_S):
+    namespace = {"__name__": "__candidate__"}
+    _limited(exec, (compile(program, "<candidate>", "exec"), namespace), limit_s)
     fn = namespace.get(entry_point)
     if not callable(fn):
         raise NameError(f"no function named {entry_point!r}")
@@ -268,14 +300,7 @@ def _load(program, entry_point, limit_s=LOAD_LIMIT_S):
 
 
 def _call(fn, inp, limit_s):
-    args = copy.deepcopy(inp)
-    signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, limit_s)
-    try:
-        with _Quiet():
-            return fn(*args)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+    return _limited(fn, copy.deepcopy(inp), limit_s)
 
 
 def _inputs(inputs_json, task_id, dataset):
@@ -477,7 +502,7 @@ def encode_output(value, room=LONG_REPR_CHARS):
         try:
             small = plain(value)
         except Exception:  # noqa: BLE001
-            return {"x": type(value).__name__}
+            return {"x": type(value).__name__[:200]}
         try:
             text = repr(small)
             if len(text) <= limit:
@@ -487,7 +512,7 @@ def encode_output(value, room=LONG_REPR_CHARS):
     try:
         return {"h": digest(value)}
     except Exception:  # noqa: BLE001
-        return {"x": type(value).__name__}
+        return {"x": type(value).__name__[:200]}
 
 
 def restricted_eval(text):

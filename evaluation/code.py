@@ -138,6 +138,17 @@ def _sandbox_json(value: str | None) -> Any:
     return json.loads(text)
 
 
+def _claim_bound(entries: int, keys: Sequence[str] = ()) -> int:
+    """The longest ``repr`` of a JSON reply a candidate job can send for ``entries`` outputs (and, for
+    HumanEval, the argument keys they answer): each output's ``repr`` at most
+    ``_harness.LONG_REPR_CHARS`` (in all at most ``_harness.TOTAL_REPR_CHARS``; longer ones go as digests),
+    at most doubled by JSON's escaping and again by the ``repr`` of the JSON text, plus a kilobyte of framing
+    each. A longer reply is refused before it is parsed: what a candidate chooses to send costs the host no more
+    than what it was asked for."""
+    outputs = min(entries * _harness.LONG_REPR_CHARS, _harness.TOTAL_REPR_CHARS + _harness.LONG_REPR_CHARS)
+    return 4 * (outputs + sum(len(k) for k in keys)) + 1024 * (entries + 4)
+
+
 def _not_none(problem: CodeProblem) -> bool:
     return problem.benchmark == "mbpp+" and problem.entry_point in _harness.MBPP_OUTPUT_NOT_NONE_TASKS
 
@@ -408,7 +419,8 @@ class CodeEvaluator:
                                     0, total, r.seconds)
                 continue
             try:
-                claimed = ast.literal_eval(r.value) if r.value is not None else None
+                too_long = r.value is None or len(r.value) > _claim_bound(total)
+                claimed = None if too_long else ast.literal_eval(r.value)
             except (ValueError, SyntaxError, MemoryError, RecursionError):
                 claimed = None
             if not isinstance(claimed, str):
@@ -471,7 +483,7 @@ class CodeEvaluator:
             ran = box.run([self._job("run_calls(" + self._args(programs[k], problems[k].entry_point, json.dumps(need),
                                                                 self.humaneval_timeout_s) + ")",
                                      self.humaneval_timeout_s + 2.0) for k, need in calls])
-            for (k, _), r in zip(calls, ran, strict=True):
+            for (k, need), r in zip(calls, ran, strict=True):
                 p = problems[k]
                 seconds[k] += r.seconds
                 if r.status != "ok":
@@ -480,9 +492,12 @@ class CodeEvaluator:
                                         f"{r.status}: {lines[0][:300] if lines else ''}", 0, 1, seconds[k])
                     continue
                 try:
+                    if r.value is None or len(r.value) > _claim_bound(len(need), need):
+                        raise ValueError("a reply longer than the calls asked for")
                     answers = _sandbox_json(r.value)
                     if not isinstance(answers, dict):
                         raise TypeError("not a table")
+                    answers = {key: answers[key] for key in need if key in answers}  # only what was asked
                 except (ValueError, SyntaxError, TypeError):
                     out[k] = CodeResult(p.task_id, False, False, "error", "unreadable candidate reply", 0, 1,
                                         seconds[k])

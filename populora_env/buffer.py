@@ -58,6 +58,15 @@ class TaskBuffer:
             self._keys.pop(self._key_of.pop(old.task_id), None)
         return True
 
+    def remove(self, task_id: str) -> bool:
+        """Drop the task with ``task_id`` (and its key) if present; whether it was."""
+        key = self._key_of.pop(task_id, None)
+        if key is None:
+            return False
+        self._keys.pop(key, None)
+        self._tasks = [t for t in self._tasks if t.task_id != task_id]
+        return True
+
     def sample_references(self, k: int, rng: np.random.Generator) -> list[Task]:
         """``min(k, len)`` tasks uniformly without replacement, in buffer order."""
         n = min(k, len(self._tasks))
@@ -111,6 +120,10 @@ class TaskBuffers:
     def add(self, task: Task) -> bool:
         """Add ``task`` to its type's buffer."""
         return self.buffers[task.task_type].add(task)
+
+    def remove(self, task_id: str) -> bool:
+        """Drop the task with ``task_id`` from every buffer holding it; whether one did."""
+        return any([b.remove(task_id) for b in self.buffers.values()])
 
     def program_source(self, rng: np.random.Generator) -> Task:
         """One task drawn uniformly from the deduction ∪ abduction buffers (the program for an induction

@@ -11,8 +11,12 @@ Per task type (AZR semantics, docs/azr.md §5):
   runs in the sandbox.
 - **abduction**: the answer (last ```` ```input ```` block, else the whole answer) must parse as an argument
   list (format error otherwise) of literals (``not_literal`` otherwise). The sandbox runs the teacher's program
-  on it and returns ``repr(f(answer))`` (``f``'s value must be plain data); the host parses that as a literal
-  and compares it with the gold output; **any** pre-image counts.
+  on it **twice**, as validation ran it on the teacher's own input (two processes, the second with its heap
+  shifted), and returns ``repr(f(answer))`` (``f``'s value must be plain data); the host parses it as a literal
+  and compares it with the gold output; **any** pre-image counts. Two runs that disagree (values, or one failing)
+  make the verdict ``nondeterministic``: the program is not a function of its input there, so the answer cannot
+  be judged, and the env then voids the task (its proposal counts as invalid, it leaves the buffers), so a
+  program random on every input but its own cannot set its own solve rate.
 - **induction**: the answer's last fenced block must parse as Python (format error otherwise), define ``f``
   and pass the safety policy (``no_f`` / ``banned`` otherwise: AZR never filtered solver programs). The sandbox
   runs it once per hidden input, in a fresh process each, and returns the value; it is correct only if **all**
@@ -33,13 +37,13 @@ from typing import Any
 
 from populora_env.checks import check_bool, check_int
 from populora_env.literals import (
-    PLAIN_GUARD,
-    PLAIN_HELPER,
     ArgsError,
-    literal_equal,
+    literal_matches,
     literal_value,
     parse_call_args,
     parse_expression,
+    same_value,
+    with_heap_padding,
 )
 from populora_env.parsing import extract_answer, parse_input_answer, parse_output_answer, parse_program_answer
 from populora_env.sandbox import ExecJob, ExecResult
@@ -101,8 +105,8 @@ class CheckConfig:
 
 class AnswerChecker:
     """Checks a round's student completions in (at most) two batched sandbox calls: the first job of every
-    distinct answer, then the remaining hidden pairs of induction programs that passed their first pair (a
-    wrong or looping program costs one execution, not one per hidden pair)."""
+    distinct answer (both runs of an abduction answer), then the remaining hidden pairs of induction programs
+    that passed their first pair (a wrong or looping program costs one execution, not one per hidden pair)."""
 
     def __init__(self, config: CheckConfig) -> None:
         config.validate()
@@ -112,6 +116,7 @@ class AnswerChecker:
         """Verdicts for ``completions[i]`` as answers to ``tasks[i]``."""
         outcomes: list[AttemptOutcome | None] = [None] * len(tasks)
         groups: dict[tuple[str, str], list[tuple[ExecJob, str]]] = {}  # (task_id, answer key) -> jobs, outputs
+        twice: set[tuple[str, str]] = set()  # abduction answers: both runs go in the first batch
         waiting: list[tuple[int, tuple[str, str]]] = []
         for slot, (task, completion) in enumerate(zip(tasks, completions, strict=True)):
             prepared = self._prepare(task, completion)
@@ -121,15 +126,24 @@ class AnswerChecker:
             answer_key, task_jobs = prepared
             key = (task.task_id, answer_key)
             groups.setdefault(key, task_jobs)
+            if task.task_type is TaskType.ABDUCTION:
+                twice.add(key)
             waiting.append((slot, key))
         keys = list(groups)
-        first: list[ExecResult] = sandbox.run([groups[k][0][0] for k in keys]) if keys else []
+        batch = [job for k in keys for job, _ in groups[k][: 2 if k in twice else 1]]
+        ran: list[ExecResult] = sandbox.run(batch) if batch else []
         verdicts: dict[tuple[str, str], AttemptOutcome] = {}
         rest_jobs: list[ExecJob] = []
         rest_of: dict[tuple[str, str], tuple[int, int]] = {}
-        for key, result in zip(keys, first, strict=True):
+        at = 0
+        for key in keys:
             jobs = groups[key]
-            verdict = _verdict([result], jobs[:1])
+            if key in twice:
+                verdicts[key] = _twice_verdict(ran[at], ran[at + 1], jobs[0])
+                at += 2
+                continue
+            verdict = _verdict([ran[at]], jobs[:1])
+            at += 1
             if verdict.correct and len(jobs) > 1:
                 rest_of[key] = (len(rest_jobs), len(jobs) - 1)
                 rest_jobs.extend(job for job, _ in jobs[1:])
@@ -163,7 +177,7 @@ class AnswerChecker:
             ok, _ = literal_value(canonical)
             if not ok:
                 return AttemptOutcome(True, False, Reason.NOT_LITERAL, "answer is not a Python literal")
-            if literal_equal(task.output, canonical):  # two literals: compared here, no job needed
+            if literal_matches(canonical, task.output):  # two literals: compared here, no job needed
                 return AttemptOutcome(True, True, None, "")
             return AttemptOutcome(True, False, Reason.WRONG, "value differs")
         if task.task_type is TaskType.ABDUCTION:
@@ -174,9 +188,10 @@ class AnswerChecker:
                 if exc.kind == "parse_error":
                     return self._unparseable("answer is not an argument list")
                 return AttemptOutcome(True, False, Reason.NOT_LITERAL, exc.detail)
-            call = f"{PLAIN_GUARD}(f({args.canonical}))"
-            job = ExecJob(code=task.program + PLAIN_HELPER, call=call, timeout_s=timeout)
-            return args.canonical, [(job, task.output)]
+            call = f"f({args.canonical})"
+            first = ExecJob(code=task.program, call=call, timeout_s=timeout, plain=True)
+            second = ExecJob(code=with_heap_padding(task.program), call=call, timeout_s=timeout, plain=True)
+            return args.canonical, [(first, task.output), (second, task.output)]
         program = parse_program_answer(answer)
         if program is None:
             return AttemptOutcome(False, False, Reason.FORMAT, "answer has no fenced code block")
@@ -185,8 +200,7 @@ class AnswerChecker:
             return self._unparseable(checked.detail)
         if checked.reason is not None:
             return AttemptOutcome(True, False, checked.reason, checked.detail)
-        code = program + PLAIN_HELPER
-        jobs = [(ExecJob(code=code, call=f"{PLAIN_GUARD}(f({inp}))", timeout_s=timeout), out)
+        jobs = [(ExecJob(code=program, call=f"f({inp})", timeout_s=timeout, plain=True), out)
                 for inp, out in task.hidden_pairs]
         return program, jobs
 
@@ -208,6 +222,21 @@ def _verdict(results: Sequence[ExecResult], jobs: Sequence[tuple[ExecJob, str]])
         failed = failure_reason(result)
         if failed is not None:
             return AttemptOutcome(True, False, failed[0], failed[1])
-        if result.value is None or not literal_equal(result.value, expected):
+        if result.value is None or not literal_matches(result.value, expected):
             return AttemptOutcome(True, False, Reason.WRONG, "value differs")
     return AttemptOutcome(True, True, None, "")
+
+
+def _twice_verdict(first: ExecResult, second: ExecResult, job: tuple[ExecJob, str]) -> AttemptOutcome:
+    """An abduction answer's verdict from its two runs: ``nondeterministic`` when they disagree (a value and a
+    failure, two different values, two different kinds of failure), else the verdict of the first."""
+    failed, again = failure_reason(first), failure_reason(second)
+    if (failed is None) != (again is None):
+        return AttemptOutcome(True, False, Reason.NONDETERMINISTIC, "one of two runs of the program failed")
+    if failed is not None and again is not None:
+        if failed[0] is not again[0]:
+            return AttemptOutcome(True, False, Reason.NONDETERMINISTIC, "two runs failed differently")
+        return AttemptOutcome(True, False, failed[0], failed[1])
+    if first.value is None or second.value is None or not same_value(first.value, second.value):
+        return AttemptOutcome(True, False, Reason.NONDETERMINISTIC, "two runs returned different values")
+    return _verdict([first], [job])

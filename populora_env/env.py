@@ -63,7 +63,13 @@ from populora_env.results import AttemptResult, MatchResult, ProposalResult, Rou
 from populora_env.rewards import RewardScheme, compute_rewards, get_reward_scheme
 from populora_env.seeds import seed_tasks
 from populora_env.tasks import Task, TaskType
-from populora_env.validation import ProposalOutcome, ProposalRequest, ProposalValidator, ValidationConfig
+from populora_env.validation import (
+    ProposalOutcome,
+    ProposalRequest,
+    ProposalValidator,
+    Reason,
+    ValidationConfig,
+)
 
 STATE_VERSION = 1
 
@@ -670,6 +676,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
 
     def _step_solve(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
         attempts, verdicts = self._check_answers(actions)
+        self._void_nondeterministic(attempts)
         proposals = [
             ProposalResult(
                 agent=o.request.agent, index=o.request.index, task_type=o.request.task_type.value,
@@ -714,6 +721,24 @@ class PopuLoRAParallelEnv(ParallelEnv):
         self.agents = []
         return observations, rewards, terminations, truncations, ordered_infos
 
+    def _void_nondeterministic(self, attempts: Sequence[AttemptResult]) -> None:
+        """Tasks whose program gave two different answers to one student input (abduction checks run it
+        twice) are not functions of their input: each leaves the buffers, and if it was proposed this round its
+        proposal counts as invalid (reason ``nondeterministic``), as validation would have ruled had it run that
+        input. Its attempts stay not correct and are left out of the match's p̂."""
+        broken = {a.task_id for a in attempts if a.reason == Reason.NONDETERMINISTIC.value}
+        for task_id in sorted(broken):
+            self._buffers.remove(task_id)
+        if not broken:
+            return
+        for teacher in self.teachers:
+            self._proposal_outcomes[teacher] = [
+                dataclasses.replace(o, valid=False, reason=Reason.NONDETERMINISTIC, task=None, signature=None,
+                                    detail="the program answered a student's input differently in two runs")
+                if o.task is not None and o.task.task_id in broken else o
+                for o in self._proposal_outcomes[teacher]
+            ]
+
     def _check_answers(self, actions: Mapping[str, Any]) -> tuple[list[AttemptResult], list[AttemptOutcome]]:
         """Every student's completions against its assigned tasks (one sandbox batch), as attempt records."""
         tasks: list[Task] = []
@@ -751,7 +776,8 @@ class PopuLoRAParallelEnv(ParallelEnv):
         matches: list[MatchResult] = []
         for pairing in self._pairings:
             valid_ids = {o.task.task_id for o in self._proposal_outcomes[pairing.teacher] if o.task is not None}
-            mine = [a for a in attempts if a.agent == pairing.student and a.teacher == pairing.teacher]
+            mine = [a for a in attempts if a.agent == pairing.student and a.teacher == pairing.teacher
+                    and a.task_id in valid_ids]
             n_correct = sum(a.correct for a in mine)
             p_hat = (n_correct / len(mine)) if (valid_ids and mine) else None
             outcome = match_outcome(p_hat, pairing.p_ts)

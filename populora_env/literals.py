@@ -1,9 +1,8 @@
 """Host-side handling of Python literals: call arguments, output reprs, value canonicalisation, type signatures.
 
 Nothing here executes model-written text. Only ``ast.parse``, ``ast.literal_eval``, ``ast.unparse`` and string
-handling are used on the host; every execution happens in the sandbox. The two snippets of sandbox code at the
-bottom (:data:`PLAIN_HELPER`, :func:`with_heap_padding`) are *our* code that runs next to the model's program
-inside the sandbox.
+handling are used on the host; every execution happens in the sandbox. The snippet of sandbox code at the bottom
+(:func:`with_heap_padding`) is *our* code that runs before the model's program inside the sandbox.
 """
 
 from __future__ import annotations
@@ -14,54 +13,9 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-#: Marker that :data:`PLAIN_HELPER` puts into its exception text when a value is not plain literal data.
+#: Marker in the error text of a sandbox job whose value had to be plain data and was not
+#: (``ExecJob(plain=True)``: the sandbox's harness checks the value's exact types after the call returned).
 NOT_LITERAL_MARKER = "POPULORA_NOT_LITERAL"
-
-#: Name of the plain-data guard defined by :data:`PLAIN_HELPER` (a dunder name: the safety policy bans
-#: model-written code from touching it).
-PLAIN_GUARD = "__populora_plain__"
-
-#: Sandbox-side guard appended *after* the model's program: returns its argument unchanged if it is built only
-#: from builtin literal types (exact types, no subclasses, no cycles), raises otherwise. It stops a program from
-#: returning an object whose ``__eq__`` always answers ``True`` (reward hacking of the equality check). Every
-#: builtin it uses is taken from ``__builtins__`` (which the safety policy forbids programs to touch), so a
-#: program that shadows ``type``, ``list``... at module level cannot fool it.
-PLAIN_HELPER = f'''
-
-def {PLAIN_GUARD}(value):
-    b = __builtins__
-    b = b if b.__class__ is {{}}.__class__ else b.__dict__
-    kind_of = b["type"]
-    atoms = (b["int"], b["float"], b["complex"], b["str"], b["bytes"], b["bool"], kind_of(None))
-    containers = (b["list"], b["tuple"], b["set"], b["frozenset"])
-    mapping = b["dict"]
-    stack = [value]
-    count = 0
-    while stack:
-        item = stack.pop()
-        count += 1
-        if count > 200000:
-            raise b["ValueError"]("{NOT_LITERAL_MARKER}: value too large or cyclic")
-        kind = kind_of(item)
-        plain = False
-        for atom in atoms:
-            if kind is atom:
-                plain = True
-        if plain:
-            continue
-        for container in containers:
-            if kind is container:
-                plain = True
-        if plain:
-            stack.extend(item)
-            continue
-        if kind is mapping:
-            stack.extend(item.keys())
-            stack.extend(item.values())
-            continue
-        raise b["TypeError"]("{NOT_LITERAL_MARKER}: " + kind.__name__)
-    return value
-'''
 
 #: Statement run before the program in the second determinism run: it moves the heap so that
 #: address-dependent values (``repr(object())``, ``id()``, default hashes, set order of such objects) differ
@@ -228,15 +182,90 @@ def literal_equal(text_a: str, text_b: str) -> bool:
     builtin types by ``ast.literal_eval``, so the comparison runs no model-written code: this is the host's
     answer check."""
     ok_a, val_a = literal_value(text_a)
-    if not ok_a:
-        return False
-    ok_b, val_b = literal_value(text_b)
-    if not ok_b:
-        return False
+    ok_b, val_b = literal_value(text_b) if ok_a else (False, None)
+    return ok_b and _equal(val_a, val_b)
+
+
+def _equal(val_a: Any, val_b: Any, key: Any = None) -> bool:
+    """``val_a == val_b`` (of ``key(...)`` of each when given), ``False`` when comparing raises (a
+    RecursionError on deep values; a ValueError printing a huge int while sorting)."""
     try:
-        return bool(val_a == val_b)
-    except Exception:  # noqa: BLE001 - RecursionError on deep values
+        return bool(val_a == val_b) if key is None else key(val_a) == key(val_b)
+    except Exception:  # noqa: BLE001 - total by contract
         return False
+
+
+#: Characters a claim may have beyond :func:`max_equal_repr_chars` of its expected value (room for a claim
+#: printed by other means than the sandbox's harness, e.g. with spaces; a harness-printed one needs none).
+CLAIM_SLACK_CHARS = 64
+
+
+def max_equal_repr_chars(value: Any) -> int:
+    """An upper bound on the length of ``repr(v)`` for any plain value ``v == value`` (Python's ``==`` on
+    builtin literals: ``1 == 1.0 == True == (1+0j)``, a ``set`` equals a ``frozenset``, dict and set order do
+    not count). Linear in the size of ``value``, no recursion.
+
+    Per atom: a string or bytes has one ``repr``; a number may be equal to a number of another type, so the
+    bound is the longest of its int, float and complex forms (an integral float such as ``1e+308`` equals an
+    int of 309 digits); containers add their brackets and ``", "`` separators (a set may be printed as
+    ``frozenset({...})``). Used to refuse a job's claim that is too long to equal an expected value *before*
+    parsing it: parsing costs time in proportion to the claim, this bound only to the expected value.
+    """
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if item is None or kind is bool:
+            total += 6  # True == 1 == 1.0 == (1+0j): '(1+0j)'
+        elif kind is int:
+            digits = item.bit_length() * 0.30103 + 2  # (no str(): an int may be beyond Python's text limit)
+            total += max(int(digits) + 1, 30)  # its float and complex forms: at most 24 + '(' '+0j)'
+        elif kind is float:
+            total += _float_bound(item)
+        elif kind is complex:
+            total += _float_bound(item.real) if item.imag == 0 else len(repr(item))
+        elif kind is str or kind is bytes:
+            total += len(repr(item))
+        elif kind in (list, tuple, set, frozenset):
+            total += 2 * len(item) + 3 + (11 if kind in (set, frozenset) else 0)  # brackets, ', ', 'frozenset()'
+            stack.extend(item)
+        elif kind is dict:
+            total += 4 * len(item) + 2
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        else:  # not a literal value: nothing is equal to it as a literal
+            total += len(repr(item))
+    return total
+
+
+def _float_bound(value: float) -> int:
+    text = len(repr(value))
+    if value == value and value not in (float("inf"), float("-inf")) and value == int(value):
+        text = max(text, int(abs(value)).bit_length() * 31 // 100 + 3)  # the equal int's digits (and sign)
+    return text + 6  # '(' and '+0j)' of the equal complex
+
+
+def literal_matches(claim: str, expected: str) -> bool:
+    """Whether a job's ``claim`` (a ``repr`` text) is a literal equal to the ``expected`` literal, as
+    :func:`literal_equal`, but refusing before parsing a claim longer than any ``repr`` of a value equal to the
+    expected one (:func:`max_equal_repr_chars` + :data:`CLAIM_SLACK_CHARS`): the host's cost is bounded by the
+    expected value's size, not by what a job chooses to send. Total (never raises)."""
+    ok_e, val_e = literal_value(expected)
+    ok_c, val_c = _bounded_value(claim, val_e) if ok_e else (False, None)
+    return ok_c and _equal(val_c, val_e)
+
+
+def _bounded_value(claim: Any, reference: Any) -> tuple[bool, Any]:
+    """:func:`literal_value` of ``claim``, or ``(False, None)`` without parsing it when it is longer than any
+    ``repr`` of a value equal to ``reference`` (a parsed literal)."""
+    if not isinstance(claim, str):
+        return False, None
+    try:
+        if len(claim) > max_equal_repr_chars(reference) + CLAIM_SLACK_CHARS:
+            return False, None
+    except Exception:  # noqa: BLE001 - total by contract
+        return False, None
+    return literal_value(claim)
 
 
 def canonical_form(value: Any) -> Any:
@@ -261,17 +290,14 @@ def canonical_form(value: Any) -> Any:
 
 def same_value(repr_a: str, repr_b: str) -> bool:
     """Whether two output reprs denote the same value (identical strings, or equal canonical literal forms).
-    Total: never raises (values too deep or with unprintable members compare as different)."""
+    ``repr_b`` is refused before it is parsed when it is longer than any repr of a value equal to ``repr_a``
+    (:func:`max_equal_repr_chars`): the cost is bounded by the first, the reference. Total: never raises (values
+    too deep or with unprintable members compare as different)."""
     if repr_a == repr_b:
         return True
     ok_a, val_a = literal_value(repr_a)
-    ok_b, val_b = literal_value(repr_b)
-    if not (ok_a and ok_b):
-        return False
-    try:
-        return canonical_form(val_a) == canonical_form(val_b)
-    except Exception:  # noqa: BLE001 - RecursionError, ValueError (repr of a huge int while sorting)
-        return False
+    ok_b, val_b = _bounded_value(repr_b, val_a) if ok_a else (False, None)
+    return ok_b and _equal(val_a, val_b, key=canonical_form)
 
 
 def type_name(value: Any, depth: int = 0) -> str:

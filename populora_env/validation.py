@@ -35,8 +35,6 @@ from typing import Any
 from populora_env.checks import check, check_bool, check_choice, check_int, check_number
 from populora_env.literals import (
     NOT_LITERAL_MARKER,
-    PLAIN_GUARD,
-    PLAIN_HELPER,
     ArgsError,
     CallArgs,
     literal_value,
@@ -232,10 +230,15 @@ def task_key(task_type: TaskType, program: str, inputs: Sequence[str]) -> str:
 
 
 def execution_jobs(program: str, call_args: str, timeout_s: float | None) -> tuple[ExecJob, ExecJob]:
-    """The two separate runs of the determinism check for ``f(call_args)``."""
-    call = f"{PLAIN_GUARD}(f({call_args}))"
-    first = ExecJob(code=program + PLAIN_HELPER, call=call, timeout_s=timeout_s)
-    second = ExecJob(code=with_heap_padding(program) + PLAIN_HELPER, call=call, timeout_s=timeout_s)
+    """The two separate runs of the determinism check for ``f(call_args)`` (the second with the heap shifted).
+
+    Both ask for plain data (``ExecJob(plain=True)``): the sandbox's harness checks, after ``f`` returned, that
+    the value is built only from exact builtin types and prints it itself, so the value stored as a task's gold
+    output is what ``f`` returned (``docs/sandbox.md`` section 7).
+    """
+    call = f"f({call_args})"
+    first = ExecJob(code=program, call=call, timeout_s=timeout_s, plain=True)
+    second = ExecJob(code=with_heap_padding(program), call=call, timeout_s=timeout_s, plain=True)
     return first, second
 
 
@@ -680,7 +683,7 @@ def _evaluate_inputs(items: Sequence[_Pending], requests: Sequence[ProposalReque
                 row.append(parse_call_args(expr))  # already literal: nothing to run
             except ArgsError:
                 row.append(len(jobs))
-                jobs.append(ExecJob(code=PLAIN_HELPER, call=f"{PLAIN_GUARD}(({expr},))", timeout_s=cfg.timeout_s))
+                jobs.append(ExecJob(code="", call=f"({expr},)", timeout_s=cfg.timeout_s, plain=True))
         index.append(row)
     results = sandbox.run(jobs) if jobs else []
     out: list[tuple[int, ProposalOutcome | _Pending]] = []

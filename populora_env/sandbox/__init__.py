@@ -14,13 +14,16 @@ and ``docs/sandbox.md`` for every layer, the attack each one stops, and the memo
 
 Known limits (read before using results as rewards):
 
-* A job reports its own result: code under test can write a well-formed reply frame to its reply pipe and
-  ``os._exit``, so ``value`` (and ``status``) are the job's claim. What the sandbox guarantees is that the
-  claim is made **without the answer**: ``compare_to`` is a literal that never leaves the host (``match`` is
-  computed on the host), the worker never reads a job's text nor keeps its reply (so no job sees another's),
-  and a forged claim must therefore guess the expected value. Never take a verdict (a pass, a score) from a
-  job that ran untrusted code; compare its values on the host, or in a separate job that runs none
-  (``docs/sandbox.md`` §7).
+* A job's reply is written by the sandbox's harness after the call returned, never by the job's code: it
+  is sealed with a per-job secret only the harness holds, and the fork server accepts no other (``docs/sandbox.md``
+  §7). ``status`` is what happened; with ``ExecResult.plain`` the ``value`` is the ``repr`` of exact builtin
+  data, printed by the harness with no job code running: what the call returned (``ExecJob(plain=True)``
+  requires it). A value that is not plain data is printed by its own ``__repr__``, a claim. Compare values on
+  the host: ``compare_to`` never leaves it (``match`` is computed there), the worker never reads a job's text
+  nor keeps its reply, so no job sees another's.
+* Time limits count the job's own time (CPU, or wall time not spent waiting for a CPU): a verdict does not
+  depend on the machine's load; a job the machine could not time fairly is run again, then
+  ``SandboxBusy`` is raised (never a verdict).
 * Every worker runs with ``PYTHONHASHSEED=0`` (str hashing and so set order are the same on every worker);
   ``random`` (and ``numpy.random`` when preloaded) is reseeded per job. ``id()``-dependent output can repeat
   between two jobs on the same worker, so run determinism checks as two jobs and do not rely on that alone.
@@ -29,7 +32,7 @@ Known limits (read before using results as rewards):
   on the next batch; a job running at that moment comes back ``"crashed"``.)
 * Without namespaces (``mode == "plain"``, see ``Sandbox.missing``) jobs can read world-readable host files
   and leave files in world-writable directories such as ``/tmp`` and ``/dev/shm``, which no limit bounds.
-* ``memory_mb`` bounds a job's address space (RLIMIT_AS over the worker's own size); its files are bounded
+* ``memory_mb`` bounds a job's address space (RLIMIT_AS over its zygote's size); its files are bounded
   separately by ``tmp_mb`` and ``max_files``; memfd, SysV/POSIX shared memory and queues, inotify, byte-range
   locks and pipe resizing are refused. No memory cgroup is used.
 """
@@ -39,6 +42,7 @@ from populora_env.sandbox.api import (
     ExecJob,
     ExecResult,
     Limits,
+    SandboxBusy,
     SandboxError,
     SandboxUnavailable,
     Status,
@@ -52,6 +56,7 @@ __all__ = [
     "ExecResult",
     "Limits",
     "Sandbox",
+    "SandboxBusy",
     "SandboxError",
     "SandboxUnavailable",
     "Status",

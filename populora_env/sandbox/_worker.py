@@ -1,4 +1,4 @@
-"""The warm sandbox worker: a fork server that runs each job in a fresh, confined child.
+"""The warm sandbox worker: a fork server that runs each job in a fresh, confined child of its zygote.
 
 The host imports this file only for :func:`wipe_tree`. Its source is handed to a fresh interpreter
 (``python -S -s -c <source> <config-json>``), usually inside bubblewrap namespaces, so it must only use the
@@ -9,33 +9,46 @@ the worker answers a ``result`` frame (metadata, then the child's raw reply and 
 over, then restores its job area and its own state
 and answers ``clean`` (or ``retire`` followed by its exit, when it cannot).
 
-Per job the worker prepares a fresh job area (namespaced modes: a new tmpfs mounted on the job area, with a
-size and an inode limit; plain mode: a new directory) and forks a child which, before touching any job text:
-  1. starts its own session (so its own process group, which the worker kills afterwards, and its own
-     scheduler autogroup, so even the autogroup nice it may set is its own);
-  2. gives up every capability the worker holds (bounding and ambient sets emptied, then the uid switch to
-     the job's uid, or ``capset`` to nothing where the job keeps the worker's uid);
-  3. moves into the job area, takes stdin from /dev/null, stdout into a bounded pipe;
-  4. sets rlimits (AS, CPU, NPROC, FSIZE, NOFILE, CORE);
-  5. loads a seccomp filter (no process creation, sockets, exec, ptrace, namespaces; signals, priority,
-     scheduling, affinity, rlimits and memory policy only for itself; no signal ownership (F_SETOWN/
-     F_SETSIG/FIOSETOWN), no memfd, SysV IPC, POSIX message queues, inotify, byte-range locks or pipe
-     resizing).
-The worker enforces the wall clock with SIGKILL of the child's process group, always reaps it, answers, then
-kills stragglers, unmounts (or wipes, iteratively) the job area and checks that its own priority, scheduling
-policy and parameters, affinity, I/O priority, rlimits and autogroup nice are what they were at start-up.
-Only the first framed reply of the child is parsed.
+Three processes per worker (``docs/sandbox.md`` section 1):
+
+* **this fork server** (privileged where the host allows: it mounts each job's tmpfs, holds ``ctypes``);
+* **the zygote** (:mod:`populora_env.sandbox._zygote`), started once: a child of this server that gives up
+  every capability the job must not have (the job's uid, or only ``CAP_SETUID``/``CAP_SETGID`` to hand it to
+  the job where the host is root), takes a parent-death signal, a Landlock ruleset (no ``/proc``) and the
+  seccomp filter, then *executes* a fresh interpreter: the zygote and every job forked from it hold no
+  ``ctypes`` (a process that ever imported it keeps classes that read and write raw memory);
+* **one job child per job**, forked by the zygote on this server's request: it reads its job frame, switches
+  to the job's uid, moves into the fresh job area, sets its rlimits, installs an audit hook and runs the job;
+  its reply is sealed with a per-job secret (``token``, HMAC-SHA256) only the harness holds, and the server
+  accepts no other.
+
+The seccomp filter refuses process creation, programs, sockets and the rest listed in ``_DENY_EPERM``; a few
+calls go to this server instead (``SECCOMP_RET_USER_NOTIF``): the zygote may fork (once per request) and
+install its interpreter's signal handlers, a job may signal only itself and may not install a signal handler
+(a Python handler is handed the interrupted frame, a way to the harness's locals).
+The worker enforces the job's time limit (its own time, ``_supervise``) with SIGKILL of the child, reads its
+zygote's report of how it ended, answers, then unmounts (or wipes, iteratively) the job area and checks that
+its own and its zygote's priority, scheduling policy and parameters, affinity, I/O priority, rlimits and
+autogroup nice are what they were at start-up.
+
+This file and ``_zygote.py`` are exempt from the project's 80-line rule for functions (issue 35): each is one
+source text handed to a fresh interpreter, standard library only, and their long functions are loops over one
+job's life whose state (descriptors, deadlines, the token, bound names) would otherwise be threaded through
+helpers for no reader's gain.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
+import hmac
 import json
 import os
 import resource
 import select
 import signal
+import socket
 import stat
 import struct
 import sys
@@ -62,21 +75,31 @@ _SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}
 _SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}
 _IOPRIO_WHO_PROCESS = 1
 _SECCOMP_SET_MODE_FILTER = 1
-_BPF_JEQ_K = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
-# Stand-in for the job's pid while the filter is compiled once per worker; patched per child.
-# Larger than any pid (pid_max <= 2**22), and not a syscall number or an audit arch value.
-_PID_PLACEHOLDER = 0x7A5EC0DE
-_MAX_ERROR_CHARS = 4000
+_SECCOMP_GET_NOTIF_SIZES = 3
+_SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
+_SECCOMP_IOCTL_NOTIF_RECV = 0xC0502100  # _IOWR('!', 0, struct seccomp_notif)
+_SECCOMP_IOCTL_NOTIF_SEND = 0xC0182101  # _IOWR('!', 1, struct seccomp_notif_resp)
+_SECCOMP_USER_NOTIF_FLAG_CONTINUE = 1
+_SYS_LANDLOCK = {"x86_64": (444, 445, 446), "aarch64": (444, 445, 446)}  # create_ruleset, add_rule, restrict_self
+_LANDLOCK_CREATE_RULESET_VERSION = 1
+_LANDLOCK_RULE_PATH_BENEATH = 1
+# LANDLOCK_ACCESS_FS_* rights known per ABI version; the rights of a regular file (not a directory).
+_LANDLOCK_FS = {1: 0x1FFF, 2: 0x3FFF, 3: 0x7FFF, 4: 0x7FFF, 5: 0xFFFF}
+_LANDLOCK_FILE_RIGHTS = 0x1 | 0x2 | 0x4 | 0x4000 | 0x8000  # EXECUTE, WRITE_FILE, READ_FILE, TRUNCATE, IOCTL_DEV
+_LANDLOCK_SCOPE_SIGNAL = 0x2  # ABI 6: no signals to processes outside the domain
+_ZSOCK_FD, _ZREQ_FD = 3, 4  # the zygote's socket and request pipe (see _zygote.py)
+_TOKEN_BYTES = 16
+_MAC_BYTES = 32  # HMAC-SHA256(token, frame): the seal before the child's reply frame
 _REPLY_SLACK = 64 * 1024
 _FIONREAD = 0x541B  # the same on x86_64 and aarch64
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
 _CHUNK = 64 * 1024
 _KEEP_CHUNKS = 2  # chunks a sink keeps (zeroed) between jobs; more are freed after being zeroed
 _ZEROS = bytes(_CHUNK)
 
 # Syscalls refused with EPERM (where the running kernel/libseccomp knows them).
 _DENY_EPERM = (
-    # process creation and program execution (threads use clone with CLONE_THREAD, allowed below)
-    "fork", "vfork", "execve", "execveat",
+    # (process creation and programs: fork, vfork, clone without CLONE_THREAD, execve(at) go to the server)
     # network
     "socket", "socketpair",
     # debugging / other processes' memory
@@ -94,9 +117,9 @@ _DENY_EPERM = (
     "io_uring_setup", "io_uring_enter", "io_uring_register", "personality", "uselib", "vhangup",
     "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "iopl", "ioperm", "sethostname",
     "setdomainname",
-    # identity changes
-    "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setfsuid", "setfsgid",
-    "setgroups", "capset",
+    # identity changes (setuid, setgid, setgroups: a root zygote's child switches to the job's ids with them;
+    # afterwards it holds no capability, and the kernel refuses any change)
+    "setreuid", "setregid", "setresuid", "setresgid", "setfsuid", "setfsgid", "capset",
     # leaving the session / process group the worker kills
     "setsid", "setpgid",
     # I/O priority: no job needs it, and IOPRIO_WHO_PGRP/USER reach other processes
@@ -108,8 +131,10 @@ _DENY_EPERM = (
     "mq_notify", "mq_getsetattr", "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init",
     "fanotify_mark",
 )
-# Syscalls refused unless their first argument is the job's own pid (signals).
-_SELF_ONLY = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
+# Syscalls decided by the fork server (SECCOMP_RET_USER_NOTIF): process creation and programs (the zygote only,
+# when asked), signals (a job: only to itself), signal handlers (the zygote's interpreter only).
+_NOTIFY_PROCESS = ("fork", "vfork", "execve", "execveat")
+_NOTIFY_SIGNAL = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
 # Syscalls refused unless their first argument is exactly 0 (= the calling thread/process). The comparison is
 # on all 64 bits, so a value whose low 32 bits are 0 but high bits are not is refused too.
 _ZERO_ONLY = ("prlimit64", "sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr",
@@ -160,13 +185,20 @@ class _Sink:
         self.n += got
         return got
 
-    def send(self, fd: int, count: int) -> None:
-        """Write the first ``count`` bytes to ``fd``."""
+    def views(self, start: int, end: int):
+        """Views of bytes ``start`` to ``end`` (exclusive), chunk by chunk (no copy)."""
+        pos = 0
         for chunk in self.chunks:
-            if count <= 0:
+            if pos >= end:
                 return
-            view = memoryview(chunk)[: min(count, _CHUNK)]
-            count -= len(view)
+            lo, hi = max(start - pos, 0), min(end - pos, _CHUNK)
+            pos += _CHUNK
+            if lo < hi:
+                yield memoryview(chunk)[lo:hi]
+
+    def send(self, fd: int, end: int, start: int = 0) -> None:
+        """Write bytes ``start`` to ``end`` (exclusive) to ``fd``."""
+        for view in self.views(start, end):
             while view:
                 view = view[os.write(fd, view):]
 
@@ -202,12 +234,6 @@ def _read_frame(fd: int) -> object | None:
     return json.loads(body.decode("utf-8", "surrogatepass"))
 
 
-def _short(text: str, limit: int = _MAX_ERROR_CHARS, len=len) -> str:  # noqa: A002
-    if len(text) <= limit:
-        return text
-    return text[: limit // 2] + f"... [{len(text) - limit} chars cut] ..." + text[-limit // 2:]
-
-
 class Worker:
     """The fork server. One instance per worker process."""
 
@@ -215,35 +241,45 @@ class Worker:
         self.cfg = cfg
         self.uid: int = cfg["uid"]  # the job's uid/gid
         self.gid: int = cfg["gid"]
-        self.drop_uid: bool = cfg["drop_uid"]  # the worker is root: the child switches to uid/gid
-        self.drop_caps: bool = cfg["drop_caps"]  # the worker holds capabilities the child must give up
+        self.drop_uid: bool = cfg["drop_uid"]  # the worker is root: each job child switches to uid/gid
+        self.drop_caps: bool = cfg["drop_caps"]  # the worker holds capabilities the zygote must give up
         self.reach_runtime: bool = cfg["reach_runtime"]  # plain root mode: runtime reached through O_PATH fds
         self.area: str = cfg["area"]  # "mount": a fresh tmpfs per job; "dir": a directory wiped per job
         self.base: str = cfg["tmp_base"]
         # A root worker's job (another uid) must traverse the base to reach its own directory.
         self.base_mode = 0o711 if self.drop_uid else 0o700
-        self.pidns_private: bool = False
         self.seccomp_error: str | None = None
+        self.landlock_error: str | None = None
         self.pyseccomp = None
-        self.bpf: bytes | None = None  # the compiled filter with _PID_PLACEHOLDER
-        self.bpf_pid_offsets: list[int] = []
+        self.bpf: bytes | None = None  # the compiled filter, loaded once, by the zygote
+        self.notify_nrs: dict[str, set[int]] = {}  # syscall numbers the filter hands to this server, by kind
         self.libc = ctypes.CDLL(cfg["libs"].get("c") or None, use_errno=True)
         self.baseline_as = 0
-        self.bounding: list[int] = []  # capabilities in the worker's bounding set (dropped in every child)
+        self.bounding: list[int] = []  # capabilities in the worker's bounding set (dropped by the zygote)
         self.mounted = False
         self.base_dev = 0
-        self.attrs: dict | None = None  # the worker's own scheduling/rlimit attributes at start-up
+        self.attrs: dict | None = None  # the worker's and zygote's scheduling/rlimit attributes at start-up
         self._arch = os.uname().machine
         self.pid = os.getpid()
         self.req_fd = 0
         self.frame_pending = False
         self.rep_sink = _Sink()  # the child's reply, relayed raw to the host
         self.out_sink = _Sink()  # the child's stdout, relayed raw to the host
+        self.zpid = 0  # the zygote
+        self.zsock: socket.socket | None = None
+        self.listener = -1  # the seccomp notification descriptor (-1: no filter)
+        self.notif_size = 80
+        self.expect: str | None = None  # what the zygote may do next: "exec" (at start-up), "fork" (per job)
+        self.job_pid = 0  # the running job child
+        self.probe_facts: dict | None = None  # the kernel's view of a probe job (see _on_notification)
+        self.keep_fds: list[int] = []  # plain root mode: the zygote's runtime directories, kept by each job
+        self.pending: list[bytearray] = []  # notifications of a job child whose pid is not known yet
 
     # ------------------------------------------------------------------ start-up
-    def boot(self) -> dict:
-        """Confine the worker itself, prepare the job area, import what jobs need, and describe the result."""
+    def boot(self, req_fd: int) -> dict:
+        """Confine the worker itself, prepare the job area, start the zygote, and describe the result."""
         cfg = self.cfg
+        self.req_fd = req_fd
         if self.area == "mount":
             self._prepare_mount_area()
         else:
@@ -252,7 +288,7 @@ class Worker:
         # Jobs must not open /proc/<worker>/mem, /proc/<worker>/fd, write /proc/<worker>/autogroup, ...: the
         # files of a non-dumpable process belong to root (of its user namespace).
         self.libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-        # Orphans of a job come back to us, so we can always reap them.
+        # Orphans come back to us, so we can always reap them.
         self.libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         if _effective_caps() & (1 << _CAP_SETPCAP):  # else the bounding set cannot (and need not) be emptied
             self.bounding = [c for c in range(_CAP_LAST + 1)
@@ -260,28 +296,17 @@ class Worker:
         sys.path[:] = cfg["sys_path"]
         if cfg["seccomp"]:
             self._import_pyseccomp()
-        preload_errors = {}
-        for name in cfg["preload"]:
-            try:
-                __import__(name)
-            except Exception as exc:  # a bad preload entry is reported, not fatal
-                preload_errors[name] = f"{type(exc).__name__}: {exc}"
-        import gc
-        import traceback  # noqa: F401  (used by every child: import once here)
-
-        gc.collect()
-        gc.freeze()  # children never walk (and so never copy-on-write) the worker's own objects
-        with open("/proc/self/statm") as fh:
-            self.baseline_as = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
         ns = {}
         for name in ("net", "pid", "mnt", "ipc", "uts", "user"):
             try:
                 ns[name] = os.readlink(f"/proc/self/ns/{name}")
             except OSError:
                 ns[name] = None
-        host_ns = cfg.get("host_ns") or {}
-        self.pidns_private = bool(ns["pid"] and host_ns.get("pid") and ns["pid"] != host_ns["pid"])
-        self.attrs = self._attributes()
+        zygote = self._start_zygote()
+        self.keep_fds = [int(fd) for fd in zygote.get("keep_fds", [])]
+        with open(f"/proc/{self.zpid}/statm") as fh:  # the zygote's size: every job child starts as a copy
+            self.baseline_as = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        self.attrs = self._all_attributes()
         return {
             "type": "ready",
             "pid": os.getpid(),
@@ -292,10 +317,12 @@ class Worker:
             "area": self.area,
             "ns": ns,
             "seccomp_error": self.seccomp_error,
-            "preload_errors": preload_errors,
+            "landlock_error": self.landlock_error,
+            "preload_errors": zygote.get("preload_errors", {}),
             "baseline_as": self.baseline_as,
             "attributes": self.attrs,
             "python": sys.version.split()[0],
+            "zygote": {"pid": self.zpid, "uid": zygote.get("uid"), "python": zygote.get("python")},
         }
 
     def _prepare_mount_area(self) -> None:
@@ -357,86 +384,52 @@ class Worker:
         except Exception as exc:
             self.seccomp_error = f"{type(exc).__name__}: {exc}"
             self.pyseccomp = None
+            self.bpf = None
         finally:
             ctypes.util.find_library = original
 
     def _compile_filter(self) -> None:
-        """Compile the deny-list once to classic BPF; each child only patches in its pid and loads it.
+        """Compile the filter once to classic BPF; the zygote loads it (every job child inherits it).
 
-        Building and loading through libseccomp at every fork costs far more than loading a ready BPF program,
-        which is a single syscall (docs/results.md).
+        Building the filter through libseccomp costs far more than loading a ready BPF program, which is a
+        single syscall (docs/results.md), so it is built once per worker.
         """
         if self._arch not in _SYS_SECCOMP:
             raise RuntimeError(f"no seccomp syscall number known for {self._arch}")
         self.seccomp_nr = _SYS_SECCOMP[self._arch]
         with os.fdopen(os.memfd_create("populora-bpf", os.MFD_CLOEXEC), "w+b") as fh:
-            self._build_filter(_PID_PLACEHOLDER).export_bpf(fh)
+            self._build_filter().export_bpf(fh)
             fh.seek(0)
             bpf = fh.read()
         if not bpf or len(bpf) % 8:
             raise RuntimeError(f"unexpected BPF export of {len(bpf)} bytes")
-        offsets = []
-        for off in range(0, len(bpf), 8):
-            code, _jt, _jf, k = struct.unpack_from("=HBBI", bpf, off)
-            if k == _PID_PLACEHOLDER:
-                if code != _BPF_JEQ_K:
-                    raise RuntimeError(f"pid placeholder in an unexpected BPF instruction 0x{code:x}")
-                offsets.append(off + 4)
-        if not offsets:  # libseccomp shares identical rule blocks, so one occurrence can serve all
-            raise RuntimeError("pid placeholder not found in the compiled filter")
+        sc = self.pyseccomp
+        arch = sc.system_arch()
+
+        def numbers(names: tuple[str, ...]) -> set[int]:
+            out = set()
+            for name in names:
+                try:
+                    nr = sc.resolve_syscall(arch, name)
+                except (OSError, ValueError, RuntimeError):
+                    continue
+                if isinstance(nr, int) and nr >= 0:
+                    out.add(nr)
+            return out
+
+        self.notify_nrs = {"fork": numbers(("fork", "vfork", "clone")), "exec": numbers(("execve", "execveat")),
+                           "signal": numbers(_NOTIFY_SIGNAL), "sigaction": numbers(("rt_sigaction",))}
+        sizes = (ctypes.c_uint16 * 3)()
+        if self.libc.syscall(self.seccomp_nr, _SECCOMP_GET_NOTIF_SIZES, 0, ctypes.byref(sizes)) == 0:
+            self.notif_size = max(80, int(sizes[0]))
         self.bpf = bpf
-        self.bpf_pid_offsets = offsets
-        # A mutable copy plus the sock_fprog pointing at it; children inherit both at the same address.
-        self.bpf_prog = bytearray(bpf)
-        self._bpf_buf = (ctypes.c_ubyte * len(bpf)).from_buffer(self.bpf_prog)
-        self._bpf_fprog = _SockFprog(len(bpf) // 8, ctypes.addressof(self._bpf_buf))
-        self.bpf_fprog_ref = ctypes.byref(self._bpf_fprog)
 
-    def _reach_runtime_after_drop(self) -> None:
-        """Fallback mode only (no namespaces, root host): keep the Python runtime importable after the uid drop.
-
-        The interpreter may live under a directory the job uid cannot traverse (e.g. ``/root/.pyenv``). While
-        still root, open an O_PATH fd to each ``sys.path`` directory and import through
-        ``/proc/self/fd/N``: path checks then start at that directory, so the job reaches exactly the
-        runtime's (world-readable) files and not its ancestors.
-        """
-        paths, remap = [], []
-        for entry in sys.path:
-            try:
-                fd = os.open(entry, os.O_PATH | os.O_DIRECTORY)
-            except OSError:
-                continue
-            paths.append(f"/proc/self/fd/{fd}")
-            remap.append((entry.rstrip("/") + "/", f"/proc/self/fd/{fd}/"))
-        sys.path[:] = paths
-        sys.path_importer_cache.clear()
-        remap.sort(key=lambda pair: -len(pair[0]))
-        for module in list(sys.modules.values()):  # submodules of preloaded packages (encodings.idna, ...)
-            path = getattr(module, "__path__", None)
-            if isinstance(path, list):
-                for i, entry in enumerate(path):
-                    for old, new in remap:
-                        if entry.startswith(old):
-                            path[i] = new + entry[len(old):]
-                            break
-
-    def _load_filter(self, pid: int) -> None:
-        """In the child: patch our pid into the compiled filter, set no_new_privs, load it.
-
-        Everything (buffer, ctypes structure, bound functions) was prepared in the worker, so the child
-        only patches a few bytes and makes three system calls.
-        """
-        prog = self.bpf_prog
-        for off in self.bpf_pid_offsets:
-            struct.pack_into("=I", prog, off, pid)
-        if self.libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-        if self.libc.syscall(self.seccomp_nr, _SECCOMP_SET_MODE_FILTER, 0, self.bpf_fprog_ref) != 0:
-            raise OSError(ctypes.get_errno(), "seccomp(SECCOMP_SET_MODE_FILTER) failed")
-
-    def _build_filter(self, pid: int):
+    def _build_filter(self):
         sc = self.pyseccomp
         flt = sc.SyscallFilter(sc.ALLOW)
+        # another architecture's calls (x32 numbers, int 0x80) kill the whole process, not only the thread that
+        # made them (a job may have more than one)
+        flt.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
         eperm = sc.ERRNO(errno.EPERM)
 
         def rule(action: int, name: str, *args) -> None:
@@ -449,11 +442,14 @@ class Worker:
 
         for name in _DENY_EPERM:
             rule(eperm, name)
-        # clone: only threads (CLONE_THREAD set) are allowed; clone3 -> ENOSYS so libc falls back to clone.
-        flt.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))
+        for name in _NOTIFY_PROCESS + _NOTIFY_SIGNAL:
+            rule(sc.NOTIFY, name)
+        # clone: threads (CLONE_THREAD set) are allowed, a new process goes to the server; clone3 -> ENOSYS so
+        # libc falls back to clone.
+        flt.add_rule(sc.NOTIFY, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))
         rule(sc.ERRNO(errno.ENOSYS), "clone3")
-        for name in _SELF_ONLY:
-            rule(eperm, name, sc.Arg(0, sc.NE, pid))
+        # installing a signal handler (a non-NULL new action) goes to the server; reading one is allowed
+        flt.add_rule(sc.NOTIFY, "rt_sigaction", sc.Arg(1, sc.NE, 0))
         for name in _ZERO_ONLY:
             rule(eperm, name, sc.Arg(0, sc.NE, 0))
         # setpriority(which, who, prio): only (PRIO_PROCESS, 0), i.e. the calling thread. Its first argument is
@@ -465,30 +461,242 @@ class Worker:
             flt.add_rule(eperm, "fcntl", sc.Arg(1, sc.MASKED_EQ, _LOW32, cmd))
         for cmd in _IOCTL_DENY:
             flt.add_rule(eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, _LOW32, cmd))
-        # the parent-death signal that kills the job with its worker stays
+        # the parent-death signal that kills the zygote with its server stays
         flt.add_rule(eperm, "prctl", sc.Arg(0, sc.MASKED_EQ, _LOW32, _PR_SET_PDEATHSIG))
         return flt
 
+    # ------------------------------------------------------------------ the zygote
+    def _start_zygote(self) -> dict:
+        """Fork the zygote, receive its seccomp listener, allow its one ``execve``, wait for its report."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the zygote before it executes its own interpreter
+            try:
+                mine.close()
+                self._become_zygote(theirs)
+            except BaseException as exc:
+                try:
+                    theirs.send(json.dumps({"type": "failed", "error": f"{type(exc).__name__}: {exc}"}).encode())
+                finally:
+                    os._exit(72)
+            os._exit(73)
+        theirs.close()
+        self.zpid, self.zsock = pid, mine
+        deadline = time.monotonic() + 60.0
+        if self.bpf is not None:  # first message: the listener (or a failure)
+            msg, fds = self._zygote_message(deadline, fds=1)
+            if not fds:
+                raise RuntimeError(f"the zygote did not start: {msg.get('error', msg)}")
+            self.listener = fds[0]
+            os.set_inheritable(self.listener, False)
+        self.expect = "exec"
+        msg, _ = self._zygote_message(deadline)
+        self.expect = None
+        if msg.get("type") != "zygote":
+            raise RuntimeError(f"the zygote did not start: {msg.get('error', msg)}")
+        return msg
+
+    def _zygote_message(self, deadline: float, fds: int = 0) -> tuple[dict, list[int]]:
+        """The zygote's next message (JSON), answering seccomp notifications meanwhile."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError("the zygote did not answer in time")
+            watch = [self.zsock] + ([self.listener] if self.listener >= 0 else [])
+            ready, _, _ = select.select(watch, [], [], left)
+            if self.listener in ready:
+                self._on_notification()
+            if self.zsock in ready:
+                if fds:
+                    msg, got, _, _ = socket.recv_fds(self.zsock, 1 << 16, fds)
+                else:
+                    msg, got = self.zsock.recv(1 << 16), []
+                if not msg:
+                    raise RuntimeError("the zygote exited")
+                return json.loads(msg), got
+
+    def _become_zygote(self, sock: socket.socket) -> None:  # pragma: no cover - in the zygote, before exec
+        """In the forked zygote: descriptors, privileges, Landlock, seccomp (its listener to the server), exec."""
+        cfg = self.cfg
+        # fds: 0, 1 /dev/null; 2 the worker's stderr; 3 the socket; 4 the request pipe; keep: runtime dirs
+        high = [os.dup(sock.fileno()), os.dup(self.req_fd)]
+        devnull = os.open("/dev/null", os.O_RDWR)
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 1)
+        os.dup2(high[0], _ZSOCK_FD)
+        os.dup2(high[1], _ZREQ_FD)
+        host_pid = (cfg.get("host_ns") or {}).get("pid")
+        private_pid_ns = bool(host_pid) and os.readlink("/proc/self/ns/pid") != host_pid
+        zcfg = {"sys_path": cfg["sys_path"], "preload": cfg["preload"], "path_fds": {},
+                "lifeline": not private_pid_ns}
+        if self.reach_runtime:
+            zcfg["path_fds"] = self._runtime_fds()
+        keep = sorted(zcfg["path_fds"].values())
+        low = _ZREQ_FD + 1
+        for fd in keep:
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, 1 << 16)
+        zsock = socket.socket(fileno=os.dup(_ZSOCK_FD))  # for sending the listener (closed before exec)
+        self._confine_zygote()
+        if self.libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != self.pid:
+            os._exit(72)
+        if not cfg.get("native_jobs"):
+            self._landlock()
+        if self.libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+        if self.bpf is not None:
+            buf = (ctypes.c_ubyte * len(self.bpf)).from_buffer(bytearray(self.bpf))
+            prog = _SockFprog(len(self.bpf) // 8, ctypes.addressof(buf))
+            listener = self.libc.syscall(self.seccomp_nr, _SECCOMP_SET_MODE_FILTER,
+                                         _SECCOMP_FILTER_FLAG_NEW_LISTENER, ctypes.byref(prog))
+            if listener < 0:
+                raise OSError(ctypes.get_errno(), "seccomp(SECCOMP_SET_MODE_FILTER) failed")
+            socket.send_fds(zsock, [b"{}"], [listener])
+            os.close(listener)  # only the server may answer: a job holding it could allow its own fork
+        zsock.close()
+        zcfg["native_jobs"] = bool(cfg.get("native_jobs"))
+        python = cfg["python"]
+        os.execve(python, [python, "-S", "-s", "-c", cfg["zygote_source"], json.dumps(zcfg)], dict(os.environ))
+
+    def _confine_zygote(self) -> None:  # pragma: no cover - in the zygote, before exec
+        """Give up what the zygote and its jobs must not hold: the bounding and ambient sets, and every
+        capability but, for a root worker's zygote, ``CAP_SETUID``/``CAP_SETGID`` (kept through the execve as
+        inheritable capabilities, only to hand each job child its uid: the zygote stays uid 0, which a job's
+        uid cannot signal, trace or read)."""
+        libc = self.libc
+        keep = (1 << 6) | (1 << 7) if self.drop_uid else 0  # CAP_SETGID, CAP_SETUID
+        header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+        if self.drop_uid:  # inheritable first (it must be a subset of the bounding set when set)
+            now = (ctypes.c_uint32 * 6)()
+            if libc.capget(header, now) != 0:
+                raise OSError(ctypes.get_errno(), "capget failed")
+            now[2] = keep
+            if libc.capset(header, now) != 0:
+                raise OSError(ctypes.get_errno(), "capset of the inheritable set failed")
+        for cap in self.bounding:  # needs CAP_SETPCAP (held by the worker wherever its bounding set is not empty)
+            if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), f"prctl(PR_CAPBSET_DROP, {cap}) failed")
+        libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+        if self.drop_uid or self.drop_caps:
+            data = (ctypes.c_uint32 * 6)(keep, keep, keep, 0, 0, 0)  # effective, permitted, inheritable
+            if libc.capset(header, data) != 0:
+                raise OSError(ctypes.get_errno(), "capset failed")
+
+    def _landlock(self) -> None:  # pragma: no cover - in the zygote, before exec
+        """A Landlock ruleset: everything under every top-level directory but ``/proc`` stays as reachable as
+        before (file permissions and the mounts still decide); ``/proc`` (``/proc/self/mem``, the worker's
+        counters) is refused. Where the kernel has no Landlock the worker reports the missing layer."""
+        libc = self.libc
+        nrs = _SYS_LANDLOCK.get(self._arch)
+        abi = libc.syscall(nrs[0], None, 0, _LANDLOCK_CREATE_RULESET_VERSION) if nrs else -1
+        if abi < 1:
+            self.landlock_error = f"Landlock unavailable (errno {ctypes.get_errno()})"
+            return
+        fs = _LANDLOCK_FS[min(abi, 5)]
+        attr = (ctypes.c_uint64 * 3)(fs, 0, _LANDLOCK_SCOPE_SIGNAL if abi >= 6 else 0)
+        size = ctypes.sizeof(ctypes.c_uint64) * (3 if abi >= 6 else 1)
+        ruleset = libc.syscall(nrs[0], ctypes.byref(attr), size, 0)
+        if ruleset < 0:
+            raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
+        rule = (ctypes.c_ubyte * 12)()
+        try:
+            for name in sorted(os.listdir("/")):
+                if name == "proc":
+                    continue
+                try:
+                    fd = os.open("/" + name, os.O_PATH | os.O_CLOEXEC)
+                except OSError:
+                    continue
+                try:
+                    rights = fs if stat.S_ISDIR(os.fstat(fd).st_mode) else fs & _LANDLOCK_FILE_RIGHTS
+                    struct.pack_into("=Qi", rule, 0, rights, fd)
+                    if libc.syscall(nrs[1], ruleset, _LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0) != 0:
+                        raise OSError(ctypes.get_errno(), f"landlock_add_rule(/{name}) failed")
+                finally:
+                    os.close(fd)
+            if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+            if libc.syscall(nrs[2], ruleset, 0) != 0:
+                raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
+        finally:
+            os.close(ruleset)
+
+    def _runtime_fds(self) -> dict[str, int]:  # pragma: no cover - in the zygote, before exec
+        """Plain root mode: the interpreter may live under a directory the job uid cannot traverse (e.g.
+        ``/root/.pyenv``). An O_PATH descriptor per ``sys.path`` directory, opened while still root, lets the
+        job import through ``/proc/self/fd/N``: path checks then start at that directory, so the job reaches
+        exactly the runtime's (world-readable) files and not its ancestors. The zygote maps its paths."""
+        out = {}
+        for entry in self.cfg["sys_path"]:
+            try:
+                out[entry] = os.open(entry, os.O_PATH | os.O_DIRECTORY)
+            except OSError:
+                continue
+            os.set_inheritable(out[entry], True)  # through the execve
+        return out
+
+    def _on_notification(self) -> None:
+        """Answer one seccomp notification: the zygote may execute its interpreter (once, at start-up), fork a
+        job child (once per job) and install its interpreter's signal handlers; a job may signal only itself;
+        anything else is refused with EPERM. For a probe job the kernel's view of the job process is recorded
+        while it waits for the answer (its signal to itself, ``os.kill(os.getpid(), 0)``)."""
+        buf = bytearray(self.notif_size)
+        try:
+            fcntl.ioctl(self.listener, _SECCOMP_IOCTL_NOTIF_RECV, buf)
+        except OSError:
+            return  # the caller died meanwhile (ENOENT), or nothing was pending
+        if struct.unpack_from("=I", buf, 8)[0] != self.zpid and not self.job_pid:
+            self.pending.append(buf)  # a new job child, before its zygote told us its pid: answered then
+            return
+        self._answer(buf)
+
+    def _answer(self, buf: bytearray) -> None:
+        """Decide and answer one received notification (see :meth:`_on_notification`)."""
+        nid, pid, _flags = struct.unpack_from("=QII", buf, 0)
+        nr = struct.unpack_from("=i", buf, 16)[0]
+        arg0 = struct.unpack_from("=q", buf, 32)[0]
+        kinds = self.notify_nrs
+        allow = False
+        if pid == self.zpid:
+            if nr in kinds["exec"] and self.expect == "exec":
+                allow, self.expect = True, None
+            elif nr in kinds["fork"] and self.expect == "fork":
+                allow, self.expect = True, None
+            elif nr in kinds["sigaction"]:
+                allow = True  # the zygote's own interpreter (it never runs job code)
+        elif nr in kinds["signal"] and self.job_pid and arg0 == self.job_pid:
+            allow = True
+            if self.probe_facts is not None and not self.probe_facts:
+                self.probe_facts.update(_process_facts(self.job_pid))
+        resp = struct.pack("=QqiI", nid, 0, 0 if allow else -errno.EPERM,
+                           _SECCOMP_USER_NOTIF_FLAG_CONTINUE if allow else 0)
+        try:
+            fcntl.ioctl(self.listener, _SECCOMP_IOCTL_NOTIF_SEND, bytearray(resp))
+        except OSError:
+            pass  # it died meanwhile
+
     # ------------------------------------------------------------------ per job
-    def serve(self, req_fd: int, rep_fd: int) -> None:
+    def serve(self, rep_fd: int) -> None:
         """Answer jobs until the host closes our stdin.
 
         Per job the host sends two frames: a **control** frame (the limits and the deadline: numbers only),
         which the worker reads, and the **job** frame (code and call), which the worker never reads: the job
-        child reads it from the same pipe after the fork. The child's reply and output come back into
-        :class:`_Sink` buffers and are relayed to the host as raw bytes, never decoded here, and the buffers
-        are zeroed before the next fork. So the worker's memory, which every later job inherits, never holds
-        a job's text, value or output (no frame-to-frame channel; ``tests/sandbox/test_reward_hacking.py``
-        scans a job's memory for the previous job's markers).
+        child reads it from the same pipe after the zygote forked it. The child's reply and output come back
+        into :class:`_Sink` buffers and are relayed to the host as raw bytes, never decoded here, and the
+        buffers are zeroed after every job. The zygote never holds a job's text either, so no job finds an
+        earlier one's text, value or output in its memory (``tests/sandbox/test_reward_hacking.py`` scans a
+        job's memory for the previous job's markers).
 
         The result goes out as soon as the job is over; restoring the job area and checking our own state
         come after it, under the host's separate cleanup budget, so a job that fills its area until its
         deadline never makes the worker look unresponsive. A worker that cannot restore itself says why and
         exits (the host starts a fresh one) instead of answering later jobs from a dirty state.
         """
-        self.req_fd = req_fd
         while True:
-            ctl = _read_frame(req_fd)
+            ctl = _read_frame(self.req_fd)
             if ctl is None:
                 return
             try:
@@ -499,7 +707,7 @@ class Worker:
             meta["type"] = "result"
             try:
                 _write_frame(rep_fd, meta)
-                self.rep_sink.send(rep_fd, meta["reply"])
+                self.rep_sink.send(rep_fd, meta["reply"] + _MAC_BYTES, start=_MAC_BYTES)
                 self.out_sink.send(rep_fd, meta["stdout"])
             finally:
                 self.rep_sink.wipe()
@@ -526,22 +734,41 @@ class Worker:
             os.mkdir(jobdir, 0o700)
             if self.drop_uid:
                 os.chown(jobdir, self.uid, self.gid)
+        mb = 1024 * 1024
+        as_bytes = self.baseline_as + int(lim["memory_mb"]) * mb
+        cpu = int(-(-float(lim["cpu_s"]) // 1))
+        nproc = int(lim["max_threads"]) + 4
+        token = os.urandom(_TOKEN_BYTES)
+        req = {"token": token.hex(), "jobdir": jobdir, "max_output_chars": cap,
+               "uid": self.uid if self.drop_uid else None, "gid": self.gid,
+               "as_bytes": [as_bytes, as_bytes], "cpu": [cpu, cpu + 1], "nproc": [nproc, nproc],
+               "fsize": [int(lim["max_file_mb"]) * mb] * 2, "nofile": [int(lim["max_open_files"])] * 2,
+               "keep_fds": self.keep_fds, "native": bool(self.cfg.get("native_jobs"))}
+        self.probe_facts = {} if ctl.get("probe") else None
         r_rep, w_rep = os.pipe2(os.O_CLOEXEC)
         r_out, w_out = os.pipe2(os.O_CLOEXEC)
         t0 = time.monotonic()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the child
-            try:
-                os.close(r_rep)
-                os.close(r_out)
-                self._child(lim, w_rep, w_out, jobdir)
-            finally:
-                os._exit(71)
-        os.close(w_rep)
-        os.close(w_out)
         try:
-            return self._supervise(pid, r_rep, r_out, t0, timeout, cap, lim)
+            socket.send_fds(self.zsock, [json.dumps(req).encode()], [w_rep, w_out])
         finally:
+            os.close(w_rep)
+            os.close(w_out)
+        try:
+            self.expect = "fork"
+            msg, _ = self._zygote_message(t0 + max(30.0, timeout))
+            self.expect = None
+            self.job_pid = int(msg["pid"])
+            while self.pending:
+                self._answer(self.pending.pop(0))
+            backstop = (float(ctl.get("backstop_s") or timeout), bool(ctl.get("backstop_batch")))
+            meta = self._supervise(r_rep, r_out, t0, timeout, cap, lim, token, backstop)
+            if self.probe_facts is not None:
+                meta["probe"] = self.probe_facts
+            return meta
+        finally:
+            self.job_pid = 0
+            self.probe_facts = None
+            self.pending.clear()
             os.close(r_rep)
             os.close(r_out)
             # every job process is dead: the frame was read by the child, or is still in the pipe (the
@@ -555,28 +782,55 @@ class Worker:
             return -1
         return n.value
 
-    def _supervise(self, pid: int, r_rep: int, r_out: int, t0: float, timeout: float, cap: int,
-                   lim: dict) -> dict:
-        """Wait for the child's reply (its first frame), its output and its end; kill and reap it.
+    def _supervise(self, r_rep: int, r_out: int, t0: float, timeout: float, cap: int, lim: dict,
+                   token: bytes, ctl_backstop: tuple[float, bool]) -> dict:
+        """Wait for the child's reply (its first frame, after the token), its output and its end; kill it, and
+        read from the zygote how it ended.
+
+        The job's time limit is its own time, not the machine's: at the deadline the child is killed only if
+        it used ``timeout`` seconds of CPU or of its own wall time (time not spent waiting for a CPU, from
+        ``/proc/<pid>/schedstat``); a job that was kept waiting gets the time it waited. Past the backstop
+        (``ctl_backstop``: ten times the limit and 10 s, from the host) a job that still has not used its time
+        is stopped with status ``infra`` (the host retries it; its verdict is never "timeout" for the machine's
+        load), or ``timeout`` when the backstop is the host's batch deadline.
 
         Returns the result's metadata; the raw reply and output stay in the sinks (never decoded here).
         """
         deadline = t0 + timeout
+        backstop = t0 + float(ctl_backstop[0])
         rep, out = self.rep_sink, self.out_sink
-        rep_cap = cap * 6 + _REPLY_SLACK  # UTF-8 JSON without ASCII escaping: at most 6 bytes per char (\u001f)
+        rep_cap = cap * 6 + _REPLY_SLACK  # the harness's reply: at most 4 bytes a char of its capped value, its
+        # error text (4,000 chars at most), framing
         out_cap = cap * 4 + 4  # UTF-8: cap chars are at most 4 * cap bytes
         open_fds = [r_rep, r_out]
         for fd in open_fds:
             os.set_blocking(fd, False)
-        timed_out = out_over = rep_over = False
-        reply = 0  # length of the first complete reply frame (header included), 0 while there is none
-        while open_fds and not reply:
+        timed_out = out_over = forged = False
+        infra: str | None = None
+        ended = None  # the zygote's report, when the child ended before its reply was complete
+        reply = 0  # length of the first complete reply frame (seal and header included), 0 while there is none
+        head = _MAC_BYTES + _HEADER.size
+        while (open_fds or ended is None) and not reply:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                timed_out = True
-                break
-            ready, _, _ = select.select(open_fds, [], [], remaining)
+                verdict, more = self._past_deadline(t0, timeout, backstop, ctl_backstop[1])
+                if verdict == "timeout":
+                    timed_out = True
+                    break
+                if verdict != "more":
+                    infra = verdict
+                    break
+                deadline = time.monotonic() + more
+                continue
+            watch = open_fds + [self.zsock] + ([self.listener] if self.listener >= 0 else [])
+            ready, _, _ = select.select(watch, [], [], remaining)
+            if self.listener in ready:
+                self._on_notification()
+            if self.zsock in ready:
+                ended = self._ended()
             for fd in ready:
+                if fd not in open_fds:
+                    continue
                 sink = out if fd == r_out else rep
                 try:
                     got = sink.read_from(fd)
@@ -587,16 +841,19 @@ class Worker:
                     continue
                 if fd == r_out:
                     out_over = out.n > out_cap
-                else:
-                    if rep.n > rep_cap:
-                        rep_over = True
-                    elif rep.n >= _HEADER.size:
-                        (size,) = _HEADER.unpack_from(rep.chunks[0])
-                        if size > rep_cap:
-                            rep_over = True
-                        elif rep.n >= _HEADER.size + size:
-                            reply = _HEADER.size + size  # first frame only
-            if out_over or rep_over:
+                    continue
+                # the harness's own reply is never over rep_cap (its text is capped): anything longer is the job's
+                if rep.n > rep_cap:
+                    forged = True
+                elif rep.n >= head:
+                    (size,) = _HEADER.unpack_from(rep.chunks[0], _MAC_BYTES)
+                    if size > rep_cap:
+                        forged = True
+                    elif rep.n >= head + size:
+                        reply = head + size  # first frame only
+                        forged = not self._sealed(token, reply)
+            if out_over or forged:
+                reply = 0 if forged else reply
                 break
         seconds = time.monotonic() - t0
         if reply and not out_over:
@@ -608,13 +865,13 @@ class Worker:
                 except BlockingIOError:
                     break
             out_over = out.n > out_cap
-        # Kill the whole job process group, even after a normal reply (threads, stragglers).
-        for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-            try:
-                target()
+        if ended is None:
+            try:  # kill the job child, even after a normal reply (threads, stragglers); its zygote reaps it
+                os.kill(self.job_pid, signal.SIGKILL)
             except OSError:
                 pass
-        _, wstatus, rusage = os.wait4(pid, 0)
+            ended = self._ended(wait=True)
+        wstatus, cpu_used = ended
         base = {"status": None, "error": None, "seconds": seconds, "reply": 0, "stdout": 0}
         if out_over:
             return {**base, "status": "output_limit",
@@ -622,17 +879,18 @@ class Worker:
         base["stdout"] = out.n
         if timed_out:
             return {**base, "status": "timeout",
-                    "error": f"wall-clock limit of {timeout:g} s exceeded; the job was killed"}
-        if rep_over:
-            return {**base, "stdout": 0, "status": "output_limit",
-                    "error": f"the job's reply exceeded the size allowed by max_output_chars={cap}"}
+                    "error": f"time limit of {timeout:g} s exceeded; the job was killed"}
+        if infra:
+            return {**base, "stdout": 0, "status": "infra", "error": infra}
+        if forged:
+            return {**base, "status": "crashed",
+                    "error": "the job wrote to its reply channel itself (only the sandbox's harness may)"}
         if reply:
-            return {**base, "reply": reply}  # the host parses it
+            return {**base, "reply": reply - _MAC_BYTES}  # the host parses it (the seal is not relayed)
         # No reply: the child died.
-        cpu = rusage.ru_utime + rusage.ru_stime
         if os.WIFSIGNALED(wstatus):
             sig = os.WTERMSIG(wstatus)
-            if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= float(lim["cpu_s"]) - 0.05):
+            if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_used >= float(lim["cpu_s"]) - 0.05):
                 return {**base, "status": "timeout", "error": f"CPU time limit of {lim['cpu_s']:g} s exceeded"}
             try:
                 name = signal.Signals(sig).name
@@ -643,26 +901,63 @@ class Worker:
         return {**base, "status": "crashed",
                 "error": f"the job process exited with code {code} without a result (os._exit?)"}
 
-    def _restore(self) -> str | None:
-        """After a job: kill and reap stragglers, empty the job area, check our own attributes.
+    def _sealed(self, token: bytes, end: int) -> bool:
+        """Whether the reply's first ``end`` bytes are a frame sealed with ``token`` (HMAC-SHA256 of the frame,
+        then the frame): only the job's harness holds the token."""
+        mac = hmac.new(token, digestmod="sha256")
+        for view in self.rep_sink.views(_MAC_BYTES, end):
+            mac.update(view)
+        claimed = b"".join(bytes(v) for v in self.rep_sink.views(0, _MAC_BYTES))
+        return hmac.compare_digest(mac.digest(), claimed)
 
-        Returns why the worker cannot go on (it then retires), or None when it is as it was at start-up.
+    def _past_deadline(self, t0: float, timeout: float, backstop: float, batch: bool) -> tuple[str, float]:
+        """At the job's deadline: ``("timeout", 0)`` when it used its time (CPU, or its own wall time), else
+        ``("more", s)`` with the time it has left, or, past the backstop, ``("timeout", 0)`` for the host's
+        batch deadline and ``(<why>, 0)`` for the machine's load."""
+        now = time.monotonic()
+        try:
+            with open(f"/proc/{self.job_pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            cpu = (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime: every thread
+            with open(f"/proc/{self.job_pid}/schedstat") as fh:
+                waited = int(fh.read().split()[1]) / 1e9  # the main thread's time runnable, not running
+        except (OSError, IndexError, ValueError):
+            return "timeout", 0.0  # gone, or no schedstat here: the wall clock decides
+        own = now - t0 - waited
+        used = max(cpu, own)
+        if used >= timeout - 1e-3:
+            return "timeout", 0.0
+        if now >= backstop:
+            if batch:
+                return "timeout", 0.0
+            return (f"the job had {used:.2f} s of its {timeout:g} s after {now - t0:.1f} s ({waited:.1f} s waiting "
+                    f"for a CPU): the machine is too busy to time it fairly"), 0.0
+        return "more", max(timeout - used, 0.005)
+
+    def _ended(self, wait: bool = False) -> tuple[int, float]:
+        """The zygote's report on the job child (wait status, CPU seconds); with ``wait``, waits for it."""
+        msg, _ = self._zygote_message(time.monotonic() + (30.0 if wait else 5.0))
+        if "wstatus" not in msg:
+            raise RuntimeError(f"unexpected message from the zygote: {msg}")
+        return int(msg["wstatus"]), float(msg["cpu"])
+
+    def _restore(self) -> str | None:
+        """After a job: reap orphans, empty the job area, check our own attributes and that the zygote lives.
+
+        A job child cannot fork (the seccomp filter hands its forks to this server, which refuses them), so
+        nothing outlives the job but what its zygote reaps. Returns why the worker cannot go on (it then
+        retires), or None when it is as it was at start-up.
         """
-        if self.pidns_private:
-            # Our own pid namespace: this reaches only job stragglers (kill(-1) skips the namespace's init, which
-            # is bubblewrap's, and the caller).
-            try:
-                os.kill(-1, signal.SIGKILL)
-            except OSError:
-                pass
-        while True:  # reap orphans handed to us as subreaper
+        problems = []
+        while True:  # reap orphans handed to us as subreaper (none expected)
             try:
                 pid, _ = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid == 0:
                 break
-        problems = []
+            if pid == self.zpid:
+                problems.append("the zygote exited")
         if self.frame_pending:
             problems.append("the job's frame was not read by its child (protocol out of step)")
         if self.area == "mount":
@@ -689,26 +984,27 @@ class Worker:
             else:
                 if left:
                     problems.append(f"job area: {len(left)} entries left after the wipe")
-        now = self._attributes()
+        now = self._all_attributes()
         for key, value in self.attrs.items():
             if now.get(key) != value:
                 problems.append(f"worker {key} changed from {value!r} to {now.get(key)!r}")
         return "; ".join(problems) or None
 
-    def _attributes(self) -> dict:
-        """The worker's own attributes a job might try to change for good (each read is one syscall)."""
+    def _attributes(self, pid: int = 0) -> dict:
+        """The attributes of this worker (``pid`` 0) or of its zygote a job might try to change for good (each
+        read is one syscall)."""
         out: dict = {
-            "nice": os.getpriority(os.PRIO_PROCESS, 0),
-            "policy": os.sched_getscheduler(0),
-            "sched_priority": os.sched_getparam(0).sched_priority,
-            "affinity": sorted(os.sched_getaffinity(0)),
-            "rlimits": [resource.getrlimit(r) for r in _RLIMITS],
+            "nice": os.getpriority(os.PRIO_PROCESS, pid),
+            "policy": os.sched_getscheduler(pid),
+            "sched_priority": os.sched_getparam(pid).sched_priority,
+            "affinity": sorted(os.sched_getaffinity(pid)),
+            "rlimits": [resource.prlimit(pid, r) if pid else resource.getrlimit(r) for r in _RLIMITS],
         }
         nr = _SYS_IOPRIO_GET.get(self._arch)
         if nr is not None:
-            out["ioprio"] = self.libc.syscall(nr, _IOPRIO_WHO_PROCESS, 0)
+            out["ioprio"] = self.libc.syscall(nr, _IOPRIO_WHO_PROCESS, pid)
         try:  # "/autogroup-N nice K" (absent without CONFIG_SCHED_AUTOGROUP); os.open: 4x cheaper than open()
-            fd = os.open("/proc/self/autogroup", os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(f"/proc/{pid or 'self'}/autogroup", os.O_RDONLY | os.O_CLOEXEC)
             try:
                 out["autogroup_nice"] = os.read(fd, 256).split()[-1].decode()
             finally:
@@ -717,110 +1013,13 @@ class Worker:
             out["autogroup_nice"] = None
         return out
 
-    # ------------------------------------------------------------------ in the child
-    def _drop_privileges(self) -> None:
-        """In the child: give up every capability and, where the worker is root, its uid, for good."""
-        libc = self.libc
-        for cap in self.bounding:  # needs CAP_SETPCAP (held by the worker wherever its bounding set is not empty)
-            if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-                raise OSError(ctypes.get_errno(), f"prctl(PR_CAPBSET_DROP, {cap}) failed")
-        libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-        if self.drop_uid:
-            if self.reach_runtime:
-                self._reach_runtime_after_drop()
-            os.setgroups([])
-            os.setgid(self.gid)
-            os.setuid(self.uid)  # real, effective and saved uid all non-zero: every capability is cleared
-            if self.reach_runtime:
-                # setuid made us non-dumpable (so /proc/self/fd would be root's); imports through /proc/self/fd
-                # need it, and the job is the only process of its uid.
-                libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
-        elif self.drop_caps:
-            header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
-            data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable x 2: all empty
-            if libc.capset(header, data) != 0:
-                raise OSError(ctypes.get_errno(), "capset to no capabilities failed")
+    def _all_attributes(self) -> dict:
+        """This worker's attributes and its zygote's (``zygote <key>``)."""
+        out = self._attributes()
+        out.update({f"zygote {k}": v for k, v in self._attributes(self.zpid).items()})
+        return out
 
-    def _child(self, lim: dict, w_rep: int, w_out: int, jobdir: str) -> None:  # pragma: no cover
-        rep_fd = w_rep
-        try:
-            # The job's text: read here, in the child, from the pipe the worker left it in (the worker never
-            # reads it, so no later fork inherits it).
-            job = _read_frame(self.req_fd)
-            if not isinstance(job, dict) or not isinstance(job.get("code"), str):
-                raise RuntimeError("no job frame")
-            # Own session: own process group (killed as a whole afterwards) and own scheduler autogroup.
-            os.setsid()
-            devnull = os.open("/dev/null", os.O_RDWR)
-            os.dup2(devnull, 0)
-            os.dup2(w_out, 1)
-            os.dup2(devnull, 2)
-            os.dup2(w_rep, 3, inheritable=False)
-            rep_fd = 3
-            os.closerange(4, 1 << 16)
-            self._drop_privileges()
-            # Die with the worker even where no pid namespace does it for us (plain mode): set after the uid
-            # switch (which clears it), checked against a worker that died before, locked by the filter.
-            if self.libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-                raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-            if os.getppid() != self.pid:
-                os._exit(72)
-            os.chdir(jobdir)
-            mb = 1024 * 1024
-            as_bytes = self.baseline_as + int(lim["memory_mb"]) * mb
-            cpu = int(-(-float(lim["cpu_s"]) // 1))
-            nproc = int(lim["max_threads"]) + 4
-            for res, value in (
-                (resource.RLIMIT_AS, (as_bytes, as_bytes)),
-                (resource.RLIMIT_CPU, (cpu, cpu + 1)),
-                (resource.RLIMIT_NPROC, (nproc, nproc)),
-                (resource.RLIMIT_FSIZE, (int(lim["max_file_mb"]) * mb,) * 2),
-                (resource.RLIMIT_NOFILE, (int(lim["max_open_files"]),) * 2),
-                (resource.RLIMIT_CORE, (0, 0)),
-            ):
-                resource.setrlimit(res, value)
-            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large write fails with EFBIG instead
-            if self.bpf is not None:
-                self._load_filter(os.getpid())
-            elif self.cfg["seccomp"]:
-                raise RuntimeError("seccomp was requested but could not be set up")
-        except BaseException as exc:  # never run the job half-confined
-            try:
-                _write_frame(rep_fd, {"status": "error", "value": None,
-                                     "error": f"sandbox setup failed: {type(exc).__name__}: {exc}"})
-            finally:
-                os._exit(70)
-        # sys.stdin/stdout/stderr already wrap fds 0/1/2 (now /dev/null, the stdout pipe, /dev/null) and the
-        # worker never wrote to them, so their buffers are empty.
-        sys.argv = ["<job>"]
-        # Each job sees fresh randomness (a fork would otherwise repeat the worker's random state).
-        if "random" in sys.modules:
-            sys.modules["random"].seed()
-        np_random = sys.modules.get("numpy.random")
-        if np_random is not None:
-            try:
-                np_random.seed()
-            except Exception:
-                pass
-        # Bind what the reply needs before job code can monkey-patch modules.
-        write, dumps, exit_, stdout, len_ = os.write, json.dumps, os._exit, sys.stdout, len
-        result = _execute(job, int(lim["max_output_chars"]))
-        for stream in (sys.stdout, stdout):
-            try:
-                stream.flush()
-            except BaseException:
-                pass
-        try:  # no ASCII escaping: at most 6 bytes per character (a control character as \\u001f)
-            data = dumps(result, ensure_ascii=False).encode("utf-8", "surrogatepass")
-        except BaseException:
-            data = b'{"status": "error", "error": "the result could not be encoded"}'
-        data = _HEADER.pack(len_(data)) + data
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[write(rep_fd, view):]
-        finally:
-            exit_(0)
+    # ------------------------------------------------------------------ in the child
 
 
 def _effective_caps() -> int:
@@ -830,6 +1029,22 @@ def _effective_caps() -> int:
             if line.startswith("CapEff:"):
                 return int(line.split()[1], 16)
     return 0
+
+
+def _process_facts(pid: int) -> dict:
+    """The kernel's view of a process (``/proc/PID/status`` capability, seccomp and no-new-privs lines, its
+    namespaces): what a probe job cannot read itself (Landlock refuses it ``/proc``)."""
+    facts: dict = {}
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key in ("CapEff", "CapPrm", "CapBnd", "CapAmb", "CapInh", "Seccomp", "NoNewPrivs", "Uid"):
+                    facts[key] = value.strip()
+        facts["ns"] = {n: os.readlink(f"/proc/{pid}/ns/{n}") for n in ("net", "pid", "mnt", "ipc", "uts", "user")}
+    except OSError as exc:
+        facts["error"] = f"{type(exc).__name__}: {exc}"
+    return facts
 
 
 def _open_dir(name: str, dir_fd: int | None) -> int:
@@ -904,70 +1119,6 @@ def wipe_tree(path: str) -> None:
         os.close(top)
 
 
-def _describe(exc: BaseException, tb_limit: int = 5, type=type, str=str) -> str:  # noqa: A002
-    """Exception type + message and a short traceback tail restricted to the job's own frames."""
-    import traceback
-
-    try:
-        frames = [fr for fr in traceback.extract_tb(exc.__traceback__)
-                  if fr.filename in ("<job>", "<call>")][-tb_limit:]
-        only = "".join(traceback.format_exception_only(type(exc), exc)).rstrip().splitlines()
-        # "Type: message" first; a SyntaxError's location and caret lines follow it
-        text = "\n".join([only[-1], *only[:-1]]) if only else type(exc).__name__
-        if frames:
-            text += "\nTraceback (most recent call last, job frames only):\n"
-            text += "".join(traceback.format_list(frames)).rstrip()
-    except BaseException:
-        try:
-            text = f"{type(exc).__name__}: {exc}"
-        except BaseException:
-            text = type(exc).__name__
-    return _short(text)
-
-
-def _execute(job: dict, cap: int, len=len, repr=repr, type=type, str=str, compile=compile,  # noqa: A002
-             exec=exec, eval=eval, BaseException=BaseException, MemoryError=MemoryError,  # noqa: A002
-             SystemExit=SystemExit) -> dict:  # pragma: no cover - runs in the child
-    """Run code / call in a fresh namespace; return a JSON-safe result dict (no expected value is ever here:
-    the host compares).
-
-    The builtins it needs are bound as defaults when the worker loads, so a job that monkey-patches
-    ``builtins`` (``len``, ``repr``, ...) cannot garble its own report.
-    """
-    import builtins
-
-    status, value, error = "ok", None, None
-    ns: dict = {"__name__": "__main__", "__builtins__": builtins, "__doc__": None, "__package__": None,
-                "__spec__": None, "__loader__": None}
-    sys.modules["__main__"] = type(sys)("__main__")
-    sys.modules["__main__"].__dict__.update(ns)
-    ns = sys.modules["__main__"].__dict__
-    stage = "code"
-    try:
-        exec(compile(job["code"], "<job>", "exec"), ns)
-        if job.get("call") is not None:
-            stage = "call"
-            result = eval(compile(job["call"], "<call>", "eval"), ns)
-            stage = "repr"
-            text = repr(result)
-            if type(text) is not str:
-                raise TypeError("__repr__ returned a non-string")
-            if len(text) > cap:
-                return {"status": "output_limit", "value": None,
-                        "error": f"repr of the value has {len(text)} chars > max_output_chars={cap}"}
-            value = text
-    except MemoryError as exc:
-        status, value, error = "memory_limit", None, f"MemoryError during {stage}: {exc}"[:500]
-    except SystemExit as exc:
-        status, value, error = "error", None, f"SystemExit: {exc.code!r} (during {stage})"[:500]
-    except BaseException as exc:
-        status, value = "error", None
-        error = _describe(exc)
-        if stage != "code":
-            error = f"[during {stage}] {error}"
-    return {"status": status, "value": value, "error": error}
-
-
 def main() -> None:
     """Entry point: ``python -S -s -c <this source> <config json>``."""
     cfg = json.loads(sys.argv[1])
@@ -982,12 +1133,12 @@ def main() -> None:
     os.close(devnull)
     worker = Worker(cfg)
     try:
-        ready = worker.boot()
+        ready = worker.boot(req_fd)
     except BaseException as exc:
         _write_frame(rep_fd, {"type": "failed", "error": f"{type(exc).__name__}: {exc}"})
         raise
     _write_frame(rep_fd, ready)
-    worker.serve(req_fd, rep_fd)
+    worker.serve(rep_fd)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ from populora_env.checks import check, check_int, check_number
 from populora_env.literals import literal_value
 
 #: Every status an :class:`ExecResult` can carry.
-Status = Literal["ok", "error", "timeout", "memory_limit", "output_limit", "crashed"]
-STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "memory_limit", "output_limit", "crashed")
+Status = Literal["ok", "error", "timeout", "memory_limit", "output_limit", "crashed", "infra"]
+STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "memory_limit", "output_limit", "crashed", "infra")
 
 
 #: Upper bounds of every limit (a limit is finite and at most this): a job's wall clock, its CPU seconds, its
@@ -48,6 +48,11 @@ class SandboxError(RuntimeError):
     """The sandbox itself failed (could not start, or lost every worker). Never raised for a bad job."""
 
 
+class SandboxBusy(SandboxError):
+    """A job could not be given its time (the machine was too busy) even after the sandbox's retries: no
+    verdict is given for the machine's load (``Sandbox(infra_retries=...)``)."""
+
+
 class SandboxUnavailable(SandboxError):
     """The isolation the caller required (``Sandbox(require="strong")``) is not available on this host."""
 
@@ -57,10 +62,13 @@ class Limits:
     """Resource limits applied to every job (a job may override only ``timeout_s``).
 
     Attributes:
-        timeout_s: wall-clock limit per job, enforced by SIGKILL of the job's process group.
+        timeout_s: time limit per job, in the job's own time: it is killed (status ``"timeout"``) once it used
+            this many seconds of CPU, or of wall time not spent waiting for a CPU, so a verdict does not depend
+            on how busy the machine is. A job kept waiting past ten times the limit plus 10 s gets status
+            ``"infra"`` and is run again (``Sandbox(infra_retries=...)``).
         memory_mb: address space the job may add on top of the warm worker's own (RLIMIT_AS).
         cpu_s: CPU-seconds limit (RLIMIT_CPU, whole seconds, rounded up); ``None`` means
-            ``ceil(timeout) + 1``, a backstop behind the wall-clock kill.
+            ``ceil(timeout) + 1``, a backstop behind the time limit.
         max_output_chars: cap on the characters of the value's ``repr`` and of the captured stdout;
             exceeding it gives status ``"output_limit"``, never a truncated value.
         max_threads: threads (and processes) the job's uid may hold (RLIMIT_NPROC, plus a small
@@ -112,12 +120,18 @@ class ExecJob:
             a ``compare_to`` that is not a literal is refused here.
         timeout_s: per-job wall-clock override of :attr:`Limits.timeout_s` (finite, at most
             :data:`MAX_TIMEOUT_S`).
+        plain: the call's value must be plain data, built only from exact builtin types (``int``, ``float``,
+            ``complex``, ``str``, ``bytes``, ``bool``, ``None``, ``list``, ``tuple``, ``set``, ``frozenset``,
+            ``dict``; no subclass, no cycle); otherwise the result is an ``"error"`` whose text holds
+            :data:`~populora_env.literals.NOT_LITERAL_MARKER`. The check and the ``repr`` are the harness's,
+            made after the call returned (:attr:`ExecResult.plain`).
     """
 
     code: str
     call: str | None = None
     compare_to: str | None = None
     timeout_s: float | None = None
+    plain: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.code, str):
@@ -126,6 +140,10 @@ class ExecJob:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"ExecJob.{name} must be str or None, got {type(value).__name__}")
+        if not isinstance(self.plain, bool):
+            raise TypeError(f"ExecJob.plain must be a bool, got {type(self.plain).__name__}")
+        if self.plain and self.call is None:
+            raise ValueError("ExecJob.plain needs a call whose value is checked")
         if self.compare_to is not None and self.call is None:
             raise ValueError("ExecJob.compare_to needs a call whose value it is compared with")
         if self.compare_to is not None:
@@ -140,7 +158,8 @@ class ExecResult:
 
     Attributes:
         status: ``"ok"`` | ``"error"`` | ``"timeout"`` | ``"memory_limit"`` | ``"output_limit"`` |
-            ``"crashed"``.
+            ``"crashed"`` (``"infra"``, the machine too busy to time the job, never leaves :meth:`Sandbox.run`:
+            such a job is run again, or ``SandboxBusy`` is raised).
         value: ``repr()`` of the call's value (computed in the sandbox: the job's claim), or ``None``.
         match: ``None`` without ``compare_to``; else whether ``value``, parsed on the host as a Python literal,
             equals the literal ``compare_to`` (``False`` when the value is not a literal, e.g. ``nan`` or an
@@ -149,6 +168,9 @@ class ExecResult:
         error: exception type and message with a short traceback tail, or a description of the limit
             or crash; ``None`` when nothing went wrong.
         seconds: wall-clock time of the job as measured by its worker.
+        plain: ``value`` is the ``repr`` of plain data (exact builtin types only), checked and printed by the
+            sandbox's harness after the call had returned, with no other thread of the job alive: what the
+            call really returned. ``False``: the text came from the job's own code (a ``__repr__``), a claim.
     """
 
     status: Status
@@ -157,6 +179,7 @@ class ExecResult:
     stdout: str = ""
     error: str | None = None
     seconds: float = 0.0
+    plain: bool = False
 
     @property
     def ok(self) -> bool:

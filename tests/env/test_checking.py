@@ -80,12 +80,12 @@ def test_identical_answers_are_checked_once_but_reported_per_attempt(sandbox: An
     answers = [think("```input\n[1, 2], 3\n```")] * 5 + [think("```input\n[0], 1\n```")]
     outs = AnswerChecker(CheckConfig()).check([ABDUCTION] * 6, answers, counting)
     assert [o.correct for o in outs] == [True] * 5 + [False]
-    assert counting.jobs == 2
+    assert counting.jobs == 4  # two distinct answers, each run twice (the determinism check)
     # deduction compares two literals on the host: no job at all
     answers = [think("```output\n[3, 6]\n```")] * 5 + [think("```output\n[0]\n```")]
     outs = AnswerChecker(CheckConfig()).check([DEDUCTION] * 6, answers, counting)
     assert [o.correct for o in outs] == [True] * 5 + [False]
-    assert counting.jobs == 2
+    assert counting.jobs == 4
 
 
 def test_no_job_carries_the_expected_output(sandbox: Any) -> None:
@@ -134,6 +134,23 @@ def test_wrong_induction_programs_cost_one_execution(sandbox: Any) -> None:
     outs = AnswerChecker(CheckConfig()).check([INDUCTION, INDUCTION], [right, wrong], counting)
     assert [o.correct for o in outs] == [True, False]
     assert counting.batches == 2 and counting.jobs == 2 + 1  # both first pairs, then the right one's last pair
+
+
+def test_abduction_answers_run_twice_and_a_disagreement_is_nondeterministic(sandbox: Any) -> None:
+    """A program deterministic on its teacher's input but random elsewhere: the student's pre-image is run
+    twice, like the teacher's own input was, and two different values (or a value and a failure) make the
+    verdict ``nondeterministic``; a deterministic program keeps its verdicts."""
+    random_elsewhere = Task("r", TaskType.ABDUCTION, "import random\ndef f(x):\n    if x == 3:\n        return 9\n"
+                            "    return random.random()\n", ("3",), ("9",))
+    out = check(sandbox, random_elsewhere, think("```input\n4\n```"))
+    assert (out.correct, out.reason) == (False, Reason.NONDETERMINISTIC), out
+    # fails only in the second run (the heap padding binds a global): a value and a failure
+    flaky = Task("k", TaskType.ABDUCTION, "def f(x):\n    if x != 3 and '__populora_pad__' in globals():\n"
+                 "        raise ValueError\n    return 9\n", ("3",), ("9",))
+    out = check(sandbox, flaky, think("```input\n4\n```"))
+    assert (out.correct, out.reason) == (False, Reason.NONDETERMINISTIC), out
+    assert check(sandbox, random_elsewhere, think("```input\n3\n```")).correct  # its own input: 9 twice
+    assert check(sandbox, ABDUCTION, think("```input\n[1, 2], 3\n```")).correct
 
 
 def test_shadowed_builtins_do_not_fool_the_plain_data_guard(sandbox: Any) -> None:

@@ -202,3 +202,35 @@ def test_structured_garbage_never_raises(make_env: Any) -> None:
         assert all(terminations.values())
         for agent in env.possible_agents:
             assert all(r in (-1.0, -0.5, 0.0, 1.0) or 0.0 <= r <= 1.0 for r in infos[agent]["completion_rewards"])
+
+
+class _Scripted:
+    """Gives the same completion to every prompt."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def act(self, observation: Mapping[str, Any], info: Mapping[str, Any]) -> tuple[str, ...]:
+        return tuple(self.text for _ in info["requests"])
+
+
+def test_a_program_random_on_other_inputs_has_its_task_voided(make_env: Any) -> None:
+    """An abduction teacher whose ``f`` answers its own input (3) deterministically and every other input with a
+    value that changes from process to process: validation passes (two runs of its input agree), but a
+    student's pre-image gives two different values in its two runs, so the task is voided: its proposal counts as
+    invalid (reason ``nondeterministic``, -1), it leaves the buffers, and its attempts are out of p-hat. It cannot
+    set its own solve rate."""
+    env = make_env(num_teachers=1, num_students=1, task_types=("abduction",), tasks_per_teacher=1,
+                   samples_per_task=2, student_fill=False, reward_scheme="azr", validation="azr")
+    program = "def f(x):\n    if x == 3:\n        return 9\n    return id(object()) % 10 ** 9\n"
+    teacher = _Scripted(format_answer(f"```python\n{program}```\n```input\n3\n```"))
+    student = _Scripted(format_answer("```input\n4\n```"))
+    out = play_round(env, {"teacher_0": teacher}, {"student_0": student})
+    _, rewards, _, _, infos = out["step2"]
+    (proposal,) = env.last_outcome.results.proposals
+    assert (proposal.valid, proposal.reason) == (False, "nondeterministic")
+    assert env.last_outcome.rewards["teacher_0"] == (-1.0,)
+    assert [a.reason for a in env.last_outcome.results.attempts] == ["nondeterministic"] * 2
+    assert env.buffers.find(proposal.task_id) is None
+    assert infos["teacher_0"]["round"]["pairs"][0]["p_hat"] is None  # no valid task of this teacher left
+    assert infos["teacher_0"]["completion_info"][0]["valid"] is False

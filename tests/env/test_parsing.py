@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from populora_env.literals import ArgsError, parse_call_args, same_value, with_heap_padding
+from populora_env.literals import (
+    ArgsError,
+    literal_equal,
+    literal_matches,
+    max_equal_repr_chars,
+    parse_call_args,
+    same_value,
+    with_heap_padding,
+)
 from populora_env.parsing import (
     extract_answer,
     parse_induction_proposal,
@@ -170,3 +180,60 @@ def test_lenient_answer_close_accepts_an_answer_running_to_the_end() -> None:
     assert not extract_answer("<answer>```output\n1", require_close=False).format_ok  # <think> still required
     assert extract_answer("Sure <answer>1", require_think=False, require_close=False).answer == "1"
     assert not extract_answer("no tags", require_think=False, require_close=False).format_ok
+
+
+# --- the host reads a job's claim at a cost bounded by the expected value (issue 39) --------------------------
+
+_atoms = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=8),
+                   st.binary(max_size=8), st.complex_numbers(allow_nan=False, allow_infinity=False))
+_plain = st.recursive(_atoms, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.tuples(inner, inner), st.frozensets(st.integers() | st.text(max_size=4), max_size=4),
+    st.dictionaries(st.integers() | st.text(max_size=4), inner, max_size=4)), max_leaves=12)
+
+
+def _equal_variants(value: object) -> list[object]:
+    """Values equal to ``value`` by ``==`` whose ``repr`` may be longer: other numeric types, set for frozenset."""
+    out = [value]
+    if isinstance(value, bool | int | float | complex):
+        for kind in (int, float, complex, bool):
+            try:
+                other = kind(value)
+            except (TypeError, ValueError, OverflowError):
+                continue
+            if other == value:
+                out.append(other)
+    elif isinstance(value, frozenset):
+        out.append(set(value))
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            for other in _equal_variants(item)[1:]:
+                copy = list(value)
+                copy[i] = other
+                out.append(type(value)(copy))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            for other in _equal_variants(item)[1:]:
+                out.append({**value, key: other})
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(_plain)
+def test_no_value_equal_to_the_expected_one_has_a_longer_repr_than_the_bound(value: object) -> None:
+    bound = max_equal_repr_chars(value)
+    for other in _equal_variants(value):
+        assert len(repr(other)) <= bound, (value, other, bound)
+        assert literal_matches(repr(other), repr(value)) == literal_equal(repr(other), repr(value))
+
+
+def test_a_claim_longer_than_the_bound_is_refused_before_it_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from populora_env import literals
+
+    parsed: list[int] = []
+    real = literals.literal_value
+    monkeypatch.setattr(literals, "literal_value", lambda text: (parsed.append(len(text)), real(text))[1])
+    claim = "[" + ", ".join(["1"] * 100_000) + "]"
+    assert not literals.literal_matches(claim, "[4, 5]")
+    assert not literals.same_value("[4, 5]", claim)
+    assert parsed and max(parsed) == len("[4, 5]")  # only the expected value was ever parsed
+    assert literals.literal_matches("[4.0, 5]", "[4, 5]") and literals.literal_matches(repr(int(1e308)), "1e308")

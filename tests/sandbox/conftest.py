@@ -106,7 +106,8 @@ def assert_workers_clean(sb: Sandbox) -> None:
     """No job process, thread or zombie is left, each fork server is idle, and each job area is empty.
 
     Looks at every descendant of the sandbox's worker processes (orphans are re-parented to the fork server,
-    which is a subreaper, or to the namespace's init, so nothing escapes this view), and, in namespaced
+    which is a subreaper, or to the namespace's init, so nothing escapes this view): the fork server and its
+    zygote, idle, one thread each, and nothing else; and, in namespaced
     modes, checks from the host (through /proc/PID/root) that each job-area tmpfs is unmounted and its mount
     point empty. Waits for the workers' post-job cleanup first (they answer before cleaning).
     """
@@ -114,13 +115,15 @@ def assert_workers_clean(sb: Sandbox) -> None:
     uids = set(sb.worker_uids)
     servers = sb.fork_server_pids
     assert len(servers) == sb.n_workers, f"fork servers {servers} for {sb.n_workers} workers"
+    zygotes = sb.zygote_pids
+    assert len(zygotes) == sb.n_workers, f"zygotes {zygotes} for {sb.n_workers} workers"
     procs = sandbox_procs(sb)
     for p in procs:
         assert p["uid"] in uids or p["uid"] in (0, os.getuid()), f"unexpected uid in the sandbox tree: {p}"
         assert not p["state"].startswith("Z"), f"zombie left: {p}"
-    left = [p for p in procs if p["uid"] in uids and p["pid"] not in servers]
+    left = [p for p in procs if p["uid"] in uids and p["pid"] not in servers + zygotes]
     assert left == [], f"job processes left: {left}"
-    for pid in servers:
+    for pid in servers + zygotes:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         assert state in "SR", f"fork server {pid} is in state {state}"
         threads = len(os.listdir(f"/proc/{pid}/task"))

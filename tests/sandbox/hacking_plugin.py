@@ -7,6 +7,12 @@ hacks, scripted from the env's own observations, and every round's verdicts are 
 * students: every induction answer is a frame-walking program that returns the hidden output it finds; every
   abduction and deduction answer is wrong.
 
+With ``POPULORA_TEST_HACK_MODE=forge`` the policy forges and colludes instead (``tests/sandbox/test_gold_forgery.py``):
+every deduction/abduction proposal is a teacher program of the forgery corpus on the input 3 (its ``f`` really
+returns 4, it tries to make the sandbox report 3007), and every answer is the one the forgery would pay: ``3007``
+for a deduction task, ``3006`` (a pre-image of 3007 under the true ``x + 1``) for an abduction task. Each
+forged task's stored gold output is written out too.
+
 ``POPULORA_TEST_HACK_OUT`` names the JSON-lines file: one line per round with every attempt's verdict and
 reward and every valid proposal's solve rate and reward.
 """
@@ -19,10 +25,12 @@ from collections import deque
 
 from populora_env.policies import SeedTeacher
 from selfplay import loop as _loop
+from tests.sandbox.test_gold_forgery import forging_programs
 from tests.sandbox.test_reward_hacking import _checked_mode_teacher, _student
 from tests.selfplay.scripted import GARBAGE, ScriptedGenerator, continuation
 
 _OUT = os.environ.get("POPULORA_TEST_HACK_OUT")
+_FORGE = os.environ.get("POPULORA_TEST_HACK_MODE") == "forge"
 
 
 class HackScript:
@@ -30,6 +38,7 @@ class HackScript:
         self.inducer = SeedTeacher(seed)
         self.counter = 0
         self.texts: dict = {}
+        self.forged: dict = {}  # task id -> stored gold output, for each forged task a student meets
 
     def load(self, env, obs, infos, adapter_of) -> None:
         self.texts = {}
@@ -42,13 +51,23 @@ class HackScript:
                         body = full[full.index("<answer>\n") + len("<answer>\n"): full.rindex("\n</answer>")]
                     else:
                         self.counter += 1
-                        program = f"```python\n{_checked_mode_teacher('frame_walk')}```"
-                        given = f"```input\n{self.counter}\n```"
+                        if _FORGE:
+                            forgeries = forging_programs(stored_first=True)
+                            program = f"```python\n{forgeries[(self.counter - 1) % len(forgeries)]}```"
+                            given = "```input\n3\n```"
+                        else:
+                            program = f"```python\n{_checked_mode_teacher('frame_walk')}```"
+                            given = f"```input\n{self.counter}\n```"
                         text = continuation(f"{program}\n{given}", prefix)
                         if text == GARBAGE:  # a prompt set whose prefix opens the input
                             text = continuation(f"{given}\n{program}", prefix)
                         self.texts.setdefault((adapter_of[agent], prompt), deque()).append(text)
                         continue
+                elif _FORGE and kind != "induction":  # the answer its own forgery would pay
+                    task = env.current_tasks[request["task_id"]]
+                    if task.teacher == "teacher_0" and "_frame" in task.program:
+                        self.forged[request["task_id"]] = list(task.outputs)
+                    body = "```output\n3007\n```" if kind == "deduction" else "```input\n3006\n```"
                 elif kind == "induction":
                     body = f"```python\n{_student('frame_walk')}```"
                 elif kind == "abduction":
@@ -59,18 +78,20 @@ class HackScript:
                 self.texts.setdefault((adapter_of[agent], prompt), deque()).append(text)
 
 
-def _record(env) -> None:
+def _record(env, script: HackScript) -> None:
     outcome = env.last_outcome
     if outcome is None or not _OUT:
         return
     res = outcome.results
     attempts = [{"agent": a.agent, "task_type": a.task_type, "correct": a.correct, "reason": a.reason,
                  "teacher": a.teacher, "reward": outcome.rewards[a.agent][a.index]} for a in res.attempts]
-    proposals = [{"agent": p.agent, "task_type": p.task_type, "valid": p.valid, "reason": p.reason,
+    proposals = [{"agent": p.agent, "task_id": p.task_id, "task_type": p.task_type, "valid": p.valid, "reason": p.reason,
                   "p_hat": res.solve_rate(p.task_id), "reward": outcome.rewards[p.agent][p.index]}
                  for p in res.proposals]
     with open(_OUT, "a") as fh:
-        fh.write(json.dumps({"round": res.round, "attempts": attempts, "proposals": proposals}) + "\n")
+        fh.write(json.dumps({"round": res.round, "attempts": attempts, "proposals": proposals,
+                             "forged_gold": script.forged}) + "\n")
+    script.forged = {}
 
 
 _setup = _loop.SelfPlayLoop.setup
@@ -95,7 +116,7 @@ def _hacked_setup(self) -> None:
             self.generator.phase = "solve"
             script.load(env, out[0], out[4], adapter_of)
         else:
-            _record(env)
+            _record(env, script)
         return out
 
     env.reset, env.step = scripted_reset, scripted_step

@@ -4,6 +4,11 @@ For every program we assert containment ON THE HOST, not only a status: the cana
 file appears, the listeners see no traffic, the secret never shows up in anything the sandbox returns, the
 workers are the same processes as before, and each worker uid owns nothing but its idle worker (no job,
 thread or zombie left) with an empty private job area.
+
+Jobs cannot import ``ctypes`` (the zygote they are forked from never loaded it, and their audit hook refuses
+it): the programs that call the kernel directly through it (``native``) run on a sandbox that lets them
+(``Sandbox(_native_jobs=True)``), as a job would that had broken out of the interpreter, so that the kernel
+layers behind it (seccomp, uids, namespaces, rlimits) are tested on their own.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from populora_env.sandbox import ExecJob, ExecResult, Sandbox
+from populora_env.sandbox import ExecJob, ExecResult, Limits, Sandbox
 from populora_env.sandbox import isolation as iso
 
 from .conftest import HostBait, assert_workers_clean
@@ -51,6 +56,7 @@ class Hostile:
     # run into the wall clock set a short one and check that this clock (named in the error) killed them.
     timeout_s: float = 20.0
     check: Callable[[ExecResult], None] | None = None
+    native: bool = False  # uses ctypes: runs on a sandbox that lets it (the kernel layers on their own)
 
 
 def H(name: str, code: str, call: str | None = None, expect: set[str] | str = ANY_FAIL, **kw) -> Hostile:  # noqa: N802
@@ -59,7 +65,8 @@ def H(name: str, code: str, call: str | None = None, expect: set[str] | str = AN
     prefix = ""
     if code.startswith(RAW):
         prefix, code = RAW, code[len(RAW):]
-    return Hostile(name, prefix + textwrap.dedent(code).strip() + "\n", call, exp, **kw)
+    code = prefix + textwrap.dedent(code).strip() + "\n"
+    return Hostile(name, code, call, exp, native=kw.pop("native", "import ctypes" in code), **kw)
 
 
 def _stopped_early(r: ExecResult) -> None:
@@ -69,9 +76,10 @@ def _stopped_early(r: ExecResult) -> None:
 
 
 def _killed_by_wall_clock(r: ExecResult) -> None:
-    """Killed by the 0.5 s wall clock: the error names it (not the CPU limit, not a worker restart), and the
-    worker measured at least the limit (it never kills early)."""
-    assert r.error == "wall-clock limit of 0.5 s exceeded; the job was killed", r.error
+    """Killed by the worker at its 0.5 s time limit (its own time: CPU, or wall time not spent waiting for a
+    CPU): the error names it (not the kernel's CPU limit, not a worker restart), and the worker measured at least
+    the limit (it never kills early)."""
+    assert r.error == "time limit of 0.5 s exceeded; the job was killed", r.error
     assert r.seconds >= 0.5
 
 
@@ -172,7 +180,8 @@ CORPUS: list[Hostile] = [
                         continue
                     if b'POPULORA-SECRET' in data or b'$ENV_VAR' in data:
                         hits.append((pid, what))
-        """, "hits", expect="ok", value="[]"),
+        """, "hits", expect="ok", value="[]", native=True),  # (/proc is refused to jobs: "proc_listing")
+    H("proc_listing", "import os\nprint(os.listdir('/proc'))", expect="error"),
     H("home_secret_file", "print(open('$HOME_SECRET').read())", expect="error"),
     H("home_listing", """
         import os
@@ -301,7 +310,10 @@ CORPUS: list[Hostile] = [
       check=_killed_by_wall_clock),
     H("ignore_sigxcpu", """
         import signal
-        signal.signal(signal.SIGXCPU, signal.SIG_IGN)
+        try:
+            signal.signal(signal.SIGXCPU, signal.SIG_IGN)  # refused: a job installs no signal action
+        except OSError:
+            pass
         while True:
             pass
         """, expect="timeout", timeout_s=0.5, check=_killed_by_wall_clock),
@@ -353,6 +365,71 @@ CORPUS: list[Hostile] = [
             return f(n + 1) + 1
         f(0)
         """, expect={"crashed", "error", "memory_limit", "timeout"}, timeout_s=1.0),
+    # ---------------------------------------------------------------- the interpreter's ways to native code and
+    # to the harness's locals (refused to every job, so no job can rewrite the reply its harness sends)
+    H("ctypes_import", "import ctypes", expect="error", native=False,
+      check=lambda r: _error_starts(r, "ImportError: import of ctypes is refused")),
+    H("ctypes_extension_loaded_by_hand", """
+        import _imp, glob, importlib.machinery as m, sys
+        so = [p for d in sys.path for p in glob.glob(d + '/_ctypes*.so')][0]
+        _imp.create_dynamic(m.ModuleSpec('_ctypes', m.ExtensionFileLoader('_ctypes', so), origin=so))
+        """, expect="error", check=lambda r: _error_starts(r, "ImportError: import of _ctypes is refused")),
+    H("ctypes_classes_of_the_zygote", """
+        def walk(c, seen):
+            for s in type.__subclasses__(c):
+                if s not in seen:
+                    seen.add(s)
+                    walk(s, seen)
+            return seen
+        found = sorted(c.__name__ for c in walk(object, set()) if 'ctypes' in str(c.__module__))
+        """, "found", expect="ok", value="[]"),
+    H("frame_of_the_harness", "import sys\nf = sys._getframe(1)", expect="error",
+      check=lambda r: _error_starts(r, "ValueError: frame access is refused")),
+    H("frame_through_a_traceback", """
+        try:
+            1 / 0
+        except ZeroDivisionError as e:
+            fr = e.__traceback__.tb_frame
+        """, expect="error", check=lambda r: _error_starts(r, "AttributeError: frame access is refused")),
+    H("frame_through_a_generator", "g = (x for x in [1])\nfr = g.gi_frame", expect="error"),
+    H("gc_object_walk", "import gc\nobjs = gc.get_objects()", expect="error"),
+    H("gc_referrers", "import gc\nr = gc.get_referrers(print)", expect="error"),
+    H("trace_function", "import sys\nsys.settrace(lambda *a: None)", expect="error"),
+    H("profile_function", "import sys\nsys.setprofile(lambda *a: None)", expect="error"),
+    H("signal_handler", "import signal\nsignal.signal(signal.SIGUSR1, lambda s, f: None)", expect="error",
+      check=lambda r: _error_starts(r, "PermissionError: [Errno 1] Operation not permitted")),
+    H("signal_handler_replaced", "import signal\nsignal.signal(signal.SIGINT, lambda s, f: None)",
+      "signal.getsignal(signal.SIGINT) is signal.default_int_handler", expect="error"),
+    H("audit_hook_of_its_own", """
+        import sys
+        seen = []
+        sys.addaudithook(lambda e, a: seen.append(e))
+        open('x', 'w').close()
+        """, "seen", expect="ok", value="[]"),
+    H("crafted_bytecode", "import marshal\nc = marshal.loads(marshal.dumps((lambda: 1).__code__))",
+      expect="error"),
+    H("code_object_built", "c = (lambda: 1).__code__.replace(co_consts=(2,))", expect="error"),
+    H("code_object_swapped", "def f():\n    return 1\nf.__code__ = (lambda: 2).__code__", expect="error"),
+    H("own_memory_through_proc", "open('/proc/self/mem', 'rb')", expect="error",
+      check=lambda r: _error_starts(r, "PermissionError: [Errno 13] Permission denied")),
+    H("own_memory_through_a_link", """
+        import os
+        os.symlink('/proc/self/mem', 'm')
+        open('m', 'rb')
+        """, expect="error", check=lambda r: _error_starts(r, "PermissionError: [Errno 13] Permission denied")),
+    H("counters_of_the_parent", "import os\nopen(f'/proc/{os.getppid()}/stat').read()", expect="error",
+      check=lambda r: _error_starts(r, "PermissionError: [Errno 13] Permission denied")),
+    # the fork server's counters (and any other process's): a job can guess its pid, never open its /proc entry
+    H("counters_of_every_process", """
+        readable = []
+        for pid in range(1, 300):
+            try:
+                open(f'/proc/{pid}/stat').read()
+                readable.append(pid)
+            except OSError:
+                pass
+        """, "readable", expect="ok", value="[]"),
+    H("signal_the_zygote_group", "import os, signal\nos.kill(0, signal.SIGKILL)", expect="error"),
     # ---------------------------------------------------------------- tampering (state must not leak)
     H("tamper_builtins", """
         import builtins
@@ -389,7 +466,7 @@ def _no_value(r: ExecResult) -> None:
 
 
 def test_corpus_size() -> None:
-    assert len(CORPUS) == 79  # update when adding programs: a shrinking corpus must not go unnoticed
+    assert len(CORPUS) == 101  # update when adding programs: a shrinking corpus must not go unnoticed
     assert len({c.name for c in CORPUS}) == len(CORPUS)
 
 
@@ -402,37 +479,52 @@ def _host_checks(sb: Sandbox, bait: HostBait, r: ExecResult, pids: list[int]) ->
 
 
 @pytest.fixture(scope="module")
-def start_pids(sb: Sandbox) -> list[int]:
-    assert sb.run_one("x = 1", "x").value == "1"
-    return list(sb.worker_pids)
+def native_sb(bait: HostBait) -> Sandbox:
+    """The same sandbox, but its jobs may use ctypes (and read /proc): the kernel layers on their own."""
+    with Sandbox(workers=2, limits=Limits(timeout_s=1.0, memory_mb=256, max_output_chars=10_000),
+                 _native_jobs=True) as box:
+        yield box
+
+
+@pytest.fixture(scope="module")
+def start_pids(sb: Sandbox, native_sb: Sandbox) -> dict[bool, list[int]]:
+    for box in (sb, native_sb):
+        assert box.run_one("x = 1", "x").value == "1"
+    return {False: list(sb.worker_pids), True: list(native_sb.worker_pids)}
 
 
 @pytest.mark.parametrize("case", CORPUS, ids=[c.name for c in CORPUS])
-def test_hostile(case: Hostile, sb: Sandbox, bait: HostBait, start_pids: list[int]) -> None:
-    r = sb.run_one(bait.subst(case.code), call=case.call, timeout_s=case.timeout_s)
+def test_hostile(case: Hostile, sb: Sandbox, native_sb: Sandbox, bait: HostBait,
+                 start_pids: dict[bool, list[int]]) -> None:
+    box = native_sb if case.native else sb
+    r = box.run_one(bait.subst(case.code), call=case.call, timeout_s=case.timeout_s)
     assert r.status in case.expect, f"{case.name}: {r}"
     if case.value is not None:
         assert r.value == case.value, f"{case.name}: {r}"
     if case.check is not None:
         case.check(r)
-    _host_checks(sb, bait, r, start_pids)
+    _host_checks(box, bait, r, start_pids[case.native])
 
 
-def test_whole_corpus_as_one_batch_then_normal_job(sb: Sandbox, bait: HostBait, start_pids: list[int]) -> None:
+@pytest.mark.parametrize("native", [False, True], ids=["jobs", "native_jobs"])
+def test_whole_corpus_as_one_batch_then_normal_job(native: bool, sb: Sandbox, native_sb: Sandbox, bait: HostBait,
+                                                   start_pids: dict[bool, list[int]]) -> None:
     """All hostile programs at once on both workers; afterwards the pool still answers correctly."""
-    jobs = [ExecJob(code=bait.subst(c.code), call=c.call, timeout_s=c.timeout_s) for c in CORPUS]
+    sb = native_sb if native else sb
+    cases = [c for c in CORPUS if c.native == native]
+    jobs = [ExecJob(code=bait.subst(c.code), call=c.call, timeout_s=c.timeout_s) for c in cases]
     t0 = time.monotonic()
     # a bound, not a timing check: the batch normally takes well under a minute; a job stopped by this deadline
     # would show as an unexpected "timeout" below
     results = sb.run(jobs, deadline_s=600)
     assert time.monotonic() - t0 < 600
-    for case, r in zip(CORPUS, results, strict=True):
+    for case, r in zip(cases, results, strict=True):
         assert r.status in case.expect, f"{case.name}: {r}"
         for text in (r.value, r.stdout, r.error):
             assert bait.token not in (text or "")
     r = sb.run_one("def f(x):\n    return sorted(x)", call="f([3, 1, 2])", compare_to="[1, 2, 3]")
     assert (r.status, r.value, r.match) == ("ok", "[1, 2, 3]", True)
-    _host_checks(sb, bait, r, start_pids)
+    _host_checks(sb, bait, r, start_pids[native])
     # nothing owned by a job uid anywhere in the host's temp dirs
     # (find, not os.walk: os.walk recurses per level and any deep tree in /tmp would break this check)
     uid_tests = " -o ".join(f"-uid {u}" for u in sb.worker_uids)
@@ -451,7 +543,7 @@ def test_tampering_does_not_leak_to_later_jobs(bait: HostBait) -> None:
         code="import math, json, os, random\nstate = (sorted([2, 1]), len('ab'), math.sqrt(4), 2 + 3, "
              "json.dumps([1]), os.write.__name__)",
         call="state", compare_to="([1, 2], 2, 2.0, 5, '[1]', 'write')")
-    with Sandbox(workers=1) as one:
+    with Sandbox(workers=1, _native_jobs=True) as one:  # even a job with ctypes leaves nothing for the next one
         jobs = []
         for c in tamper:
             jobs += [ExecJob(code=bait.subst(c.code), call=c.call), check]

@@ -1,10 +1,14 @@
 """Jobs that try to change their worker (or any other process) for good, checked on the host.
 
 Each attack runs on a single-worker pool, namespaced and plain; afterwards, on the host: the same worker processes are still there
-(no restart was needed), the fork server's nice, scheduling policy, real-time priority, affinity, I/O priority,
-rlimits and autogroup nice are exactly what they were before any job ran (and normal: nice 0, SCHED_OTHER),
-the next job sees the same values for itself as a job before the attacks did, and a real job answers
-correctly. Every attack program also reports which of its attempts the kernel accepted: none may be.
+(no restart was needed), the fork server's and the zygote's nice, scheduling policy, real-time priority,
+affinity, I/O priority, rlimits and autogroup nice are exactly what they were before any job ran (and normal:
+nice 0, SCHED_OTHER), the next job sees the same values for itself as a job before the attacks did, and a real
+job answers correctly. Every attack program also reports which of its attempts the kernel accepted: none may be.
+
+The attacks call the kernel through ctypes, which jobs cannot import: they run on ``Sandbox(_native_jobs=True)``,
+as a job would that had broken out of the interpreter, so the kernel layers are tested on their own. Their
+"worker" is the job's parent, the zygote (it forks every job); the fork server is the zygote's parent.
 
 Which layer stops each attack is listed in ``docs/sandbox.md``.
 """
@@ -169,23 +173,26 @@ SELF_VIEW = (
 
 @pytest.fixture(scope="module", params=["bwrap", "plain"])
 def one(request):
-    """A single-worker pool (each mode) and what was true before any attack: fork-server attributes, a job's
-    view of itself."""
-    with Sandbox(workers=1, mode=request.param, limits=Limits(timeout_s=20.0, memory_mb=256)) as box:
+    """A single-worker pool (each mode) and what was true before any attack: the fork server's and the
+    zygote's attributes, a job's view of itself."""
+    with Sandbox(workers=1, mode=request.param, limits=Limits(timeout_s=20.0, memory_mb=256),
+                 _native_jobs=True) as box:
         view = box.run_one(SELF_VIEW, "state")
         assert view.status == "ok", view
         box.wait_clean()
-        server = box.fork_server_pids[0]
-        before = process_attributes(server)
-        assert {k: before[k] for k in NORMAL} == NORMAL
-        yield box, list(box.worker_pids), server, before, view.value
+        server, zygote = box.fork_server_pids[0], box.zygote_pids[0]
+        before = [process_attributes(server), process_attributes(zygote)]
+        assert all({k: b[k] for k in NORMAL} == NORMAL for b in before)
+        yield box, list(box.worker_pids), (server, zygote), before, view.value
 
 
 def _after_attack(one) -> None:
-    box, pids, server, before, view = one
+    box, pids, (server, zygote), before, view = one
     assert box.worker_pids == pids and box.fork_server_pids == [server], "the worker was restarted"
+    assert box.zygote_pids == [zygote], "the zygote was restarted"
     assert_workers_clean(box)
-    assert process_attributes(server) == before, "the fork server's attributes changed"
+    assert process_attributes(server) == before[0], "the fork server's attributes changed"
+    assert process_attributes(zygote) == before[1], "the zygote's attributes changed"
     assert box.run_one(SELF_VIEW, "state").value == view, "the next job runs with different attributes"
     r = box.run_one("def f(x):\n    return sorted(x)", "f([3, 1, 2])", "[1, 2, 3]")
     assert (r.status, r.value, r.match) == ("ok", "[1, 2, 3]", True)
@@ -214,10 +221,10 @@ def test_x32_syscall_numbers_are_killed(one) -> None:
 
 def test_every_attack_in_one_batch_on_two_workers() -> None:
     """The same attacks as one batch on two workers: no worker is restarted or changed, later jobs are right."""
-    with Sandbox(workers=2, limits=Limits(timeout_s=20.0)) as box:
+    with Sandbox(workers=2, limits=Limits(timeout_s=20.0), _native_jobs=True) as box:
         box.wait_clean()
         pids = list(box.worker_pids)
-        servers = box.fork_server_pids
+        servers = box.fork_server_pids + box.zygote_pids
         before = [process_attributes(s) for s in servers]
         results = box.run([ExecJob(_code(body), "accepted") for body in ATTACKS.values()])
         assert [(r.status, r.value) for r in results] == [("ok", "[]")] * len(ATTACKS)
@@ -225,4 +232,4 @@ def test_every_attack_in_one_batch_on_two_workers() -> None:
         assert all(r.match for r in rs) and [r.value for r in rs] == [str(2 * i) for i in range(20)]
         assert box.worker_pids == pids
         assert_workers_clean(box)
-        assert [process_attributes(s) for s in servers] == before
+        assert [process_attributes(s) for s in box.fork_server_pids + box.zygote_pids] == before

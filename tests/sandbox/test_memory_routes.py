@@ -7,8 +7,8 @@ files behind its descriptors (``st_blocks``: memfds, deleted files), and the byt
 (each pipe reopened through ``/proc/PID/fd`` and asked with ``FIONREAD``). Bounds, per route (see
 ``docs/sandbox.md``):
 
-* anonymous / shared anonymous (incl. thread stacks): ``memory_mb`` + the worker's own address space
-  (RLIMIT_AS is the worker's size plus ``memory_mb``; a job can dirty its copy of the worker's pages);
+* anonymous / shared anonymous (incl. thread stacks): ``memory_mb`` + the zygote's address space
+  (RLIMIT_AS is the zygote's size plus ``memory_mb``; a job can dirty its copy of the zygote's pages);
 * files: ``tmp_mb`` and ``max_files`` inodes (the job's tmpfs); /tmp, /dev/shm read-only;
 * memfd, SysV shared memory, POSIX message queues: refused;
 * pipes: ``max_open_files`` descriptors of at most 64 KiB each (resizing refused).
@@ -242,15 +242,17 @@ def hold_and_measure(box: Sandbox, body: str) -> tuple[ExecResult, dict[str, int
 
 @pytest.fixture(scope="module")
 def box():
-    with Sandbox(workers=1, limits=LIMITS) as sb:
+    # jobs with ctypes (raw memfd, SysV and POSIX IPC calls) and /proc: these bounds are the kernel's, they
+    # hold for a job that broke out of the interpreter too
+    with Sandbox(workers=1, limits=LIMITS, _native_jobs=True) as sb:
         sb.wait_clean()
-        server = sb.fork_server_pids[0]
-        baseline = _status_kb(server)["VmSize"] * 1024  # RLIMIT_AS = this + memory_mb
+        zygote = sb.zygote_pids[0]  # every job is forked from it
+        baseline = _status_kb(zygote)["VmSize"] * 1024  # RLIMIT_AS = this + memory_mb
         yield sb, list(sb.worker_pids), baseline
 
 
 def _bound(box) -> int:
-    """Anonymous bound: memory_mb plus the worker's address space (a job may dirty its copy of all of it)."""
+    """Anonymous bound: memory_mb plus the zygote's address space (a job may dirty its copy of all of it)."""
     return LIMITS.memory_mb * MB + box[2]
 
 

@@ -12,7 +12,10 @@ end-to-end run) were paid. Now:
 
 * no job receives an expected value (the host compares, or a judge job that runs no model code);
 * the worker never reads a job's text nor decodes its reply, and zeroes the buffers that carried them;
-* a job's reply is a claim of values, never a verdict.
+* a job's reply is a claim of values, never a verdict;
+* since issue 39, a job cannot write a reply at all (only the harness holds the per-job token the fork server
+  checks), and the routes below are refused outright (``tests/sandbox/test_gold_forgery.py`` holds the forgeries
+  of a teacher's own gold output).
 """
 
 from __future__ import annotations
@@ -141,16 +144,21 @@ def _hidden():
 ROUTES = {"frame_walk": _FRAMES, "gc_scan": _GC, "proc_self_mem": _MEMORY}
 
 
+# (Since issue 39 each route is also refused outright: frames, gc walks and /proc/self/mem raise; the programs
+# catch that and fall back, so what is tested is that nothing they can find pays.)
+_SEARCH = "\ndef _search():\n    try:\n        return _hidden()\n    except Exception:\n        return None\n"
+
+
 def _student(route: str) -> str:
     """An induction answer: the hidden output when it can find it, else a wrong guess."""
-    return ("import ast\n" + ROUTES[route] + "\ndef f(x):\n    hidden = _hidden()\n"
+    return ("import ast\n" + ROUTES[route] + _SEARCH + "\ndef f(x):\n    hidden = _search()\n"
             "    if hidden is not None:\n        return ast.literal_eval(hidden)\n    return -12345\n")
 
 
 def _checked_mode_teacher(route: str) -> str:
     """A teacher program that behaves during validation and, while a student's answer is checked, answers
     whatever is expected (so every answer counts as correct and the teacher controls the solve rate)."""
-    return ("import ast\n" + ROUTES[route] + "\ndef f(x):\n    hidden = _hidden()\n"
+    return ("import ast\n" + ROUTES[route] + _SEARCH + "\ndef f(x):\n    hidden = _search()\n"
             "    if hidden is not None:\n        return ast.literal_eval(hidden)\n    return x * 3\n")
 
 
@@ -220,33 +228,36 @@ def test_raw_sandbox_jobs_never_see_compare_to(box: Sandbox) -> None:
     """At the sandbox level too: the expected literal is not in the job's frames, objects or memory, and a
     value whose == would spy on (or time) the comparison is never compared inside the job."""
     for route in sorted(ROUTES):
-        code = ROUTES[route] + "\nfound = _hidden()\n"
-        r = box.run_one(code, "found", "'EXPECTED_7f3a'")
+        r = box.run_one(ROUTES[route] + "\nfound = _hidden()\n", "found", "'EXPECTED_7f3a'")
+        assert (r.status, r.match) == ("error", False), (route, r)
+        assert "refused" in r.error or "Permission denied" in r.error, (route, r)
+        r = box.run_one(ROUTES[route] + _SEARCH + "\nfound = _search()\n", "found", "'EXPECTED_7f3a'")
         assert (r.status, r.value, r.match) == ("ok", "None", False), (route, r)
     spy = ("class Spy:\n    def __eq__(self, other):\n        print('saw', repr(other))\n        return True\n"
            "    __hash__ = None\n    def __repr__(self):\n        return 'Spy()'\n")
     r = box.run_one(spy, "Spy()", "'EXPECTED_7f3a'")
     assert (r.status, r.match, r.stdout) == ("ok", False, "")
-    r = box.run_one(_FORGE + f"\n_forge({json.dumps(repr('EXPECTED_7f3a'))!r})\n", "1", "'EXPECTED_7f3a'")
-    assert r.match is True  # a forged claim of the right value is the right value ...
-    r = box.run_one(_FORGE + f"\n_forge({json.dumps(repr('a guess'))!r})\n", "1", "'EXPECTED_7f3a'")
-    assert r.match is False  # ... and it had to know it: the match is the host's, not the frame's
+    # a forged frame is refused whatever it claims (it lacks the harness's per-job token), the right value too
+    for claim in ("EXPECTED_7f3a", "a guess"):
+        r = box.run_one(_FORGE + f"\n_forge({json.dumps(repr(claim))!r})\n", "1", "'EXPECTED_7f3a'")
+        assert (r.status, r.match) == ("crashed", False) and "reply channel" in r.error, r
 
 
 def test_descriptors_reach_nothing_of_the_host(box: Sandbox) -> None:
     """The job's descriptors: /dev/null, its stdout pipe, /dev/null, its reply pipe (write end). The worker's
-    request pipe (where the next job's frame will arrive) is closed before job code runs."""
-    code = ("import os\nfds = {}\nfor n in sorted(int(x) for x in os.listdir('/proc/self/fd')):\n"
-            "    try:\n        fds[n] = (os.readlink(f'/proc/self/fd/{n}'), os.fstat(n).st_mode >> 12)\n"
-            "    except OSError:\n        pass\n"
+    request pipe (where the next job's frame will arrive) and the zygote's socket are closed before job code
+    runs. (Listed with fstat: /proc is refused to jobs.)"""
+    code = ("import os, stat\nnull = os.stat('/dev/null').st_rdev\nfds = {}\nfor n in range(1024):\n"
+            "    try:\n        st = os.fstat(n)\n    except OSError:\n        continue\n"
+            "    fds[n] = 'null' if stat.S_ISCHR(st.st_mode) and st.st_rdev == null else "
+            "('fifo' if stat.S_ISFIFO(st.st_mode) else stat.S_IFMT(st.st_mode))\n"
             "readable = []\nfor n in fds:\n    try:\n        os.set_blocking(n, False)\n"
             "        os.read(n, 1)\n        readable.append(n)\n    except OSError:\n        pass\n")
     r = box.run_one(code, "(fds, readable)")
     assert r.status == "ok", r
     fds, readable = eval(r.value)  # noqa: S307 - our own job's reply in a test
-    assert [n for n in fds if n not in (0, 1, 2, 3)] in ([], [4])  # 4: the listing's own directory handle
-    assert fds[0][0] == fds[2][0] == "/dev/null" and fds[1][0].startswith("pipe:") and fds[3][0].startswith("pipe:")
-    assert all(fds[n][0] == "/dev/null" for n in readable)  # nothing but /dev/null can be read
+    assert fds == {0: "null", 1: "fifo", 2: "null", 3: "fifo"}
+    assert all(fds[n] == "null" for n in readable)  # nothing but /dev/null can be read
 
 
 _SCAN = '''
@@ -283,7 +294,9 @@ def test_a_job_finds_nothing_of_the_previous_job_in_its_memory() -> None:
     ]
     scan = ExecJob(_SCAN + f"\nmine = 'OWN' + 'MARK' + 'ER_5e1d'\nhits = (_scan({first.encode()!r}, "
                    f"{second.encode()!r}), _scan(b'OWNMA', b'RKER_5e1d'))", "hits")
-    with Sandbox(workers=1, limits=Limits(timeout_s=20.0)) as one:
+    # the scan reads memory through ctypes and /proc/self/maps, which jobs cannot: a native-jobs sandbox (its
+    # zygote never held a job's text either way)
+    with Sandbox(workers=1, limits=Limits(timeout_s=20.0), _native_jobs=True) as one:
         for a in job_a:
             ra, rb = one.run([a, scan])
             assert marker in (ra.value or "") + ra.stdout + (ra.error or "")
@@ -329,26 +342,34 @@ def test_populora_eval_scores_forged_success_frames_zero(bench: str, tmp_path: A
 # --- end to end: populora train -------------------------------------------------------------------------------
 
 
-def test_hacks_earn_nothing_in_a_populora_train_run(tmp_path: Any) -> None:
-    """``populora train`` on ``tiny-random`` with scripted completions (``tests/sandbox/hacking_plugin.py``):
-    frame-walking students and checked-mode teachers. No hacking attempt is correct, the checked-mode tasks'
-    solve rate is the true one (0: every answer is wrong), so no hack earns a reward."""
+def scripted_cli_run(tmp_path: Any, command: str, args: list[str], mode: str = "hack") -> list[dict[str, Any]]:
+    """Run ``populora <command>`` on ``tiny-random`` with the scripted policy of ``tests/sandbox/hacking_plugin.py``
+    in ``mode`` for 2 steps; every round's verdicts, as the plugin wrote them."""
     from tests.selfplay.conftest import REPO, TINY, cli_env
 
     out = tmp_path / "verdicts.jsonl"
     plugin = str(__import__("pathlib").Path(__file__).with_name("hacking_plugin.py"))
-    env = {**cli_env(), "POPULORA_TEST_HACK_OUT": str(out)}
+    env = {**cli_env(), "POPULORA_TEST_HACK_OUT": str(out), "POPULORA_TEST_HACK_MODE": mode}
     import subprocess
     import sys
 
     # the repository's own preset file (the package's presets may resolve to another checkout's configs/)
     preset = str(REPO / "configs" / "cpu-smoke.json")
-    p = subprocess.run([sys.executable, "-m", "populora_cli.main", "train", "--plugins", plugin, "--preset", preset, *TINY,
-                        "--env.tasks-per-teacher", "3", "--env.task-types", "deduction", "abduction", "induction", "--steps", "2", "--run-dir", str(tmp_path / "run")],
+    p = subprocess.run([sys.executable, "-m", "populora_cli.main", command, "--plugins", plugin, "--preset", preset,
+                        *TINY, *args, "--steps", "2", "--run-dir", str(tmp_path / "run")],
                        capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
     assert p.returncode == 0, p.stderr[-4000:]
     rounds = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rounds) == 2
+    return rounds
+
+
+def test_hacks_earn_nothing_in_a_populora_train_run(tmp_path: Any) -> None:
+    """``populora train`` on ``tiny-random`` with scripted completions (``tests/sandbox/hacking_plugin.py``):
+    frame-walking students and checked-mode teachers. No hacking attempt is correct, the checked-mode tasks'
+    solve rate is the true one (0: every answer is wrong), so no hack earns a reward."""
+    rounds = scripted_cli_run(tmp_path, "train", ["--env.tasks-per-teacher", "3", "--env.task-types", "deduction",
+                                                  "abduction", "induction"])
     hacked_tasks = 0
     for r in rounds:
         inductions = [a for a in r["attempts"] if a["task_type"] == "induction"]
