@@ -57,7 +57,7 @@ from agents.tree_attention import (
     tree_block_mask,
 )
 
-__all__ = ["PolicyForward", "RolloutBatch", "pack_rollouts", "rollout_logprobs"]
+__all__ = ["PolicyForward", "RolloutBatch", "pack_rollouts", "rollout_logprobs", "sampled_logprobs"]
 
 
 @dataclass
@@ -93,17 +93,31 @@ def pack_rollouts(rollouts: Sequence[Rollout]) -> RolloutBatch:
     return RolloutBatch(prompts, comps, mask, targets)
 
 
-def rollout_logprobs(rollouts: Sequence[Rollout], batch: RolloutBatch) -> Tensor:
-    """The log-probs the rollouts were sampled with (``Rollout.logprobs``), ``[B, Tc]`` like ``batch.mask``;
-    a missing or misaligned list is refused naming the rollout."""
+def sampled_logprobs(rollouts: Sequence[Rollout], batch: RolloutBatch, need: str | None = None
+                     ) -> tuple[Tensor | None, list[bool]]:
+    """The log-probs the generator sampled the rollouts with (``Rollout.logprobs``), ``[B, Tc]`` like
+    ``batch.mask``, and per row whether it carries them aligned with its completion (``None`` for the tensor when
+    no row does). ``need``: why every row must carry them (the error's opening); a missing or misaligned list is
+    then refused naming the rollout. The one place an update reads the behaviour log-probs (the ratio's
+    denominator, the mismatch, the importance correction; ``agents.trainer``)."""
+    has = [r.logprobs is not None and len(r.logprobs) == len(r.completion_ids) for r in rollouts]
+    if need is not None and not all(has):
+        i = has.index(False)
+        got = "no logprobs" if rollouts[i].logprobs is None else f"{len(rollouts[i].logprobs)} logprobs"
+        raise ValueError(f"{need}: rollout {i} has {got} for {len(rollouts[i].completion_ids)} completion tokens")
+    if not any(has):
+        return None, has
     out = torch.zeros_like(batch.mask)
     for i, r in enumerate(rollouts):
-        if r.logprobs is None:
-            raise ValueError(f"use_behaviour_logprobs=True but rollout {i} has no logprobs")
-        if len(r.logprobs) != len(r.completion_ids):
-            raise ValueError(f"rollout {i}: {len(r.logprobs)} logprobs for {len(r.completion_ids)} completion tokens")
-        out[i, : len(r.logprobs)] = torch.tensor(r.logprobs, dtype=out.dtype)
-    return out
+        if has[i]:
+            out[i, : len(r.logprobs)] = torch.tensor(r.logprobs, dtype=out.dtype)
+    return out, has
+
+
+def rollout_logprobs(rollouts: Sequence[Rollout], batch: RolloutBatch) -> Tensor:
+    """:func:`sampled_logprobs` of rollouts that must all carry them, ``[B, Tc]``."""
+    lp, _has = sampled_logprobs(rollouts, batch, need="the ratio needs the behaviour log-probs")
+    return torch.zeros_like(batch.mask) if lp is None else lp
 
 
 class PolicyForward:

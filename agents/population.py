@@ -423,11 +423,13 @@ class LoRAPopulation:
             for key, param in params.items():
                 param.copy_(state[key])
 
-    def save(self, name: str, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
+    def save(self, name: str, directory: str | Path, dtype: torch.dtype | None = None,
+             state: dict[str, torch.Tensor] | None = None) -> Path:
         """Write member ``name`` as a PEFT adapter directory (``adapter_config.json`` +
         ``adapter_model.safetensors``), loadable by ``PeftModel.from_pretrained`` and vLLM.
 
-        ``dtype`` casts the saved weights (vLLM wants the adapter in the engine's dtype)."""
+        ``dtype`` casts the saved weights (vLLM wants the adapter in the engine's dtype); ``state`` writes these
+        weights (the member's keys, e.g. an earlier version of it) instead of the member's live ones."""
         from safetensors.torch import save_file
 
         self._require(name)
@@ -437,7 +439,7 @@ class LoRAPopulation:
         config.inference_mode = True
         config.base_model_name_or_path = getattr(self.model.base_model.model.config, "_name_or_path", None)
         config.save_pretrained(str(directory))
-        state = self.state(name)
+        state = self.state(name) if state is None else dict(state)
         if dtype is not None:
             state = {k: v.to(dtype) for k, v in state.items()}
         save_file(

@@ -19,6 +19,9 @@ class Rollout:
             e.g. ``(role, task_type)`` for AZR's task-relative REINFORCE++. ``None`` = one scope for the batch.
         logprobs: behaviour log-probs from the generator, aligned with ``completion_ids`` (optional).
         meta: free-form data for logging (role, task type, agent...).
+        version: the version of the member's adapter that generated it (an asynchronous run;
+            ``agents.trainer``: a rollout older than the weights being trained is scored against ``logprobs``);
+            ``None``: not tracked (the synchronous loop, whose rollouts are always on-policy).
     """
 
     prompt_ids: list[int]
@@ -28,3 +31,4 @@ class Rollout:
     scope: Hashable = None
     logprobs: list[float] | None = None
     meta: dict = field(default_factory=dict)
+    version: int | None = None

@@ -41,6 +41,24 @@ mini-batch is measured: there is no such pass). Rows that take no pass (the zero
 measured. ``is_correction`` (``"tis"``, ``"mis"``) weighs each token's surrogate by the importance weight
 ``w_t = exp(delta_t)`` truncated or masked at ``is_cap`` (``agents.losses.policy_loss``'s ``is_weights``).
 
+Stale batches (an asynchronous run, ``pipeline.max_staleness >= 1``): ``update(member, rollouts, version=v)``
+says that the member's weights are its version ``v``, and each rollout says the version that generated it
+(``Rollout.version``). A batch generated with an older version is off-policy by ``s = v - Rollout.version``
+updates (its *staleness*); its ``lp_mu`` are the log-probs of the version that sampled it, ``pi_{v-s}``, so the
+update is corrected towards that behaviour policy in one of two ways, both through the code above:
+
+* ``is_correction = "none"``: the ratio's denominator is the behaviour policy itself, ``old_lp = lp_mu``,
+  ``rho_t = pi_theta(y_t) / pi_{v-s}(y_t)``, clipped to ``[1 - clip_eps_low, 1 + clip_eps_high]`` as in PPO;
+* ``"tis"`` / ``"mis"``: the decoupled objective (AReaL): the ratio is taken against the trainer's own weights
+  before the update (``pi_v``, the proximal policy: the on-policy rule above) and each token's surrogate is
+  weighted by ``w_t = pi_v(y_t) / pi_{v-s}(y_t)``, truncated or masked at ``is_cap`` (the same importance weight
+  as the numerical mismatch's, now also covering the ``s`` updates of drift).
+
+A batch of staleness 0 keeps the on-policy rule (bit for bit the synchronous update). With ``version`` the
+metrics add ``staleness`` (mean over the rollouts) and ``staleness_max``; the mismatch metrics are then taken
+against the weights being trained (``pi_v``, measured by the first optimizer step's forward when ``old_lp =
+lp_mu``), so for a stale batch they hold the drift of ``s`` updates plus the numerical mismatch.
+
 Rows whose advantages are all zero (``skip_zero_advantage``): when the loss declares that such a row adds
 exactly zero to it and to its gradient (``agents.losses.zero_advantage_rows_add_zero``: the clipped surrogate
 is ``-min(rho_t * 0, clip(rho_t) * 0) = 0``; an entropy bonus, a KL penalty or an extra term that does not
@@ -66,7 +84,7 @@ import torch
 from torch import Tensor, nn
 
 from agents.advantages import get_advantage
-from agents.forward import PolicyForward, RolloutBatch, pack_rollouts, rollout_logprobs
+from agents.forward import PolicyForward, RolloutBatch, pack_rollouts, sampled_logprobs
 from agents.losses import (
     kl_penalty,
     list_loss_terms,
@@ -101,6 +119,7 @@ class _Targets:
     role_rows: dict[str, Tensor]  # role -> [B] float indicator of its rows (empty without meta roles)
     norm_len: float  # the constant L of seq-mean-token-sum-norm
     live: set[int] | None  # rows with a non-zero advantage, which take passes (skip_zero_advantage); None: all
+    behaviour: bool = False  # old_lp is the generator's rollout_lp (use_behaviour_logprobs, or a stale batch)
     rollout_lp: Tensor | None = None  # [B, Tc] the generator's log-probs (None: no rollout carries them)
     has_rollout_lp: list[bool] = field(default_factory=list)  # per row: its log-probs are there and aligned
     measured: set[int] = field(default_factory=set)  # rows whose mismatch is tallied (each once per update)
@@ -190,12 +209,19 @@ class PolicyGradientTrainer:
         return self.forward.forward_tokens
 
     # ------------------------------------------------------------------------------------------ update
-    def update_many(self, batches: Mapping[str, Sequence[Rollout]]) -> dict[str, dict[str, float]]:
-        """``update(member, rollouts)`` for every member of ``batches``, in order; returns metrics per member."""
-        return {member: self.update(member, rollouts) for member, rollouts in batches.items()}
+    def update_many(self, batches: Mapping[str, Sequence[Rollout]],
+                    versions: Mapping[str, int] | None = None) -> dict[str, dict[str, float]]:
+        """``update(member, rollouts, version)`` for every member of ``batches``, in order (``versions``: each
+        member's current version, for stale batches; module docstring); returns metrics per member."""
+        versions = versions or {}
+        return {member: self.update(member, rollouts, versions[member]) if member in versions
+                else self.update(member, rollouts) for member, rollouts in batches.items()}
 
-    def update(self, member: str, rollouts: Sequence[Rollout]) -> dict[str, float]:
-        """One policy-gradient update of ``member`` from ``rollouts``.
+    def update(self, member: str, rollouts: Sequence[Rollout], version: int | None = None) -> dict[str, float]:
+        """One policy-gradient update of ``member`` from ``rollouts``; ``version``: the member's current version
+        (``None``: versions are not tracked, the batch is on-policy), against which each rollout's
+        ``Rollout.version`` gives its staleness (module docstring: a stale batch is corrected towards the
+        log-probs it was sampled with).
 
         Returns float metrics: ``loss`` (total loss, mean over optimizer steps), ``pg_loss``, ``grad_norm``
         (pre-clip L2 norm over the member's parameters, mean over steps), ``clip_frac``, ``approx_kl``
@@ -207,7 +233,9 @@ class PolicyGradientTrainer:
         ``response_length``, ``tokens`` (completion tokens trained on), ``num_rollouts``, ``num_steps``,
         ``skipped_steps``, ``zero_advantage_steps`` (optimizer steps without passes), ``zero_advantage_rows``
         (rows left out of a step's passes, summed over steps; ``TrainerConfig.skip_zero_advantage``), ``lr``,
-        ``seconds``; ``skipped`` = 1.0 when nothing was trained (no rollouts or no completion token), else 0.0.
+        ``seconds``; ``skipped`` = 1.0 when nothing was trained (no rollouts or no completion token), else 0.0;
+        with ``version``: ``staleness`` and ``staleness_max`` (updates between the version that generated each
+        rollout and ``version``).
 
         Per role, when rollouts carry ``meta["role"]`` (the single-agent baseline trains its proposer and
         solver completions in one batch): ``reward_mean/<role>``, ``response_length/<role>``,
@@ -220,7 +248,10 @@ class PolicyGradientTrainer:
         if member not in self.population:
             raise KeyError(f"no member named {member!r}; members: {self.population.names}")
         rollouts = list(rollouts)
+        staleness = _staleness(rollouts, version)
         base = {"num_rollouts": float(len(rollouts)), "tokens": 0.0, "num_steps": 0.0, "skipped": 1.0}
+        if staleness:
+            base |= {"staleness": sum(staleness) / len(staleness), "staleness_max": float(max(staleness))}
         if not rollouts:
             return base | {"seconds": time.perf_counter() - t0}
         batch = pack_rollouts(rollouts)
@@ -231,13 +262,15 @@ class PolicyGradientTrainer:
             return base | reward_metrics | {"seconds": time.perf_counter() - t0}
         with self.forward.training(cfg.gradient_checkpointing), self.population.activate(member), (
                 self.population.single(member) if cfg.lora_impl == "fused" else nullcontext()):
-            metrics = self._update(member, rollouts, batch, rewards, groups)
+            metrics = self._update(member, rollouts, batch, rewards, groups, stale=any(staleness))
         return base | reward_metrics | metrics | {"skipped": 0.0, "seconds": time.perf_counter() - t0}
 
     def _update(
-        self, member: str, rollouts: list[Rollout], batch: RolloutBatch, rewards: Tensor, groups: list[Hashable]
+        self, member: str, rollouts: list[Rollout], batch: RolloutBatch, rewards: Tensor, groups: list[Hashable],
+        stale: bool = False,
     ) -> dict[str, float]:
-        """Steps 2 to 4 of the module docstring on a gathered batch, ``member`` active.
+        """Steps 2 to 4 of the module docstring on a gathered batch, ``member`` active (``stale``: some rollout was
+        generated by an older version of it, whose log-probs the rollouts carry: module docstring).
 
         2. ``_targets``: the advantages and the fixed (behaviour, reference) log-probs of the whole batch;
         3. and 4. ``_optimizer_step`` for each epoch and each mini-batch (``_backward`` for each of its
@@ -247,7 +280,7 @@ class PolicyGradientTrainer:
         cfg = self.config
         mini = cfg.mini_batch_size or batch.size
         n_steps = cfg.epochs * math.ceil(batch.size / mini)
-        targets = self._targets(rollouts, batch, rewards, groups, n_steps, mini)
+        targets = self._targets(rollouts, batch, rewards, groups, n_steps, mini, stale)
         params = self.population.parameters(member)
         opt = self.population.optimizer(member, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
         tally = _Tally()
@@ -275,7 +308,7 @@ class PolicyGradientTrainer:
 
     # ------------------------------------------------------------------ step 2: advantages, fixed log-probs
     def _targets(self, rollouts: list[Rollout], batch: RolloutBatch, rewards: Tensor, groups: list[Hashable],
-                 n_steps: int, mini: int) -> _Targets:
+                 n_steps: int, mini: int, stale: bool = False) -> _Targets:
         """Step 2: what every optimizer step of the update trains towards, computed once for the batch.
 
         When the zero-advantage skip applies, the advantages come first (there is no KL-in-reward term
@@ -289,14 +322,20 @@ class PolicyGradientTrainer:
             adv = self._advantages(rollouts, batch, rewards, groups, token_rewards=None)
             live = _live_rows(adv)
         zero_gradient = live is not None and not live
-        old_lp, pending, ref_lp = self._fixed_logprobs(rollouts, batch, n_steps, mini, zero_gradient, live)
+        behaviour = cfg.use_behaviour_logprobs or (stale and cfg.is_correction == "none")  # module docstring
+        rollout_lp, has = sampled_logprobs(rollouts, batch, need=(
+            "use_behaviour_logprobs=True needs the generator's log-probs" if cfg.use_behaviour_logprobs
+            else "is_correction needs the generator's log-probs" if cfg.is_correction != "none"
+            else "a stale batch's ratio needs the log-probs it was sampled with" if stale else None))
+        old_lp, pending, ref_lp = self._fixed_logprobs(batch, n_steps, mini, zero_gradient, live,
+                                                       rollout_lp if behaviour else None)
         if adv is None:
             token_rewards = self._kl_token_rewards(batch, old_lp, ref_lp)
             adv = self._advantages(rollouts, batch, rewards, groups, token_rewards=token_rewards)
         role_w = role_loss_weights(_roles(rollouts), batch.mask, cfg.role_weighting, cfg.loss_agg_mode, mini)
         norm_len = float(cfg.norm_len or batch.mask.shape[1])
-        rollout_lp, has = _generator_logprobs(rollouts, batch, required=cfg.is_correction != "none")
-        return _Targets(adv, old_lp, pending, ref_lp, role_w, _role_rows(rollouts), norm_len, live, rollout_lp, has)
+        return _Targets(adv, old_lp, pending, ref_lp, role_w, _role_rows(rollouts), norm_len, live, behaviour,
+                        rollout_lp, has)
 
     def _advantages(self, rollouts: list[Rollout], batch: RolloutBatch, rewards: Tensor, groups: list[Hashable],
                     token_rewards: Tensor | None) -> Tensor:
@@ -308,19 +347,21 @@ class PolicyGradientTrainer:
         return adv.to(torch.float32) * batch.mask
 
     def _fixed_logprobs(
-        self, rollouts: list[Rollout], batch: RolloutBatch, n_steps: int, mini: int, zero_gradient: bool,
-        live: set[int] | None = None,
+        self, batch: RolloutBatch, n_steps: int, mini: int, zero_gradient: bool, live: set[int] | None = None,
+        behaviour_lp: Tensor | None = None,
     ) -> tuple[Tensor | None, set[int], Tensor | None]:
         """``(old_lp, pending, ref_lp)``: the behaviour log-probs ``[B, Tc]`` (the ratio denominator; None:
         on-policy, each forward's own detached log-probs), the rows of ``old_lp`` left for the first mini-batch's
         own forward to fill (module docstring), and the reference (base) log-probs (None with
         ``kl_mode == "off"``). ``live``: the rows the optimizer steps forward (``skip_zero_advantage``; None:
-        all); the no-grad pass covers only those (the others' log-probs stay 0, never read)."""
+        all); the no-grad pass covers only those (the others' log-probs stay 0, never read). ``behaviour_lp``:
+        the generator's log-probs when they are the ratio's denominator (``use_behaviour_logprobs``, or a stale
+        batch without an importance correction: module docstring)."""
         cfg = self.config
         old_lp: Tensor | None = None
         pending: set[int] = set()
-        if cfg.use_behaviour_logprobs:
-            old_lp = rollout_logprobs(rollouts, batch)
+        if behaviour_lp is not None:
+            old_lp = behaviour_lp
         elif cfg.kl_mode == "reward" and not zero_gradient:  # the advantages need every row's now
             old_lp = self.forward.logprobs_no_grad(batch, reference=False)
         elif n_steps > 1 and not zero_gradient:
@@ -415,14 +456,14 @@ class PolicyGradientTrainer:
         """Tally the rollout/trainer mismatch of ``rows`` not measured yet (module docstring) and return the
         importance weights of ``is_correction`` ``[rows, Tc]`` (None with ``"none"``; ``agents.losses``).
 
-        The trainer's pre-step log-probs are ``old`` (its own behaviour log-probs), or with
-        ``use_behaviour_logprobs`` (``old`` is then the generator's) this forward's own before any step."""
+        The trainer's pre-step log-probs are ``old`` (its own behaviour log-probs), or when ``old`` is the
+        generator's (``targets.behaviour``: ``use_behaviour_logprobs``, a stale batch) this forward's own before
+        any step."""
         cfg = self.config
         if targets.rollout_lp is None:
             return None
         mu = targets.rollout_lp[rows].to(lp.device)
-        pre = None if cfg.use_behaviour_logprobs and tally.grad_norms else (
-            lp.detach() if cfg.use_behaviour_logprobs else old)
+        pre = None if targets.behaviour and tally.grad_norms else (lp.detach() if targets.behaviour else old)
         if pre is not None:
             new = torch.tensor([i not in targets.measured and targets.has_rollout_lp[i] for i in rows],
                                dtype=m.dtype, device=m.device)
@@ -467,24 +508,20 @@ class PolicyGradientTrainer:
         return metrics
 
 
-def _generator_logprobs(rollouts: Sequence[Rollout], batch: RolloutBatch, required: bool
-                        ) -> tuple[Tensor | None, list[bool]]:
-    """The generator's log-probs ``[B, Tc]`` and, per row, whether it carries them aligned with its completion
-    (``(None, [])`` when no rollout does); ``required`` (an importance correction): every row must, else
-    ``ValueError`` naming the first that does not."""
-    has = [r.logprobs is not None and len(r.logprobs) == len(r.completion_ids) for r in rollouts]
-    if required and not all(has):
-        i = has.index(False)
-        got = "no logprobs" if rollouts[i].logprobs is None else f"{len(rollouts[i].logprobs)} logprobs"
-        raise ValueError(f"is_correction needs the generator's log-probs: rollout {i} has {got} for "
-                         f"{len(rollouts[i].completion_ids)} completion tokens")
-    if not any(has):
-        return None, []
-    out = torch.zeros_like(batch.mask)
+def _staleness(rollouts: Sequence[Rollout], version: int | None) -> list[int]:
+    """Each versioned rollout's staleness ``version - Rollout.version`` (empty without ``version`` or without
+    versioned rollouts); a rollout newer than ``version`` is refused."""
+    if version is None:
+        return []
+    out = []
     for i, r in enumerate(rollouts):
-        if has[i]:
-            out[i, : len(r.logprobs)] = torch.tensor(r.logprobs, dtype=out.dtype)
-    return out, has
+        if r.version is None:
+            continue
+        if r.version > version:
+            raise ValueError(f"rollout {i} was generated by version {r.version} of the member, newer than the "
+                             f"version {version} being trained")
+        out.append(version - r.version)
+    return out
 
 
 def _live_rows(adv: Tensor) -> set[int]:

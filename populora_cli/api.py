@@ -42,6 +42,9 @@ __all__ = ["Comparison", "Run", "baseline", "compare", "resolve_config", "run_ar
 
 ARMS = {"train": "population", "baseline": "baseline"}
 """``populora`` sub-command -> the arm it runs."""
+ARM_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+"""An arm's own name (``populora train --arm NAME``, ``populora compare --arm NAME=KIND``): it names the run's
+directory under ``populora compare``; the arm's kind is still ``population`` or ``baseline``."""
 
 
 @dataclass(frozen=True)
@@ -150,10 +153,11 @@ def prepare(cfg: TrainConfig, arm: str) -> tuple[TrainConfig, dict[str, str] | N
 
 
 def run_arm(point: ResumePoint, cfg: TrainConfig, arm: str, assignment: Mapping[str, str] | None = None,
-            report: bool = True) -> Run:
+            report: bool = True, kind: str | None = None) -> Run:
     """Run ``cfg`` from ``point`` (inside its :func:`selfplay.resume.resume_point` block): the Ray cluster's
     pre-flight check for ``backend="ray"``, the steps, the final adapters, then the report. The errors of each
-    part propagate (the command line turns them into its one line)."""
+    part propagate (the command line turns them into its one line). ``arm`` is recorded in ``config.json``;
+    ``kind`` (``population`` / ``baseline``) too when the arm has a name of its own (``populora train --arm``)."""
     t0 = time.perf_counter()
     if cfg.backend == "ray":  # the cluster can hold the run (resources, run directory on every node)
         from selfplay.distributed.cluster import member_count, preflight, sandbox_limits
@@ -161,7 +165,8 @@ def run_arm(point: ResumePoint, cfg: TrainConfig, arm: str, assignment: Mapping[
         preflight(cfg.ray, member_count(cfg, assignment), point.run_dir, dataclasses.asdict(sandbox_limits(cfg)))
     from selfplay.run import train_from
 
-    run_dir = train_from(point, cfg, dict(assignment) if assignment else None, meta={"arm": arm})
+    meta = {"arm": arm} if kind in (None, arm) else {"arm": arm, "arm_kind": kind}
+    run_dir = train_from(point, cfg, dict(assignment) if assignment else None, meta=meta)
     report_dir = None
     if report:
         from evaluation.report import make_report

@@ -3,7 +3,7 @@
 Usage::
 
     populora compare --preset P --seeds N --out DIR [--arms population,baseline] [--baseline-preset P2]
-                     [--first-seed S] [--backend local|ray] [--parallel K] [--ray-address ADDR]
+                     [--arm NAME=KIND[ FLAGS] --arm ...] [--first-seed S] [--backend local|ray] [--parallel K] [--ray-address ADDR]
                      [--tail T] [--reps R] [--bootstrap-seed B] [--eval-score population_mean|best|weakest]
                      [-- EXTRA TRAIN FLAGS]
     populora compare --from RUN_DIR [RUN_DIR ...] --out DIR [statistics flags]
@@ -32,6 +32,16 @@ Ray runs as many at once as the nodes hold. The task starts the same command lin
 interpreter path, working directory and ``PYTHONPATH`` as here: a cluster's nodes share the checkout).
 Presets whose runs themselves use ``--backend ray`` are refused (not implemented).
 
+**Arms with their own flags** (``--arm NAME=KIND[ FLAGS]``, repeated; instead of ``--arms``): an arm named ``NAME``
+runs ``populora train`` (``KIND`` = ``population``) or ``populora baseline`` (``baseline``) with ``FLAGS`` (one
+quoted string) after the preset, e.g. two staleness settings of the population::
+
+    populora compare --preset cpu-learn --seeds 3 --out DIR \
+        --arm "async=population --pipeline.max-staleness 1" --arm sync=population
+
+Its runs are ``DIR/NAME-s<seed>/`` (``config.json``'s ``arm`` is ``NAME``, its ``arm_kind`` the kind), and the
+difference reported is the first arm minus the second.
+
 Then ``DIR/compare.md``, ``DIR/compare.json`` and figures (``evaluation.compare``). ``--from`` skips launching
 and compares the given run directories (complete ones; the others are listed as excluded).
 
@@ -44,6 +54,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -64,6 +76,40 @@ class CompareError(Exception):
     """A bad argument or state found before any run starts (exit 2)."""
 
 
+@dataclass(frozen=True)
+class Arm:
+    """One arm of a comparison: its name (the runs' directories ``<name>-s<seed>``, ``config.json``'s ``arm``), its
+    kind (``population`` or ``baseline``: the sub-command that runs it) and the flags its runs add."""
+
+    name: str
+    kind: str
+    flags: tuple[str, ...] = ()
+
+    @property
+    def labelled(self) -> bool:
+        """Whether the runs carry ``--arm NAME`` (a name other than the kind)."""
+        return self.name != self.kind
+
+
+def parse_arm(spec: str) -> Arm:
+    """An :class:`Arm` from ``NAME=KIND[ FLAGS]`` (``--arm``); :class:`CompareError` naming what is wrong."""
+    from populora_cli.api import ARM_NAME
+
+    name, sep, rest = spec.partition("=")
+    try:
+        words = shlex.split(rest)
+    except ValueError as exc:
+        raise CompareError(f"--arm: {exc} in {spec!r}") from None
+    if not sep or not words or not re.fullmatch(ARM_NAME, name) or words[0] not in ARMS:
+        raise CompareError(f"--arm: expected NAME=KIND[ FLAGS] with NAME matching {ARM_NAME} and KIND one of "
+                           f"{', '.join(ARMS)}, got {spec!r} (e.g. --arm 'async=population --pipeline.max-staleness 1')")
+    if any(w in ("--arm", "--run-dir", "--seed", "--preset", "--resume") or w.startswith(("--arm=", "--run-dir="))
+           for w in words[1:]):
+        raise CompareError(f"--arm: an arm's flags may not set the arm, run directory, seed, preset or resume "
+                           f"(compare sets them), got {spec!r}")
+    return Arm(name, words[0], tuple(words[1:]))
+
+
 def _parser() -> argparse.ArgumentParser:
     from evaluation.compare.rundirs import EVAL_SCORES
 
@@ -77,7 +123,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline-preset", help="preset of the baseline arm (default: --preset), e.g. azr-baseline")
     p.add_argument("--seeds", type=int, help="seeds per arm: first-seed .. first-seed + N - 1")
     p.add_argument("--first-seed", type=int, default=0)
-    p.add_argument("--arms", default="population,baseline", help="comma-separated subset of population,baseline")
+    p.add_argument("--arms", default=None, help="comma-separated subset of population,baseline (default: both)")
+    p.add_argument("--arm", action="append", default=None, metavar="NAME=KIND[ FLAGS]",
+                   help="an arm with its own flags (repeat; instead of --arms), e.g. --arm 'async=population "
+                   "--pipeline.max-staleness 1' --arm sync=population: the difference is the first minus the second")
     p.add_argument("--backend", choices=("local", "ray"), default="local",
                    help="local: runs as processes of this command; ray: one Ray task per run")
     p.add_argument("--parallel", type=int, default=1, help="runs at once per machine (each gets cores/K threads)")
@@ -138,18 +187,20 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "populora_cli.main", *args]
 
 
-def resolve(arm: str, preset: str, seed: int, extra: list[str]) -> dict[str, Any]:
+def resolve(arm: Arm | str, preset: str, seed: int, extra: list[str]) -> dict[str, Any]:
     """The resolved configuration of an arm's run (``populora train|baseline ... --dry-run``, in a subprocess:
     the same code path as the runs). Raises :class:`CompareError` with the command's own message if refused."""
-    p = subprocess.run(_cli(ARMS[arm], "--preset", preset, "--seed", str(seed), *extra, "--dry-run"),
+    arm = arm if isinstance(arm, Arm) else Arm(arm, arm)
+    command = ARMS[arm.kind]
+    p = subprocess.run(_cli(command, "--preset", preset, "--seed", str(seed), *arm.flags, *extra, "--dry-run"),
                        capture_output=True, text=True, env=_child_env(1), timeout=600)
     if p.returncode != 0:
         lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
         line = lines[-1] if lines else f"exit status {p.returncode}"
-        own = f"populora {ARMS[arm]}: error: "  # the arm's command wrote the line with populora_cli.errors.fail
+        own = f"populora {command}: error: "  # the arm's command wrote the line with populora_cli.errors.fail
         if line.startswith(own):  # the same line as compare's own: --field: reason, then the arm
-            raise CompareError(f"{line.removeprefix(own)} (the {arm} arm's configuration is refused)")
-        raise CompareError(f"the {arm} arm's configuration is refused: {line}")
+            raise CompareError(f"{line.removeprefix(own)} (the {arm.name} arm's configuration is refused)")
+        raise CompareError(f"the {arm.name} arm's configuration is refused: {line}")
     return json.loads(p.stdout)
 
 
@@ -179,7 +230,7 @@ def _preset_stem(preset: Any) -> str:
     return Path(str(preset)).stem
 
 
-def plan(out: Path, arms: list[str], presets: dict[str, str], seeds: list[int], extra: list[str],
+def plan(out: Path, arms: list[Arm] | list[str], presets: dict[str, str], seeds: list[int], extra: list[str],
          config_of: Any, threads: int) -> tuple[list[Job], list[str]]:
     """The jobs to run (new or resumed) and the names of the complete runs skipped. Checks every existing
     directory against what it should hold (arm, seed, preset) first: :class:`CompareError` if one differs.
@@ -188,12 +239,12 @@ def plan(out: Path, arms: list[str], presets: dict[str, str], seeds: list[int], 
 
     jobs: list[Job] = []
     skipped: list[str] = []
-    for arm in arms:
+    for arm in [a if isinstance(a, Arm) else Arm(a, a) for a in arms]:
         for seed in seeds:
-            run_dir = out / f"{arm}-s{seed}"
+            run_dir = out / f"{arm.name}-s{seed}"
             info = read_run(run_dir)
             if info.state in (State.UNFINISHED, State.COMPLETE):
-                want = {"arm": arm, "seed": seed, "preset": _preset_stem(presets[arm])}
+                want = {"arm": arm.name, "seed": seed, "preset": _preset_stem(presets[arm.name])}
                 have = {"arm": info.arm, "seed": info.seed, "preset": _preset_stem(info.preset)}
                 bad = [f"{k} {have[k]!r} (expected {want[k]!r})" for k in want if have[k] != want[k]]
                 if bad:
@@ -201,15 +252,17 @@ def plan(out: Path, arms: list[str], presets: dict[str, str], seeds: list[int], 
             if info.state is State.COMPLETE:
                 skipped.append(run_dir.name)
                 continue
-            cfg = config_of(arm)
+            cfg = config_of(arm.name)
             flags = ["--no-progress", *_thread_flags(cfg, threads)]
+            command = ARMS[arm.kind]
             if info.state is State.UNFINISHED:
-                argv = _cli(ARMS[arm], "--resume", str(run_dir), *flags)
+                argv = _cli(command, "--resume", str(run_dir), *flags)
             else:
-                argv = _cli(ARMS[arm], "--preset", presets[arm], "--seed", str(seed), "--run-dir", str(run_dir),
-                            *flags, *extra)
-            jobs.append(Job(arm, seed, run_dir, argv, info.state is State.UNFINISHED, max(_threads(cfg, threads)),
-                            _gpus(cfg)))
+                label = ["--arm", arm.name] if arm.labelled else []
+                argv = _cli(command, "--preset", presets[arm.name], "--seed", str(seed), "--run-dir", str(run_dir),
+                            *label, *flags, *arm.flags, *extra)
+            jobs.append(Job(arm.name, seed, run_dir, argv, info.state is State.UNFINISHED,
+                            max(_threads(cfg, threads)), _gpus(cfg)))
     return jobs, skipped
 
 
@@ -407,10 +460,23 @@ def compare_main(argv: list[str]) -> int:
         return fail("compare", f"--first-seed: must be >= 0, got {args.first_seed}")
     if args.parallel < 1:
         return fail("compare", f"--parallel: must be >= 1, got {args.parallel}")
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = [a for a in arms if a not in ARMS]
-    if not arms or unknown or len(set(arms)) != len(arms):
-        return fail("compare", f"--arms: choose from {', '.join(ARMS)} (got {args.arms!r})")
+    if args.arm is not None:
+        if args.arms is not None:
+            return fail("compare", "--arm: give either --arms or --arm (--arm names each arm with its kind)")
+        try:
+            arms = [parse_arm(spec) for spec in args.arm]
+        except CompareError as e:
+            return fail("compare", str(e))
+        if len({a.name for a in arms}) != len(arms):
+            return fail("compare", f"--arm: two arms share a name ({', '.join(a.name for a in arms)})")
+    else:
+        names = [a.strip() for a in (args.arms or "population,baseline").split(",") if a.strip()]
+        unknown = [a for a in names if a not in ARMS]
+        if not names or unknown or len(set(names)) != len(names):
+            return fail("compare", f"--arms: choose from {', '.join(ARMS)} (got {args.arms!r})")
+        arms = [Arm(a, a) for a in names]
+    pair = (arms[0].name, arms[1].name) if args.arm is not None and len(arms) >= 2 else ("population", "baseline")
+    common |= {"treatment": pair[0], "reference": pair[1]}
     if args.backend == "ray":
         from selfplay.distributed.config import RAY_INSTALL_HINT, ray_installed
 
@@ -418,13 +484,14 @@ def compare_main(argv: list[str]) -> int:
             return fail("compare", f"--backend: ray needs Ray: {RAY_INSTALL_HINT}")
     elif args.ray_address:
         return fail("compare", "--ray-address: needs --backend ray")
-    presets = {"population": args.preset, "baseline": args.baseline_preset or args.preset}
+    presets = {a.name: args.baseline_preset or args.preset if a.kind == "baseline" else args.preset for a in arms}
+    by_name = {a.name: a for a in arms}
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     configs: dict[str, dict[str, Any]] = {}
 
     def config_of(arm: str) -> dict[str, Any]:
         if arm not in configs:
-            cfg = resolve(arm, presets[arm], seeds[0], extra)
+            cfg = resolve(by_name[arm], presets[arm], seeds[0], extra)
             if cfg.get("backend") == "ray":
                 raise CompareError(f"the {arm} arm's preset runs with --backend ray: populora compare launches "
                                    "local-backend runs only (not implemented for Ray-backend runs)")
@@ -475,7 +542,7 @@ def compare_main(argv: list[str]) -> int:
             ray.shutdown()
     from evaluation.compare.rundirs import read_run
 
-    run_dirs = [out / f"{arm}-s{seed}" for arm in arms for seed in seeds]
+    run_dirs = [out / f"{arm.name}-s{seed}" for arm in arms for seed in seeds]
     try:
         failed = [d.name for d in run_dirs if not read_run(d).complete]
         files = compare_runs(run_dirs, out, launched=[j.name for j in jobs], **common)

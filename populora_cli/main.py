@@ -5,6 +5,7 @@ Sub-commands::
     populora train    [--preset NAME|FILE.json] [--plugins MOD|FILE.py ...] [--steps N] [--run-dir DIR]
                       [--model NAME_OR_PATH] [--dry-run] [...]
     populora train    --resume runs/<name>            # continue from the last checkpoint
+    populora train    --arm NAME [...]                 # label the run's arm (populora compare --arm)
     populora baseline [same flags]                    # the compute-matched single-agent AZR baseline
     populora report   runs/<a> [runs/<b> ...]         # PNG plots + summary.md
     populora eval     runs/<name> [--baseline runs/<other>] --benchmarks humaneval,gsm8k [--limit N]
@@ -28,6 +29,7 @@ import difflib
 import json
 import logging
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import tyro
 
 from populora_cli import gpu_memory
+from populora_cli.api import ARM_NAME
 from populora_cli.errors import config_error as _config_error
 from populora_cli.errors import fail as _fail
 from populora_cli.logs import DEFAULT, configure, program, summary, take_verbosity
@@ -81,6 +84,20 @@ def _take_overrides(argv: list[str]) -> tuple[list[str], list[str] | None]:
     return rest, fields
 
 
+def _without_arm(argv: list[str]) -> list[str]:
+    """``argv`` without ``--arm NAME`` / ``--arm=NAME`` (the pre-parser's; not a configuration field)."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--arm":
+            skip = True
+        elif not a.startswith("--arm="):
+            out.append(a)
+    return out
+
+
 def _train(cmd: str, argv: list[str]) -> int:
     from selfplay.config import ConfigError, TrainConfig, list_presets, load_preset, to_dict
     from selfplay.config_changes import SavedRun, plan_resume, read_saved_run
@@ -91,12 +108,17 @@ def _train(cmd: str, argv: list[str]) -> int:
     pre.add_argument("--preset", default=None)
     pre.add_argument("--resume", default=None)
     pre.add_argument("--dry-run", action="store_true")
+    pre.add_argument("--arm", default=None)
     known, _ = pre.parse_known_args(argv)
     argv, gpu_gib = gpu_memory.take_flag(argv)
     argv, overrides = _take_overrides([a for a in argv if a != "--dry-run"])
+    argv = _without_arm(argv)
     if overrides is not None and not known.resume:
         return _fail(cmd, "--override: only with --resume (it names settings of a resumed run allowed to change)")
-    arm = ARMS[cmd]
+    if known.arm is not None and (known.resume or not re.fullmatch(ARM_NAME, known.arm)):
+        why = "a resumed run keeps its arm" if known.resume else f"must match {ARM_NAME}, got {known.arm!r}"
+        return _fail(cmd, f"--arm: {why}")
+    arm = known.arm or ARMS[cmd]
     assignment: dict[str, str] | None = None
     saved: SavedRun | None = None
     try:
@@ -138,7 +160,7 @@ def _train(cmd: str, argv: list[str]) -> int:
 
     plan = None
     try:
-        cfg, new_assignment = prepare(cfg, arm)  # the baseline's transform, plugins, the run's name, validate()
+        cfg, new_assignment = prepare(cfg, ARMS[cmd])  # the baseline's transform, plugins, the run's name, validate()
         assignment = assignment or new_assignment
         if saved is not None:  # the run's own configuration: a difference is refused (or recorded) before any work
             plan = plan_resume(cfg, overrides or (), saved)
@@ -178,7 +200,7 @@ def _train_locked(cmd: str, cfg: Any, assignment: dict[str, str] | None, arm: st
 
     target = point.run_dir
     try:
-        run = run_arm(point, cfg, arm, assignment, report=False)
+        run = run_arm(point, cfg, arm, assignment, report=False, kind=ARMS[cmd])
     except ConfigError as e:
         return _config_error(cmd, e)
     except RewardSchemeError as e:

@@ -43,6 +43,7 @@ __all__ = [
     "EnvConfig",
     "GenerationConfig",
     "KNOWN_MODELS",
+    "PipelineConfig",
     "RayConfig",
     "TrainConfig",
     "from_dict",
@@ -145,6 +146,31 @@ class GenerationConfig:
             check(bool(str(self.vllm_adapter_dir).strip()), "vllm_adapter_dir", "must be a directory path")
 
 
+PIPELINE_LAYOUTS = ("process", "thread")
+
+
+@dataclass
+class PipelineConfig:
+    """Overlap of generation and training (docs/usage.md, "Asynchronous steps")."""
+
+    max_staleness: int = 0
+    """0: the synchronous loop (a round is generated with the weights of every update before it). k >= 1: round
+    t+1 is generated while round t's updates run, each member acting with its adapter as it was after step
+    t-k (at most k updates old); the updates score those rollouts against the log-probs they were sampled with
+    (a PPO-style clipped ratio). Which version a round uses is fixed by this schedule, never by timing."""
+    layout: Literal["process", "thread"] = "process"
+    """Where the generating side of a local asynchronous HF run runs: 'process' (a child process with its own
+    copy of the base model, built by selfplay.members like a Ray engine) or 'thread' (a second copy of the base
+    in this process, generating in the main thread while a worker thread updates; torch's thread count is one
+    for the whole process, so --threads and --generation.threads must be equal). Ray runs overlap their actors;
+    a local vLLM run serves the versions from its one engine."""
+
+    def validate(self) -> None:
+        """Check every setting; raise :class:`ConfigError` naming the first bad field."""
+        check_int("max_staleness", self.max_staleness, 0, 1 << 10)
+        check_choice("layout", self.layout, PIPELINE_LAYOUTS)
+
+
 @dataclass
 class TrainConfig:
     """A PopuLoRA self-play run (``populora train``) or the AZR baseline (``populora baseline``)."""
@@ -202,6 +228,17 @@ class TrainConfig:
     sandboxes as Ray actors: the `ray` section; pip install '.[ray]'). The loop, env, ratings, PBT and logging
     stay in this process. (Which engine generates is generation.engine.)"""
     ray: RayConfig = field(default_factory=RayConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+
+    def checkpoint_due(self, step: int) -> bool:
+        """Whether the run writes a checkpoint after step ``step``: every ``checkpoint_every`` steps and at the
+        last."""
+        return step % self.checkpoint_every == 0 or step == self.steps
+
+    @property
+    def asynchronous(self) -> bool:
+        """Whether generation overlaps training (``pipeline.max_staleness >= 1``, :mod:`selfplay.pipeline`)."""
+        return self.pipeline.max_staleness > 0
 
     def validate(self) -> None:
         """Check every value: the types of every field (:func:`check_types`), this config's own fields and
@@ -227,6 +264,13 @@ class TrainConfig:
         check_section("generation.", self.generation)
         check(not (self.generation.engine == "vllm" and self.model.startswith(RANDOM_PREFIX)), "generation.engine",
               f"vllm needs a model directory; {self.model!r} is built in memory: use --generation.engine hf")
+        check_section("pipeline.", self.pipeline)
+        if self.asynchronous and self.backend == "local" and self.generation.engine == "hf" \
+                and self.pipeline.layout == "thread":
+            check(self.threads > 0 and self.threads == self.generation.threads, "pipeline.layout",
+                  f"'thread' runs both sides in one process, whose torch thread count is shared: set --threads and "
+                  f"--generation.threads to the same count > 0 (got {self.threads} and {self.generation.threads}), "
+                  "or use --pipeline.layout process")
         if self.backend == "ray":
             check(ray_installed(), "backend", f"ray is not installed; {RAY_INSTALL_HINT}")
             check_section("ray.", self.ray, self.env.num_teachers + self.env.num_students)

@@ -5,7 +5,7 @@ record of what did.
 resolves is compared with it (:func:`config_diff`, dotted names such as ``trainer.lr``):
 
 - fields that say where and how the run shows itself, not what it computes (:data:`UNRECORDED`: ``resume``,
-  ``run_dir``, ``name``, ``progress``) may differ freely;
+  ``run_dir``, ``name``, ``progress``, ``pipeline.layout``) may differ freely;
 - ``steps`` may be raised or lowered without ``--override`` (continuing a run for longer is what resume is
   for) and the change is recorded;
 - structural fields (:data:`STRUCTURAL`: the model, its dtype, the LoRA rank, alpha and target modules, the
@@ -46,8 +46,9 @@ HISTORY_NAME = CONFIG_HISTORY
 
 STRUCTURAL = ("model", "dtype", "rank", "alpha", "target_modules", "env.num_teachers", "env.num_students")
 """Fields a resumed run can never change."""
-UNRECORDED = ("resume", "run_dir", "name", "progress")
-"""Fields that do not change what a run computes: they may differ on resume and are not recorded."""
+UNRECORDED = ("resume", "run_dir", "name", "progress", "pipeline.layout")
+"""Fields that do not change what a run computes: they may differ on resume and are not recorded (where an
+asynchronous run's generator runs gives the same run: tests/selfplay/test_pipeline.py)."""
 FREE = ("steps",)
 """Fields that may differ on resume without ``--override``; the change is recorded."""
 

@@ -57,6 +57,8 @@ def step_scalars(record: StepRecord) -> dict[str, float]:
     for phase, seconds in record.times.items():
         out[tags.STEP_SECONDS if phase == "step" else tags.time(phase)] = float(seconds)
     out[tags.REPLACEMENTS] = float(len(record.evolution))
+    for key, value in record.pipeline.items():
+        out[tags.pipeline(key)] = float(value)
     for role, n in record.dropped_prompts.items():
         out[tags.dropped_prompts(role)] = float(n)
     for phase, n in record.memory.items():
@@ -156,7 +158,7 @@ def _update_scalars(members: Mapping[str, Mapping[str, float]]) -> dict[str, flo
     and per role the members' entropy over that role's tokens only (trainer metric ``entropy/<role>``)."""
     out: dict[str, float] = {}
     for m, mm in members.items():
-        for key in (*tags.MEMBER_KEYS, tags.SYNC, *tags.MISMATCH_KEYS, *tags.IS_KEYS):
+        for key in (*tags.MEMBER_KEYS, tags.SYNC, *tags.MISMATCH_KEYS, *tags.IS_KEYS, *tags.PIPELINE_MEMBER_KEYS):
             if mm.get(key) is not None:
                 out[tags.member(m, key)] = float(mm[key])
     for tag, key in tags.LOSS_KEYS.items():

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,27 @@ def derive_seed(*parts: int | str) -> int:
 
 
 @dataclass
+class PlayedRound:
+    """One env round as the loop played it: what its updates and its logs read.
+
+    Attributes:
+        step: the training step the round belongs to (1-based).
+        outcome: the env's finished round.
+        completions: the generated completions by id ``(agent, index)``.
+        prompts: the observation each completion answered, by the same id.
+        times: seconds spent generating (``generation``) and in the sandbox (``sandbox``).
+        dropped_prompts: role -> prompts the prompt-length rule dropped (:meth:`SelfPlayLoop._dropped`).
+    """
+
+    step: int
+    outcome: RoundOutcome
+    completions: dict[CompletionId, Completion]
+    prompts: dict[CompletionId, str]
+    times: dict[str, float]
+    dropped_prompts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
 class StepRecord:
     """Everything one training step produced, typed (what the run and its logger read).
 
@@ -66,10 +87,13 @@ class StepRecord:
         evolution: the PBT step's lineage records (empty when nothing was replaced).
         times: seconds per phase (``generation``, ``sandbox``, ``update``, ``evolution``, ``step``; the run adds
             ``checkpoint``).
+        pipeline: an asynchronous run's per-step counters (:mod:`selfplay.pipeline`; empty in the synchronous
+            loop), logged as ``pipeline/<key>``.
         dropped_prompts: role -> prompts the prompt-length rule dropped before generation this step (every role,
             0 included, when ``generation.max_prompt_tokens`` is set; empty otherwise).
         memory: peak GPU bytes per phase (``generation``, ``update``, ``evolution``; the run adds
-            ``checkpoint``; :class:`~selfplay.phase_memory.PhaseMemory`); empty off CUDA.
+            ``checkpoint``; :class:`~selfplay.phase_memory.PhaseMemory`); empty off CUDA and in an asynchronous
+            run, whose phases overlap.
     """
 
     step: int
@@ -80,6 +104,7 @@ class StepRecord:
     member_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     evolution: list[dict] = field(default_factory=list)
     times: dict[str, float] = field(default_factory=dict)
+    pipeline: dict[str, float] = field(default_factory=dict)
     dropped_prompts: dict[str, int] = field(default_factory=dict)
     memory: dict[str, int] = field(default_factory=dict)
 
@@ -126,15 +151,41 @@ class SelfPlayLoop:
         self._seeded = True
         self.generator.refresh(self.population.names)
 
+    def close(self) -> None:
+        """Release what the run holds besides its files (the env's sandbox; an asynchronous run's worker and
+        engine)."""
+        self.env.close()
+
+    # ---------------------------------------------------------------------- checkpoint contents
+    def env_state(self) -> dict:
+        """The env's state at the last step boundary: what a checkpoint of this step holds."""
+        return self.env.state_dict()
+
+    def save_extra(self, directory: Path) -> None:
+        """Write what a checkpoint holds besides the parts' states into ``directory`` (nothing in the synchronous
+        loop; an asynchronous run's adapter versions)."""
+
+    def load_extra(self, directory: Path) -> None:
+        """Read back what :meth:`save_extra` wrote (after the parts' states were restored)."""
+
     # ------------------------------------------------------------------------------- generation
-    def _generate(self, obs: Mapping[str, Mapping[str, Any]], infos: Mapping[str, dict], phase: str
+    def _generation_threads(self):
+        """The torch threads of this process while it generates (``generation.threads``)."""
+        return generation_threads(self.cfg.generation.threads, self.device)
+
+    def _generate(self, obs: Mapping[str, Mapping[str, Any]], infos: Mapping[str, dict], phase: str,
+                  step_index: int | None = None, versions: Mapping[str, int] | None = None
                   ) -> tuple[dict[CompletionId, Completion], dict[CompletionId, str], float]:
         """One batched generate call over every active agent's prompts (adapters mixed).
 
+        ``step_index``: the 0-based index of the step the round belongs to (sampling seeds derive from it;
+        ``None``: the loop's ``step``, the round of the next step);
+        ``versions``: the adapter version each member generates with (an asynchronous run), else ``None``.
         Returns the completions and their prompts keyed by ``(agent, index in the agent's observation)``, and
         the seconds spent generating.
         """
         g = self.cfg.generation
+        step_index = self.step if step_index is None else step_index
         max_new = g.teacher_max_new_tokens if phase == "propose" else g.student_max_new_tokens
         requests: list[GenerationRequest] = []
         first_index: list[tuple[str, int]] = []  # (agent, observation index of sample 0) per request
@@ -153,11 +204,12 @@ class SelfPlayLoop:
                        and specs[j + 1] == specs[i]):
                     j += 1
                 chat, prefix, stop = specs[i]
+                member = self.mapping.agent_to_member[agent]
                 requests.append(GenerationRequest(
-                    adapter=self.mapping.agent_to_member[agent], prompt=agent_prompts[i], max_new_tokens=max_new,
+                    adapter=member, prompt=agent_prompts[i], max_new_tokens=max_new,
                     temperature=g.temperature, top_p=g.top_p, n=j - i + 1,
-                    seed=derive_seed(self.cfg.seed, self.step, phase, agent, i),
-                    chat=chat, prefix=prefix, stop=stop))
+                    seed=derive_seed(self.cfg.seed, step_index, phase, agent, i),
+                    chat=chat, prefix=prefix, stop=stop, version=None if versions is None else versions[member]))
                 first_index.append((agent, i))
                 for k in range(i, j + 1):
                     prompts[(agent, k)] = agent_prompts[i]
@@ -166,7 +218,7 @@ class SelfPlayLoop:
         if not requests:
             return completions, prompts, 0.0
         t0 = time.perf_counter()
-        with generation_threads(g.threads, self.device), self.memory.phase("generation"):
+        with self._generation_threads(), self.memory.phase("generation"):
             generated = self.generator.generate(requests)
         seconds = time.perf_counter() - t0
         for c in generated:
@@ -180,9 +232,10 @@ class SelfPlayLoop:
             raise RuntimeError(f"generator returned no completion for {missing[:5]}")
         return completions, prompts, seconds
 
-    def _dropped(self, completions: Mapping[CompletionId, Completion]) -> dict[str, int]:
-        """Role -> completions that stand for prompts over ``generation.max_prompt_tokens`` (never generated;
-        ``agents.generation.limit``), with one log line when there are any; empty without a limit."""
+    def _dropped(self, completions: Mapping[CompletionId, Completion], step: int) -> dict[str, int]:
+        """Role -> completions of step ``step``'s round that stand for prompts over
+        ``generation.max_prompt_tokens`` (never generated; ``agents.generation.limit``), with one log line when
+        there are any; empty without a limit."""
         limit = self.cfg.generation.max_prompt_tokens
         if limit is None:
             return {}
@@ -191,7 +244,7 @@ class SelfPlayLoop:
         out = {role: counts.get(role, 0) for role in sorted(set(roles.values()) | set(counts))}
         if counts:
             log.warning("step %d: dropped %s prompt(s) longer than %d tokens before generation (scored as format "
-                        "errors, not trained on)", self.step + 1,
+                        "errors, not trained on)", step,
                         " and ".join(f"{n} {role}" for role, n in out.items()), limit)
         return out
 
@@ -207,22 +260,21 @@ class SelfPlayLoop:
         return {a: tuple(by_agent[a][k] for k in sorted(by_agent[a])) for a in agents}
 
     # ------------------------------------------------------------------------------------ a step
-    def train_step(self) -> StepRecord:
-        """Play one round, update every member and run the PBT step."""
-        cfg, env = self.cfg, self.env
-        if self.step == 0 and not self._seeded:  # a fresh run: the base model fills the buffers first, once
-            self.seeding = seed_before_training(cfg, self.run_dir, env, self.generator, self.device)
-        t_step = time.perf_counter()
+    def play_round(self, step: int, versions: Mapping[str, int] | None = None) -> PlayedRound:
+        """Play the round of training step ``step``: reset (seeded on the run's first), teachers generate, the
+        env validates and matches, students generate, the env checks and rewards. ``versions``: the adapter
+        version each member generates with (an asynchronous run)."""
+        env = self.env
         if not self._seeded:
-            obs, infos = env.reset(seed=cfg.seed)
+            obs, infos = env.reset(seed=self.cfg.seed)
             self._seeded = True
         else:
             obs, infos = env.reset()
-        completions, prompts, gen_s = self._generate(obs, infos, "propose")
+        completions, prompts, gen_s = self._generate(obs, infos, "propose", step - 1, versions)
         t0 = time.perf_counter()
         obs, _r, _te, _tr, infos = env.step(self._actions(completions, env.agents))
         sandbox_s = time.perf_counter() - t0
-        solved, solve_prompts, gen2_s = self._generate(obs, infos, "solve")
+        solved, solve_prompts, gen2_s = self._generate(obs, infos, "solve", step - 1, versions)
         t0 = time.perf_counter()
         env.step(self._actions(solved, env.agents))
         sandbox_s += time.perf_counter() - t0
@@ -231,11 +283,32 @@ class SelfPlayLoop:
             raise RuntimeError("the env finished a round without an outcome")
         completions.update(solved)
         prompts.update(solve_prompts)
-        dropped_prompts = self._dropped(completions)
+        return PlayedRound(step, outcome, completions, prompts, {"generation": gen_s + gen2_s, "sandbox": sandbox_s},
+                           self._dropped(completions, step))
+
+    def _seed_once(self) -> None:
+        """A fresh run's seeding stage: the base model fills the buffers first, once (``env.seed_tasks``)."""
+        if self.step == 0 and not self._seeded:
+            self.seeding = seed_before_training(self.cfg, self.run_dir, self.env, self.generator, self.device)
+
+    def _evolve(self, step: int, outcome: RoundOutcome, reset_rating: Callable[[str], None]) -> list[dict]:
+        """The PBT step after step ``step`` (ratings: ``outcome``'s); returns its lineage records."""
+        if self.pbt is None:
+            return []
+        member_ratings = {m: outcome.ratings[self.mapping.agents_of(m)[0]] for m in self.mapping.members}
+        with self.memory.phase("evolution"):
+            return self.pbt.maybe_evolve(step, self.mapping.roles, self.population, member_ratings, reset_rating)
+
+    def train_step(self) -> StepRecord:
+        """Play one round, update every member and run the PBT step."""
+        self._seed_once()
+        t_step = time.perf_counter()
+        played = self.play_round(self.step + 1)
+        outcome = played.outcome
 
         t0 = time.perf_counter()
-        batches = rollouts_from_round(outcome, completions, self.mapping)
-        check_rewards(batches, cfg.env.reward_scheme)  # real and finite in float32, else RewardSchemeError
+        batches = rollouts_from_round(outcome, played.completions, self.mapping)
+        check_rewards(batches, self.cfg.env.reward_scheme)  # real and finite in float32, else RewardSchemeError
         with self.memory.phase("update"):
             member_metrics = self.trainer.update_many({m: batches[m] for m in self.mapping.members if batches.get(m)})
         self.nonfinite.observe(self.step + 1, member_metrics)  # NonFiniteTraining before this step's checkpoint
@@ -244,21 +317,15 @@ class SelfPlayLoop:
 
         self.step += 1
         t0 = time.perf_counter()
-        events: list[dict] = []
-        if self.pbt is not None:
-            member_ratings = {m: outcome.ratings[self.mapping.agents_of(m)[0]] for m in self.mapping.members}
-            with self.memory.phase("evolution"):
-                events = self.pbt.maybe_evolve(
-                    self.step, self.mapping.roles, self.population, member_ratings,
-                    lambda m: [self.env.reset_rating(a) for a in self.mapping.agents_of(m)])
-            if events:
-                self.generator.refresh([e["culled"] for e in events])
+        events = self._evolve(self.step, outcome,
+                              lambda m: [self.env.reset_rating(a) for a in self.mapping.agents_of(m)])
+        if events:
+            self.generator.refresh([e["culled"] for e in events])
         record = StepRecord(
-            step=self.step, outcome=outcome, completions=completions, prompts=prompts, mapping=self.mapping,
-            member_metrics=member_metrics, evolution=events,
-            times={"generation": gen_s + gen2_s, "sandbox": sandbox_s, "update": update_s,
-                   "evolution": time.perf_counter() - t0}, dropped_prompts=dropped_prompts,
-            memory=self.memory.take())
+            step=self.step, outcome=outcome, completions=played.completions, prompts=played.prompts,
+            mapping=self.mapping, member_metrics=member_metrics, evolution=events,
+            times={**played.times, "update": update_s, "evolution": time.perf_counter() - t0},
+            dropped_prompts=played.dropped_prompts, memory=self.memory.take())
         record.times["step"] = time.perf_counter() - t_step
         return record
 
@@ -269,4 +336,4 @@ def _generation_spec(request: Mapping[str, Any]) -> tuple[bool, str, tuple[str, 
             tuple(request.get("stop", ())))
 
 
-__all__ = ["SelfPlayLoop", "StepRecord", "derive_seed"]
+__all__ = ["PlayedRound", "SelfPlayLoop", "StepRecord", "derive_seed"]

@@ -2,8 +2,11 @@
 and/or the trainer (:func:`build_members`), after :func:`prepare_process` has set the process's threads and seeds.
 
 Every process that holds members goes through these two calls: the local run (:func:`selfplay.parts.build_parts`,
-every member with both the generator and the trainer), each Ray trainer shard (its members, the trainer) and each
-Ray generation engine (the members it serves, the generator). So an option or a part added here reaches a local
+every member with both the generator and the trainer; in an asynchronous run the trainer here and the generator
+in a second call, in this process or in an engine process), each Ray trainer shard (its members, the trainer) and
+each Ray generation engine (the members it serves, the generator). A process started for members (a Ray actor,
+the local engine process of :mod:`selfplay.engine_process`) calls :func:`actor_members`, which imports the run's
+plugins first. So an option or a part added here reaches a local
 and a Ray run alike, and a member's adapter, optimizer and samples come from the same calls in the same order
 wherever it lives (what keeps a Ray run bitwise the local one). Nothing here imports the Ray backend.
 """
@@ -11,7 +14,7 @@ wherever it lives (what keeps a Ray run bitwise the local one). Nothing here imp
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,7 @@ from agents.population import LoRAPopulation
 from agents.trainer import PolicyGradientTrainer
 from selfplay.config import TrainConfig
 
-__all__ = ["MemberParts", "build_members", "model_device", "prepare_process"]
+__all__ = ["MemberParts", "actor_members", "build_members", "model_device", "prepare_process"]
 
 
 def model_device(cfg: TrainConfig) -> str:
@@ -82,3 +85,19 @@ def build_members(cfg: TrainConfig, members: Sequence[str], *, generator: bool =
         generator=make_generator(g.engine, population, tokenizer, **g.generator_kwargs(cfg.model, run_dir)) if generator
         else None,
         trainer=PolicyGradientTrainer(population, cfg.trainer) if trainer else None)
+
+
+def actor_members(cfg_dict: Mapping[str, Any], members: Sequence[str], threads: int, *, generator: bool = False,
+                  trainer: bool = False) -> tuple[TrainConfig, MemberParts]:
+    """``(cfg, parts)`` in a process started for members (a Ray actor, the local engine process): the run config
+    rebuilt from its dict, the plugins imported, the process prepared (``threads`` torch threads, seeds) and the
+    members' parts built by :func:`build_members`, the builder the local run uses (looked up after the plugins
+    are imported: a plugin may replace it)."""
+    from selfplay import members as member_parts
+    from selfplay.config import from_dict
+    from selfplay.plugins import load_plugins
+
+    cfg = from_dict(TrainConfig, dict(cfg_dict))
+    load_plugins(cfg.plugins)  # before the builder is looked up: a plugin may extend it
+    member_parts.prepare_process(cfg, max(1, int(threads)))
+    return cfg, member_parts.build_members(cfg, members, generator=generator, trainer=trainer)

@@ -13,6 +13,14 @@ backend (``backend``):
 
 An option or a part added to :func:`selfplay.members.build_members` therefore reaches a local and a Ray run
 alike; one added here (a driver-side part) reaches both as well.
+
+An asynchronous run (``pipeline.max_staleness >= 1``, :mod:`selfplay.pipeline`) needs the generator apart from
+the trainer, since a round is generated with older versions of the adapters while the trainer updates them: a
+local HF run builds the members with the trainer here and the generator over a second copy of the base — in this
+process (``pipeline.layout = "thread"``) or in an engine process (``"process"``,
+:class:`selfplay.engine_process.EngineProcess`), both through the same builder; a local vLLM run keeps its one
+engine, which serves the versions it is given without touching the trainer's weights; on Ray the engines and the
+shards are apart already.
 """
 
 from __future__ import annotations
@@ -83,8 +91,35 @@ def build_parts(cfg: TrainConfig, run_dir: Path, assignment: Mapping[str, str] |
     if backend is not None:
         population, generator, trainer = backend.build(mapping)
         tokenizer = None
+    elif cfg.asynchronous and cfg.generation.engine == "hf":
+        population, generator, trainer, tokenizer = _apart(cfg, mapping.members)
     else:
         built = member_parts.build_members(cfg, mapping.members, generator=True, trainer=True, run_dir=run_dir)
         population, generator, trainer, tokenizer = built.population, built.generator, built.trainer, built.tokenizer
     return RunParts(env, mapping, population, generator, trainer, build_pbt(cfg, mapping, lineage), tokenizer,
                     backend)
+
+
+def _apart(cfg: TrainConfig, members: list[str]) -> tuple[Any, Any, Any, Any]:
+    """``(population, generator, trainer, tokenizer)`` of a local asynchronous HF run: the trainer over this
+    process's population, the generator over another copy of the base (module docstring). The engine process is
+    started first, so that it loads its copy while this process loads its own."""
+    generator: Any = None
+    if cfg.pipeline.layout == "process":
+        import torch
+
+        from selfplay.config import to_dict
+        from selfplay.engine_process import EngineProcess
+
+        generator = EngineProcess(to_dict(cfg), members, cfg.generation.threads or torch.get_num_threads())
+    try:
+        built = member_parts.build_members(cfg, members, trainer=True)
+        if generator is None:
+            generator = member_parts.build_members(cfg, members, generator=True).generator
+        else:
+            generator.wait_started()
+    except BaseException:
+        if generator is not None and hasattr(generator, "close"):
+            generator.close()
+        raise
+    return built.population, generator, built.trainer, built.tokenizer

@@ -188,7 +188,8 @@ def save_checkpoint(loop: SelfPlayLoop, progress: Progress, keep: int) -> Path:
 
     def write(d: Path) -> None:
         loop.population.save_all(d / "population")
-        write_json(d / "env_state.json", loop.env.state_dict())
+        write_json(d / "env_state.json", loop.env_state())
+        loop.save_extra(d)
         if loop.pbt is not None:
             write_json(d / "pbt_state.json", loop.pbt.state_dict())
         write_json(d / LOOP_STATE, {
@@ -250,7 +251,8 @@ def read_loop_state(d: Path) -> LoopState:
 def check_checkpoint(d: Path) -> None:
     """The contents of an intact checkpoint (:func:`~selfplay.checkpoint.find_resumable`'s ``check``), before the
     model loads: ``loop_state.json`` value by value (:func:`read_loop_state`), the member names of
-    ``population/population.json`` (folders beside it, so no member is read from elsewhere), every ``.pt`` file through
+    ``population/population.json`` (folders beside it, so no member is read from elsewhere), an asynchronous run's
+    ``pipeline_state.json`` value by value (:func:`selfplay.pipeline.read_pipeline_state`), every ``.pt`` file through
     ``torch.load(weights_only=True)`` (a pickle that names anything but tensors and plain containers is refused,
     and never runs) and every ``.safetensors`` header.
 
@@ -272,6 +274,10 @@ def check_checkpoint(d: Path) -> None:
 
     if not isinstance(names, list) or not all(member_dir(n) for n in names):
         raise CheckpointError(members, "'names' is not a list of the member folders beside it")
+    from selfplay.pipeline import PIPELINE_STATE, read_pipeline_state  # an asynchronous run's record
+
+    if (Path(d) / PIPELINE_STATE).is_file():
+        read_pipeline_state(Path(d) / PIPELINE_STATE, names, read_loop_state(d).step)
     for p in sorted(Path(d).rglob("*")):
         if p.is_symlink() or not p.is_file():
             continue
@@ -369,6 +375,7 @@ def load_checkpoint(point: ResumePoint, loop: SelfPlayLoop) -> Progress:
     _restore(d / "env_state.json", lambda: loop.env.load_state_dict(read_json(d / "env_state.json")))
     if loop.pbt is not None and (d / "pbt_state.json").is_file():
         _restore(d / "pbt_state.json", lambda: loop.pbt.load_state_dict(read_json(d / "pbt_state.json")))
+    _restore(d, lambda: loop.load_extra(d))
     progress = Progress(defaultdict(float, st.totals), st.history)
     random.setstate(st.python_rng)
     np.random.set_state(st.numpy_rng)

@@ -53,6 +53,7 @@ def _rollout(record: ProposalResult | AttemptResult, role: str, completion: Gene
         prompt_ids=list(completion.prompt_token_ids), completion_ids=list(completion.token_ids), reward=reward,
         group=(record.agent, record.task_id), scope=(role, record.task_type),
         logprobs=None if completion.logprobs is None else list(completion.logprobs), meta=meta,
+        version=getattr(completion, "version", None),
     )
 
 

@@ -21,6 +21,7 @@ from selfplay.checkpoint import free_bytes, write_failure, write_json
 from selfplay.config import TrainConfig, to_dict
 from selfplay.logger import TensorBoardLogger
 from selfplay.loop import SelfPlayLoop
+from selfplay.pipeline import make_loop
 from selfplay.resume import Progress, ResumePoint, load_checkpoint, resume_point, save_checkpoint
 from selfplay.rundir import ADAPTERS, CONFIG, SUMMARY
 
@@ -101,7 +102,7 @@ def train_from(point: ResumePoint, cfg: TrainConfig, assignment: Mapping[str, st
     """Run the job from ``point`` (a new run, or the checkpoint a resumed one continues from); returns the run
     directory. Called inside the :func:`~selfplay.resume.resume_point` block that made ``point``."""
     run_dir = point.run_dir
-    loop = SelfPlayLoop(cfg, run_dir, assignment)
+    loop = make_loop(cfg, run_dir, assignment)
     t_setup = time.perf_counter()
     loop.setup()
     if not point.resuming:
@@ -125,7 +126,7 @@ def train_from(point: ResumePoint, cfg: TrainConfig, assignment: Mapping[str, st
     finally:
         bar.close()
         tb.close()
-        loop.env.close()
+        loop.close()
     save_adapters(loop, run_dir / ADAPTERS)
     step_times = [h["step_seconds"] for h in progress.history if h.get("step_seconds") is not None]
     summary = {"steps": loop.step, "setup_seconds": setup_s,
@@ -151,7 +152,7 @@ def _run_step(loop: SelfPlayLoop, progress: Progress, tb: TensorBoardLogger, cfg
     progress.history.append({"step": loop.step, **{k: scalars.get(tag) for k, tag in HISTORY_KEYS.items()}})
     tb.log_samples(record, cfg.log_samples)  # flushed before the checkpoint, like the scalars
     ckpt_s = 0.0
-    if loop.step % cfg.checkpoint_every == 0 or loop.step == cfg.steps:
+    if cfg.checkpoint_due(loop.step):
         t0 = time.perf_counter()
         with loop.memory.phase("checkpoint"):
             save_checkpoint(loop, progress, cfg.keep_checkpoints)

@@ -10,6 +10,7 @@ Scalars are logged at ``global_step`` = training step. Families (CleanRL/TRL sty
 - ``time/<phase>``: seconds per phase of the step;
 - ``memory/<phase>``: peak GPU memory (GiB) per phase of the step (CUDA runs only);
 - ``evolution/replacements``: members replaced by the PBT step;
+- ``pipeline/<key>``: an asynchronous run's per-step counters (``pipeline.max_staleness >= 1``);
 - ``generation/dropped_prompts/<role>``: prompts over the length limit dropped before generation this step;
 - ``pairs/<teacher>/<student>/{attempts,correct}``: the matched pair's attempts and correct ones this step
   (the teacher × student solve-rate matrix of the report);
@@ -101,6 +102,16 @@ tokens of a few of the member's rollouts, scored with the weights that should ha
 ``--backend ray`` every step for every updated member; float rounding is ~1e-6, a stale engine far more)."""
 
 
+STALENESS = "staleness"
+"""Member key of an asynchronous run: the mean over the member's rollouts of the updates between the adapter
+version that generated each one and the version its update trained (0: on-policy; at most
+``pipeline.max_staleness``)."""
+STALENESS_MAX = "staleness_max"
+"""Member key of an asynchronous run: the largest staleness among the member's rollouts of the step."""
+PIPELINE_MEMBER_KEYS = (STALENESS, STALENESS_MAX)
+"""Member keys an asynchronous run adds (the trainer's metrics of the same names)."""
+
+
 MEMBER_PREFIX = "population/"
 
 
@@ -146,6 +157,11 @@ PAIRS_PREFIX = "pairs/"
 PAIR_KEYS = ("attempts", "correct")
 TIME_PHASES = ("generation", "sandbox", "update", "evolution", "checkpoint")
 REPLACEMENTS = "evolution/replacements"
+PIPELINE_PREFIX = "pipeline/"
+DISCARDED = "discarded_rollouts"
+"""Pipeline key: rollouts of this step's round that no update used, because PBT replaced their member after they
+were generated (``selfplay.pipeline``)."""
+PIPELINE_KEYS = (DISCARDED,)
 DROPPED_PROMPTS = "generation/dropped_prompts"
 MEMORY_PREFIX = "memory/"
 
@@ -159,6 +175,8 @@ def dropped_prompts(role: str) -> str:
     """Prompts of ``role`` over ``generation.max_prompt_tokens`` dropped before generation this step (logged every
     step when the limit is set)."""
     return f"{DROPPED_PROMPTS}/{role}"
+
+
 HYPERPARAMETERS = "hyperparameters"
 
 
@@ -194,6 +212,11 @@ def parse_pair(tag: str) -> tuple[str, str, str] | None:
     rest = _suffix(tag, PAIRS_PREFIX)
     parts = rest.split("/") if rest is not None else []
     return (parts[0], parts[1], parts[2]) if len(parts) == 3 and parts[2] in PAIR_KEYS else None
+
+
+def pipeline(key: str) -> str:
+    """``pipeline/<key>``: an asynchronous run's per-step counter (:data:`PIPELINE_KEYS`)."""
+    return f"{PIPELINE_PREFIX}{key}"
 
 
 def samples(role: str) -> str:

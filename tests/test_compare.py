@@ -144,6 +144,11 @@ def _compare_in_process(*args: str) -> int:
     (["--preset", "cpu-smoke", "--seeds", "2", "--ray-address", "x:1"], "--ray-address: needs --backend ray"),
     (["--preset", "cpu-smoke", "--seeds", "1", "--tail", "0"], "--tail"),
     (["--from", "/nonexistent/run"], "is not a directory"),
+    (["--preset", "cpu-smoke", "--seeds", "1", "--arm", "a=nobody"], "KIND one of population, baseline"),
+    (["--preset", "cpu-smoke", "--seeds", "1", "--arm", "a b=population"], "NAME matching"),
+    (["--preset", "cpu-smoke", "--seeds", "1", "--arm", "a=population --seed 3"], "may not set"),
+    (["--preset", "cpu-smoke", "--seeds", "1", "--arm", "a=population", "--arm", "a=baseline"], "share a name"),
+    (["--preset", "cpu-smoke", "--seeds", "1", "--arm", "a=population", "--arms", "baseline"], "give either --arms or --arm"),
 ])
 def test_bad_arguments_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
                               message: str) -> None:
@@ -224,3 +229,38 @@ def test_plan_threads_and_commands(tmp_path: Path) -> None:
     jobs, _ = plan(tmp_path / "v", ["population"], {"population": "p.json"}, [0], [], {"population": vllm}.__getitem__,
                    threads=3)
     assert jobs[0].num_gpus == 1
+
+
+def test_arms_with_their_own_flags_plan_labelled_runs(tmp_path: Path) -> None:
+    """``--arm NAME=KIND FLAGS``: the arm's runs are ``NAME-s<seed>``, labelled ``--arm NAME``, with its flags after
+    the preset's and before compare's extra flags; an arm named by its kind is launched as before."""
+    from populora_cli.compare import Arm, parse_arm, plan
+
+    arms = [parse_arm("async=population --pipeline.max-staleness 1"), parse_arm("population=population")]
+    assert arms == [Arm("async", "population", ("--pipeline.max-staleness", "1")), Arm("population", "population")]
+    config = {"threads": 1, "generation": {"threads": 1}}
+    jobs, _ = plan(tmp_path, arms, {"async": "p.json", "population": "p.json"}, [0], ["--steps", "2"],
+                   lambda arm: config, threads=1)
+    assert jobs[0].argv[3:] == ["train", "--preset", "p.json", "--seed", "0", "--run-dir", str(tmp_path / "async-s0"),
+                                "--arm", "async", "--no-progress", "--pipeline.max-staleness", "1", "--steps", "2"]
+    assert jobs[1].argv[3:] == ["train", "--preset", "p.json", "--seed", "0", "--run-dir",
+                                str(tmp_path / "population-s0"), "--no-progress", "--steps", "2"]
+
+
+def test_compare_takes_the_staleness_as_an_arm_override(tmp_path: Path) -> None:
+    """Two arms of the population, staleness 1 against 0: both run, each under its own name; the comparison reports
+    the first minus the second."""
+    preset = tiny_preset(tmp_path / "tiny.json")
+    out = tmp_path / "cmp"
+    p = populora_compare("--preset", str(preset), "--seeds", "1", "--parallel", "2", "--reps", "100", "--out", str(out),
+                         "--arm", "async=population --pipeline.max-staleness 1", "--arm", "sync=population")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    data = json.loads((out / "compare.json").read_text())
+    assert (data["treatment"], data["reference"]) == ("async", "sync")
+    assert sorted(data["runs"]) == ["async", "sync"]
+    assert data["metrics"]["teacher_reward"]["final"]["difference"]["runs"] == [1, 1]
+    assert "async − sync" in (out / "compare.md").read_text()
+    for name, staleness in (("async-s0", 1), ("sync-s0", 0)):
+        record = json.loads((out / name / "config.json").read_text())
+        assert (record["arm"], record["arm_kind"]) == (name.split("-")[0], "population")
+        assert record["config"]["pipeline"]["max_staleness"] == staleness

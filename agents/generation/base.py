@@ -32,6 +32,9 @@ class GenerationRequest:
             with it. It is part of ``Completion.prompt_token_ids``, not of the completion's text or tokens.
         stop: strings that end the completion (the closing answer tag); the completion's text ends with the
             first one produced, its tokens with the token that completes it.
+        version: the version of ``adapter`` to generate with (an asynchronous run's schedule,
+            :mod:`agents.generation.versions`): an engine that does not serve exactly that version refuses the
+            request; ``None``: whatever version the engine holds.
     """
 
     adapter: str | None
@@ -44,6 +47,7 @@ class GenerationRequest:
     chat: bool = True
     prefix: str = ""
     stop: tuple[str, ...] = ()
+    version: int | None = None
 
 
 @dataclass
@@ -54,7 +58,8 @@ class Completion:
     (temperature 1, no top-p) distribution, i.e. the behaviour log-probability a policy-gradient trainer
     compares against. ``prompt_token_ids`` are exactly the tokens generated from (chat template and response
     prefix included). ``finish_reason`` is ``"stop"`` after an EOS token or a stop string, ``"length"`` at the
-    token budget.
+    token budget. ``version`` is the version of the adapter that generated it (the request's, else the one the engine
+    had loaded; ``None`` when the engine tracks none: the synchronous loop reads live weights).
     """
 
     request_index: int
@@ -66,6 +71,7 @@ class Completion:
     logprobs: list[float]
     finish_reason: Literal["stop", "length"] = "stop"
     extra: dict = field(default_factory=dict)
+    version: int | None = None
 
 
 @runtime_checkable
@@ -77,3 +83,14 @@ class Generator(Protocol):
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]: ...
 
     def refresh(self, names: Sequence[str] | None = None) -> None: ...
+
+
+@runtime_checkable
+class VersionedGenerator(Generator, Protocol):
+    """A backend that serves versions of the members' adapters given to it (the lifecycle contract of
+    :mod:`agents.generation.versions`): ``load_version(name, version, state)`` makes ``state`` (PEFT keys, as
+    ``LoRAPopulation.state`` gives) the weights it serves as ``version`` of ``name``, atomically, keeping the old
+    version while a call uses it and when the new one is refused (:class:`~agents.generation.versions.
+    AdapterLoadError`)."""
+
+    def load_version(self, name: str, version: int, state: dict) -> None: ...

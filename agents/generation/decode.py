@@ -77,6 +77,7 @@ class _Row:
     top_p: float
     seed: int
     stop: tuple[str, ...] = ()
+    version: int | None = None  # the adapter version the request asked for (agents.generation.versions)
 
 
 @dataclass(frozen=True)

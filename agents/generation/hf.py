@@ -49,6 +49,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from agents.generation.base import Completion, GenerationRequest
 from agents.generation.decode import HFOptions, _Row, _Sampler, loop_supported, run_loop
+from agents.generation.versions import AdapterVersions, check_state
 from agents.population import BASE_ADAPTER, LoRAPopulation
 from populora_env.prompts import with_prefix
 
@@ -259,8 +260,14 @@ def _preallocated_cache(config, capacity: int) -> DynamicCache:
 class HFGenerator:
     """The :class:`~agents.generation.base.Generator` over a :class:`LoRAPopulation` with HF ``generate``.
 
+    It reads the population's live weights (``refresh`` is a no-op), and is also a
+    :class:`~agents.generation.base.VersionedGenerator`: :meth:`load_version` copies a given version of a member
+    into the population under the lifecycle contract of :mod:`agents.generation.versions` (checked first, copied
+    once no generate call is running, refused with the old weights kept), for an engine that serves an
+    asynchronous run from its own copy of the population.
+
     Args:
-        population: the members; generation reads their live weights (``refresh`` is a no-op).
+        population: the members.
         tokenizer: the base's tokenizer (needs a pad token: ``load_base`` sets one).
         batch_size: most rows (requests x samples) per ``generate`` call; more rows are split into chunks
             (rows sorted by prompt length first, to pad less).
@@ -307,9 +314,18 @@ class HFGenerator:
             else "generate"
         self._rng = random.Random(seed)
         self.stop_token_ids = stop_token_ids(population, tokenizer)
+        self.versions = AdapterVersions()
 
     def refresh(self, names: Sequence[str] | None = None) -> None:
         """No-op: this backend reads the population's live weights."""
+
+    def load_version(self, name: str, version: int, state: dict[str, torch.Tensor]) -> None:
+        """Serve ``state`` as ``version`` of member ``name`` (module :mod:`agents.generation.versions`)."""
+        if name not in self.population:
+            raise KeyError(f"cannot load {name!r}: not a member ({self.population.names})")
+        problem = check_state(state, self.population.state(name))
+        with self.versions.swap(name, version, problem):
+            self.population.load_state(name, state)
 
     # ------------------------------------------------------------------ prompts
 
@@ -321,6 +337,7 @@ class HFGenerator:
         rows = []
         for index, req in enumerate(requests):
             check_request(index, req, self.population)
+            self.versions.check(index, req.adapter, req.version)
             prompt_ids = self.encode_prompt(req)
             if not prompt_ids:
                 raise ValueError(f"request {index}: the prompt encodes to no tokens")
@@ -337,6 +354,7 @@ class HFGenerator:
                         req.top_p,
                         row_seed(seed, k),
                         tuple(req.stop),
+                        req.version,
                     )
                 )
         return rows
@@ -345,7 +363,10 @@ class HFGenerator:
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         """Complete every request (``n`` samples each); returns completions ordered by (request, sample)."""
-        rows = self._rows(requests)
+        with self.versions.in_use():
+            return self._generate_rows(self._rows(requests))
+
+    def _generate_rows(self, rows: list[_Row]) -> list[Completion]:
         order = (
             sorted(range(len(rows)), key=lambda i: len(rows[i].prompt_ids))
             if len(rows) > self.batch_size
@@ -458,6 +479,7 @@ class HFGenerator:
                     logprobs=logprobs[i][: len(ids)],
                     finish_reason=finish,
                     extra=extra,
+                    version=self.versions.completion_version(row.adapter, row.version),
                 )
             )
         return out

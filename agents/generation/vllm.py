@@ -21,9 +21,15 @@ Design (see docs/anchors.md §5):
   so their samples differ);
 * log-probs: ``SamplingParams(logprobs=0)`` returns the sampled token's log-prob; the engine is created with
   ``logprobs_mode="raw_logprobs"`` (the V1 default) = before temperature / top-p, as the contract requires;
-* ``refresh(names)`` after every update: saves each member under ``<adapter_dir>/<member>/v<version>`` and
+* ``refresh(names)`` after every update: saves each member under ``<adapter_dir>/<member>/v<version>-<id>`` and
   gives the new version a FRESH ``lora_int_id`` (re-submitting an id with a new path is silently ignored by
   vLLM), then removes the old id from the engine and deletes its files;
+* ``load_version(name, version, state)`` (an asynchronous run, :mod:`agents.generation.versions`): the same with
+  the given weights and version label, under the lifecycle contract: the state is checked before anything is
+  written, the new id replaces the old one only between generate calls (the old id, its files and the version
+  a running call uses stay until that call ends), a failed write keeps the old id and raises
+  :class:`~agents.generation.versions.AdapterLoadError`; a request naming another version of its adapter is
+  refused;
 * where adapters are written (``adapter_dir``; :func:`adapter_root`): checked for free space before the first
   write, for every member, the zero adapter and one member's next version (the old one is deleted after the
   new one is written). By default ``/dev/shm`` (RAM: vLLM reads every refresh from it) when it is writable and
@@ -50,6 +56,7 @@ import torch
 
 from agents.generation.base import Completion, GenerationRequest
 from agents.generation.hf import check_request, encode_prompt, row_seed, stop_token_ids
+from agents.generation.versions import AdapterVersions, check_state
 from agents.population import LoRAPopulation
 
 __all__ = ["AdapterSpaceError", "VLLMGenerator", "VLLM_INSTALL_HINT", "adapter_bytes", "adapter_root",
@@ -263,6 +270,7 @@ class VLLMGenerator:
         self._rng = random.Random(seed)
         self._ids = itertools.count(1)  # lora_int_id must be > 0 and never reused
         self._registered: dict[str, _Registered] = {}
+        self.versions = AdapterVersions()
         self._base: _Registered | None = None  # the zero adapter, written on first use
 
     # ------------------------------------------------------------------ adapters
@@ -277,14 +285,27 @@ class VLLMGenerator:
                 raise KeyError(f"cannot refresh {name!r}: not a member ({self.population.names})")
             self._register(name)
 
-    def _register(self, name: str) -> None:
+    def load_version(self, name: str, version: int, state: dict[str, torch.Tensor]) -> None:
+        """Serve ``state`` as ``version`` of member ``name`` (module docstring; :mod:`agents.generation.versions`)."""
+        if name not in self.population:
+            raise KeyError(f"cannot load {name!r}: not a member ({self.population.names})")
+        problem = check_state(state, self.population.state(name))
+        with self.versions.swap(name, version, problem):
+            self._register(name, state=state, version=version)
+
+    def _register(self, name: str, state: dict[str, torch.Tensor] | None = None, version: int | None = None) -> None:
+        """Write ``name``'s weights (``state``, else the population's live ones) as a new LoRA id; the old id is
+        dropped only once the new one is in place (a failed write leaves it registered)."""
         old = self._registered.get(name)
-        version = old.version + 1 if old else 1
-        path = self.adapter_dir / name / f"v{version}"
-        if path.exists():
-            shutil.rmtree(path)
-        self.population.save(name, path, dtype=self.torch_dtype)
+        if version is None:
+            version = old.version + 1 if old else 1
         lora_id = next(self._ids)
+        path = self.adapter_dir / name / f"v{version}-{lora_id}"
+        try:
+            self.population.save(name, path, dtype=self.torch_dtype, state=state)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
         request = self._LoRARequest(lora_name=f"{name}@v{version}", lora_int_id=lora_id, lora_path=str(path))
         self._registered[name] = _Registered(version, lora_id, path, request)
         if old is not None:
@@ -338,9 +359,14 @@ class VLLMGenerator:
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         """Complete every request (``n`` samples each) in one engine call; ordered by (request, sample)."""
+        with self.versions.in_use():
+            return self._generate(requests)
+
+    def _generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         prompts, params, loras, meta = [], [], [], []
         for index, req in enumerate(requests):
             check_request(index, req, self.population)
+            self.versions.check(index, req.adapter, req.version)
             prompt_ids = encode_prompt(self.tokenizer, req)
             lora = self.lora_request(req.adapter)
             for k in range(req.n):
@@ -362,7 +388,7 @@ class VLLMGenerator:
                     )
                 )
                 loras.append(lora)
-                meta.append((index, k, req.adapter, prompt_ids, seed))
+                meta.append((index, k, req.adapter, prompt_ids, seed, req.version))
         if not prompts:
             return []
         outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
@@ -371,7 +397,7 @@ class VLLMGenerator:
         return [self._completion(out, *m) for out, m in zip(outputs, meta, strict=True)]
 
     def _completion(
-        self, output, index: int, k: int, adapter, prompt_ids: list[int], seed: int
+        self, output, index: int, k: int, adapter, prompt_ids: list[int], seed: int, version: int | None = None
     ) -> Completion:
         sample = output.outputs[0]
         token_ids = list(sample.token_ids)
@@ -392,6 +418,7 @@ class VLLMGenerator:
             finish_reason=finish,
             extra={"seed": seed, "vllm_finish_reason": sample.finish_reason}
             | ({"stop": sample.stop_reason} if isinstance(getattr(sample, "stop_reason", None), str) else {}),
+            version=self.versions.completion_version(adapter, version),
         )
 
     def close(self) -> None:

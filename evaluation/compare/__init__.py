@@ -17,9 +17,11 @@ __all__ = ["HISTORY_METRICS", "RunInfo", "State", "compare_runs", "read_run", "s
 
 def compare_runs(run_dirs: Sequence[Path], out: Path, tail: int = 3, reps: int = 2000, seed: int = 0,
                  confidence: float = 0.95, eval_score: str = "population_mean",
-                 launched: Sequence[str] = ()) -> list[Path]:
-    """Read ``run_dirs``, compute the comparison and write it into ``out``; returns the files written."""
+                 launched: Sequence[str] = (), treatment: str = "population", reference: str = "baseline"
+                 ) -> list[Path]:
+    """Read ``run_dirs``, compute the comparison (``treatment - reference``) and write it into ``out``; returns
+    the files written."""
     runs = [read_run(Path(d), eval_score) for d in run_dirs]
     result = summarize(runs, tail=tail, reps=reps, seed=seed, confidence=confidence, eval_score=eval_score,
-                       launched=launched)
+                       launched=launched, treatment=treatment, reference=reference)
     return write_outputs(result, Path(out))

@@ -14,8 +14,9 @@ aggregate rows (``aggregate/code|math|overall``) are scored the same way; the ``
 benchmarks evaluated by every run as the tasks of one ``(runs, benchmarks)`` matrix per arm.
 
 For every block, per arm: the mean over seeds and the IQM, each with its 95 % stratified-bootstrap interval;
-and for ``treatment`` against ``reference`` (population against baseline): the difference of the means and
-the probability of improvement, each with its interval (estimators: :mod:`evaluation.stats`). Learning curves:
+and for ``treatment`` against ``reference`` (population against baseline by default; ``populora compare --arm``
+names others, e.g. two staleness settings of the population): the difference of the means and the probability of
+improvement, each with its interval (estimators: :mod:`evaluation.stats`). Learning curves:
 per arm and step, the mean over the runs that logged the step, with its interval.
 """
 
@@ -35,7 +36,7 @@ TREATMENT, REFERENCE = "population", "baseline"
 
 
 def _arm_block(scores: dict[str, np.ndarray], runs: dict[str, list[str]], reps: int, seed: int,
-               confidence: float) -> dict[str, Any]:
+               confidence: float, pair: tuple[str, str] = (TREATMENT, REFERENCE)) -> dict[str, Any]:
     """Per arm (mean, IQM, the scores and the runs they came from), then the two-arm estimates if both arms
     have scores."""
     block: dict[str, Any] = {"arms": {}}
@@ -46,8 +47,9 @@ def _arm_block(scores: dict[str, np.ndarray], runs: dict[str, list[str]], reps: 
             "scores": s.tolist(),
             "runs": runs[arm],
         }
-    if TREATMENT in scores and REFERENCE in scores:
-        x, y = scores[TREATMENT], scores[REFERENCE]
+    treatment, reference = pair
+    if treatment in scores and reference in scores:
+        x, y = scores[treatment], scores[reference]
         block["difference"] = stats.difference(x, y, reps, seed, confidence).to_dict()
         block["probability_of_improvement"] = stats.probability_of_improvement(x, y, reps, seed,
                                                                               confidence).to_dict()
@@ -80,9 +82,11 @@ def _curve(runs: Sequence[RunInfo], metric: str, reps: int, seed: int, confidenc
 
 def summarize(runs: Sequence[RunInfo], tail: int = 3, reps: int = stats.DEFAULT_REPS, seed: int = 0,
               confidence: float = stats.DEFAULT_CONFIDENCE, eval_score: str = "population_mean",
-              launched: Sequence[str] = ()) -> dict[str, Any]:
+              launched: Sequence[str] = (), treatment: str = TREATMENT, reference: str = REFERENCE) -> dict[str, Any]:
     """The content of ``compare.json`` (see the module docstring). Only complete runs with a known arm count;
-    the others are listed under ``excluded`` with the reason."""
+    the others are listed under ``excluded`` with the reason. ``treatment - reference`` is the difference
+    reported."""
+    pair = (treatment, reference)
     notes: list[str] = []
     used: list[RunInfo] = []
     excluded: dict[str, str] = {}
@@ -95,13 +99,13 @@ def summarize(runs: Sequence[RunInfo], tail: int = 3, reps: int = stats.DEFAULT_
         else:
             used.append(r)
     by_arm: dict[str, list[RunInfo]] = {}
-    order = {TREATMENT: 0, REFERENCE: 1}
+    order = {treatment: 0, reference: 1}
     for r in sorted(used, key=lambda r: (order.get(r.arm or "", 2), r.arm or "",
                                          r.seed if isinstance(r.seed, int) else 0, r.name)):
         by_arm.setdefault(r.arm or "", []).append(r)
     out: dict[str, Any] = {
         "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "treatment": TREATMENT, "reference": REFERENCE,
+        "treatment": treatment, "reference": reference,
         "settings": {"tail": tail, "reps": reps, "bootstrap_seed": seed, "confidence": confidence,
                      "eval_score": eval_score},
         "runs": {arm: [{"path": str(r.path), "seed": r.seed, "preset": r.preset, "steps": r.steps_done,
@@ -124,11 +128,12 @@ def summarize(runs: Sequence[RunInfo], tail: int = 3, reps: int = stats.DEFAULT_
             notes.append(f"no run logged {metric}")
             continue
         out["metrics"][metric] = {
-            "final": _arm_block({a: stats.as_matrix(v) for a, v in final.items()}, names, reps, seed, confidence),
-            "gain": _arm_block({a: stats.as_matrix(v) for a, v in gain.items()}, names, reps, seed, confidence),
+            "final": _arm_block({a: stats.as_matrix(v) for a, v in final.items()}, names, reps, seed, confidence,
+                                pair),
+            "gain": _arm_block({a: stats.as_matrix(v) for a, v in gain.items()}, names, reps, seed, confidence, pair),
         }
         out["curves"][metric] = {arm: _curve(rs, metric, reps, seed, confidence) for arm, rs in by_arm.items()}
-    out["eval"] = _eval_blocks(by_arm, reps, seed, confidence, notes)
+    out["eval"] = _eval_blocks(by_arm, reps, seed, confidence, notes, pair)
     schemes = {arm: sorted({str(r.reward_scheme) for r in rs}) for arm, rs in by_arm.items()}
     if len({tuple(v) for v in schemes.values()}) > 1:
         notes.append("the arms use different reward schemes (" + "; ".join(
@@ -138,7 +143,7 @@ def summarize(runs: Sequence[RunInfo], tail: int = 3, reps: int = stats.DEFAULT_
 
 
 def _eval_blocks(by_arm: dict[str, list[RunInfo]], reps: int, seed: int, confidence: float,
-                 notes: list[str]) -> dict[str, Any] | None:
+                 notes: list[str], pair: tuple[str, str] = (TREATMENT, REFERENCE)) -> dict[str, Any] | None:
     evaluated = {arm: [r for r in rs if r.eval_scores] for arm, rs in by_arm.items()}
     evaluated = {arm: rs for arm, rs in evaluated.items() if rs}
     if not evaluated:
@@ -157,7 +162,7 @@ def _eval_blocks(by_arm: dict[str, list[RunInfo]], reps: int, seed: int, confide
             if have:
                 scores[arm] = stats.as_matrix([r.eval_scores[key] for r in have])
                 names[arm] = [r.name for r in have]
-        result["benchmarks"][key] = _arm_block(scores, names, reps, seed, confidence)
+        result["benchmarks"][key] = _arm_block(scores, names, reps, seed, confidence, pair)
     # the aggregate over benchmarks: those every evaluated run has (AZR's aggregate rows left out)
     common = [k for k in keys if not k.startswith("aggregate/")
               and all(k in r.eval_scores for rs in evaluated.values() for r in rs)]
@@ -165,5 +170,5 @@ def _eval_blocks(by_arm: dict[str, list[RunInfo]], reps: int, seed: int, confide
         scores = {arm: stats.as_matrix([[r.eval_scores[k] for k in common] for r in rs])
                   for arm, rs in evaluated.items()}
         names = {arm: [r.name for r in rs] for arm, rs in evaluated.items()}
-        result["aggregate"] = {"benchmarks": common, **_arm_block(scores, names, reps, seed, confidence)}
+        result["aggregate"] = {"benchmarks": common, **_arm_block(scores, names, reps, seed, confidence, pair)}
     return result

@@ -12,7 +12,18 @@ from evaluation.compare.rundirs import METRIC_LABELS
 from evaluation.compare.summary import REFERENCE, TREATMENT
 from selfplay.rundir import SUMMARY
 
-ARM_COLOURS = {TREATMENT: "tab:blue", REFERENCE: "tab:orange"}
+COLOURS = ("tab:blue", "tab:orange")
+"""The treatment's and the reference's colours."""
+
+
+def _pair(result: dict[str, Any]) -> tuple[str, str]:
+    """``(treatment, reference)`` of a comparison (population and baseline unless it names others)."""
+    return result.get("treatment", TREATMENT), result.get("reference", REFERENCE)
+
+
+def _colour(result: dict[str, Any], arm: str) -> str | None:
+    pair = _pair(result)
+    return COLOURS[pair.index(arm)] if arm in pair else None
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -29,29 +40,32 @@ def _ci(e: dict[str, Any] | None, pct: bool = False) -> str:
     return f"{fmt.format(e['point'] * f)} [{fmt.format(e['low'] * f)}, {fmt.format(e['high'] * f)}]"
 
 
-def _verdict(block: dict[str, Any]) -> str:
+def _verdict(block: dict[str, Any], pair: tuple[str, str] = (TREATMENT, REFERENCE)) -> str:
     d = block.get("difference")
     if not d:
         return "-"
     if min(d["runs"]) < 2:
         return "too few seeds"
     if d["low"] > 0:
-        return "population higher"
+        return f"{pair[0]} higher"
     if d["high"] < 0:
-        return "baseline higher"
+        return f"{pair[1]} higher"
     return "intervals overlap 0"
 
 
-def _table(rows: list[tuple[str, dict[str, Any]]], arms: list[str], pct: bool = False) -> list[str]:
+def _table(rows: list[tuple[str, dict[str, Any]]], arms: list[str], pct: bool = False,
+           pair: tuple[str, str] = (TREATMENT, REFERENCE)) -> list[str]:
+    treatment, reference = pair
     head = ["what"] + [f"{a} mean" for a in arms] + [f"{a} IQM" for a in arms] + \
-        [f"{TREATMENT} − {REFERENCE}", f"P({TREATMENT} > {REFERENCE})", "reading"]
+        [f"{treatment} − {reference}", f"P({treatment} > {reference})", "reading"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, block in rows:
         a = block["arms"]
         cells = [label] + [_ci(a.get(x, {}).get("mean"), pct) + (f" n={len(a[x]['runs'])}" if x in a else "")
                            for x in arms]
         cells += [_ci(a.get(x, {}).get("iqm"), pct) for x in arms]
-        cells += [_ci(block.get("difference"), pct), _ci(block.get("probability_of_improvement")), _verdict(block)]
+        cells += [_ci(block.get("difference"), pct), _ci(block.get("probability_of_improvement")),
+                  _verdict(block, pair)]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -66,11 +80,12 @@ def _seed_count(result: dict[str, Any], arms: list[str]) -> str:
 def render_markdown(result: dict[str, Any], figures: list[str]) -> str:
     """``compare.md``: the runs, one table per block (mean and IQM per arm with 95 % intervals, difference and
     probability of improvement), the figures and the notes."""
-    arms = [a for a in (TREATMENT, REFERENCE) if a in result["runs"]] + \
-        sorted(a for a in result["runs"] if a not in (TREATMENT, REFERENCE))
+    pair = _pair(result)
+    arms = [a for a in pair if a in result["runs"]] + sorted(a for a in result["runs"] if a not in pair)
     s = result["settings"]
     conf = int(round(100 * s["confidence"]))
-    lines = ["# Population vs single agent over seeds", "",
+    title = "Population vs single agent" if pair == (TREATMENT, REFERENCE) else f"{pair[0]} vs {pair[1]}"
+    lines = [f"# {title} over seeds", "",
              f"Written {result['created']}. Each cell: estimate [{conf} % stratified-bootstrap interval], "
              f"{s['reps']} replicates, bootstrap seed {s['bootstrap_seed']}; n = runs (seeds). `final` = a run's "
              f"mean over its last k = min({s['tail']}, steps // 2) logged steps; `gain` = final minus the mean of "
@@ -91,14 +106,14 @@ def render_markdown(result: dict[str, Any], figures: list[str]) -> str:
     for metric, blocks in result["metrics"].items():
         label = METRIC_LABELS.get(metric, metric)
         rows += [(f"{label}: final", blocks["final"]), (f"{label}: gain", blocks["gain"])]
-    lines += _table(rows, arms) if rows else ["No complete run logged a history."]
+    lines += _table(rows, arms, pair=pair) if rows else ["No complete run logged a history."]
     ev = result.get("eval")
     if ev:
         lines += ["", f"## Benchmarks (populora eval; a run's score: `{s['eval_score']}`, pass@1 in %)", ""]
         rows = [(k, b) for k, b in ev["benchmarks"].items()]
         if ev.get("aggregate"):
             rows.append((f"aggregate over {', '.join(ev['aggregate']['benchmarks'])}", ev["aggregate"]))
-        lines += _table(rows, arms, pct=True)
+        lines += _table(rows, arms, pct=True, pair=pair)
         lines += ["", "Probability of improvement is a probability (0-1), not a percentage."]
     if figures:
         lines += ["", "## Figures", ""] + [f"![{f}]({f})" for f in figures]
@@ -129,7 +144,7 @@ def plot_curves(result: dict[str, Any], out: Path) -> str | None:
         for arm, c in result["curves"][metric].items():
             if not c["steps"]:
                 continue
-            colour = ARM_COLOURS.get(arm)
+            colour = _colour(result, arm)
             n = max(c["runs"])
             ax.plot(c["steps"], c["mean"], marker=".", color=colour, label=f"{arm} (n={n})")
             ax.fill_between(c["steps"], c["low"], c["high"], color=colour, alpha=0.2, linewidth=0)
@@ -144,8 +159,10 @@ def plot_curves(result: dict[str, Any], out: Path) -> str | None:
     return "curves.png"
 
 
-def _interval_panel(ax: Any, rows: list[tuple[str, dict[str, Any]]], title: str, scale: float = 1.0) -> None:
-    arms = sorted({a for _, b in rows for a in b["arms"]}, key=lambda a: (a != TREATMENT, a != REFERENCE, a))
+def _interval_panel(ax: Any, result: dict[str, Any], rows: list[tuple[str, dict[str, Any]]], title: str,
+                    scale: float = 1.0) -> None:
+    treatment, reference = _pair(result)
+    arms = sorted({a for _, b in rows for a in b["arms"]}, key=lambda a: (a != treatment, a != reference, a))
     width = 0.8 / max(1, len(arms))
     for k, arm in enumerate(arms):
         xs, ys, lo, hi = [], [], [], []
@@ -156,7 +173,7 @@ def _interval_panel(ax: Any, rows: list[tuple[str, dict[str, Any]]], title: str,
                 ys.append(e["point"] * scale)
                 lo.append((e["point"] - e["low"]) * scale)
                 hi.append((e["high"] - e["point"]) * scale)
-        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, color=ARM_COLOURS.get(arm), label=arm)
+        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, color=_colour(result, arm), label=arm)
     ax.set_xticks(range(len(rows)), [r[0] for r in rows], rotation=30, ha="right", fontsize=7)
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -170,7 +187,7 @@ def plot_final(result: dict[str, Any], out: Path) -> str | None:
     if not metrics:
         return None
     fig, axes = _figure(1, 2, (10, 3.6))
-    _interval_panel(axes[0][0], [(METRIC_LABELS.get(m, m), result["metrics"][m]["final"]) for m in metrics],
+    _interval_panel(axes[0][0], result, [(METRIC_LABELS.get(m, m), result["metrics"][m]["final"]) for m in metrics],
                     "final value per arm (mean over seeds)")
     ax = axes[0][1]
     diffs = [(METRIC_LABELS.get(m, m), result["metrics"][m]["final"].get("difference")) for m in metrics]
@@ -181,7 +198,7 @@ def plot_final(result: dict[str, Any], out: Path) -> str | None:
                     fmt="o", capsize=3, color="black")
         ax.axhline(0.0, color="grey", linewidth=0.8)
         ax.set_xticks(range(len(diffs)), [lab for lab, _ in diffs], rotation=30, ha="right", fontsize=7)
-    ax.set_title(f"{TREATMENT} − {REFERENCE} (final)")
+    ax.set_title("{} − {} (final)".format(*_pair(result)))
     ax.grid(alpha=0.3)
     fig.savefig(out / "final.png", dpi=110)
     return "final.png"
@@ -196,7 +213,7 @@ def plot_eval(result: dict[str, Any], out: Path) -> str | None:
     if ev.get("aggregate"):
         rows.append(("aggregate", ev["aggregate"]))
     fig, axes = _figure(1, 1, (max(5.0, 0.9 * len(rows) + 2), 3.6))
-    _interval_panel(axes[0][0], rows, "pass@1 (%) per arm, mean over seeds", scale=100.0)
+    _interval_panel(axes[0][0], result, rows, "pass@1 (%) per arm, mean over seeds", scale=100.0)
     fig.savefig(out / "eval.png", dpi=110)
     return "eval.png"
 

@@ -56,8 +56,8 @@ class RunData:
 
     @property
     def arm(self) -> str:
-        """``population`` / ``baseline``: ``config.json``'s ``arm`` (``kind`` in runs written before it was
-        renamed), or ``?``."""
+        """``population`` / ``baseline`` (or the label ``--arm`` gave the run, its kind then in ``arm_kind``):
+        ``config.json``'s ``arm`` (``kind`` in runs written before it was renamed), or ``?``."""
         return str(self.config.get("arm", self.config.get("kind", "?")))
 
     @property
@@ -84,7 +84,7 @@ class RunData:
             for agent, m in members.items():
                 by_member.setdefault(m, set()).add(roles.get(agent, "?"))
             return any(len(rs) > 1 for rs in by_member.values())
-        return self.arm == "baseline"
+        return self.config.get("arm_kind", self.arm) == "baseline"
 
 
 def load_scalars(run_dir: str | os.PathLike[str]) -> Scalars:

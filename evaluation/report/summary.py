@@ -269,6 +269,44 @@ def config_changes_section(runs: Sequence[RunData]) -> list[str]:
             *md_table(["run", "after step", "field", "old", "new"], rows), ""]
 
 
+def pipeline_section(runs: Sequence[RunData]) -> list[str]:
+    """``## Asynchronous steps``: per run that overlapped generation and training (``pipeline.max_staleness``) and
+    member, the staleness of its batches (mean and largest over the steps) and the mismatch its updates measured
+    between the weights they trained and the log-probs the batch was sampled with, and the rollouts PBT
+    discarded; nothing when no run is asynchronous."""
+    rows: list[list[str]] = []
+    dropped: list[str] = []
+
+    def mean(r: RunData, m: str, key: str) -> str:
+        values = nx.series(r, tags.member(m, key))[1]
+        return nx.fmt(float(np.mean(values))) if len(values) else "n/a"
+
+    for r in runs:
+        names = sorted({m for tag in r.scalars if (p := tags.parse_member(tag)) and p[1] == tags.STALENESS
+                        for m in [p[0]]})
+        for m in names:
+            st = nx.series(r, tags.member(m, tags.STALENESS))[1]
+            top = nx.series(r, tags.member(m, tags.STALENESS_MAX))[1]
+            rows.append([r.name, m, nx.fmt(float(np.mean(st))), nx.fmt(float(np.max(top))) if len(top) else "n/a",
+                         str(len(st)), mean(r, m, tags.MISMATCH_ABS_MEAN), mean(r, m, tags.MISMATCH_KL)])
+        discarded = nx.series(r, tags.pipeline(tags.DISCARDED))[1]
+        if len(discarded) and names:
+            dropped.append(f"{r.name}: {int(discarded.sum())}")
+    if not rows:
+        return []
+    return ["## Asynchronous steps", "",
+            "Staleness = updates between the adapter version that generated a member's batch and the version its "
+            f"update trained (`{tags.member('<member>', tags.STALENESS)}`); the mismatch is the update's "
+            "|log π_trainer − log π_behaviour| and its k3 KL estimate, the trainer's weights before the update "
+            f"against the log-probs the batch was sampled with (`{tags.member('<member>', tags.MISMATCH_ABS_MEAN)}`, "
+            f"`{tags.member('<member>', tags.MISMATCH_KL)}`): for a stale batch the drift of its updates plus the "
+            "engines' numerical mismatch.",
+            "", *md_table(["run", "member", "staleness (mean)", "staleness (max)", "updates",
+                           "mismatch, mean abs Δ log p", "mismatch KL (mean)"], rows), "",
+            "Rollouts discarded because PBT replaced their member after they were generated "
+            f"(`{tags.pipeline(tags.DISCARDED)}`): {'; '.join(dropped) or 'none'}.", ""]
+
+
 def summary_markdown(
     runs: Sequence[RunData],
     smoothing: float,
@@ -297,6 +335,7 @@ def summary_markdown(
         *md_table(["metric"] + [r.name for r in runs], [[m] + [heads[r.name][m] for r in runs] for m in metrics]),
         "",
         *config_changes_section(runs),
+        *pipeline_section(runs),
         "## Evaluation",
         "",
         *eval_section(runs, entries),

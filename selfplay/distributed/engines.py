@@ -10,6 +10,9 @@ An :class:`Engine` holds one base copy, the adapters of the members it serves (a
   the refs; the driver passes those refs (never the tensors) to the engines serving the members, which fetch
   them, copy them into their adapters and re-publish them to their generator (``Generator.refresh``: vLLM gives
   every new version a fresh LoRA id). The loop calls it after every update and every PBT replacement.
+* ``load_version(name, version, state)`` (an asynchronous run, :mod:`selfplay.pipeline`): the engines serving the
+  member serve that state as that version (their generator's ``load_version``); a request naming a version is
+  served only by an engine that holds it.
 * ``generate(requests)``: with ``ray.engine_adapters='all'`` (every engine serves every member) and the HF
   engine, the driver cuts the batch exactly as :class:`~agents.generation.hf.HFGenerator` does on one machine
   (rows = samples in request order, sorted by prompt length when there are more than ``batch_size``, chunks
@@ -37,7 +40,7 @@ import torch
 
 from agents.generation.base import Completion, GenerationRequest
 from selfplay.distributed.packing import pack_completions, unpack_completions
-from selfplay.distributed.shards import actor_members
+from selfplay.members import actor_members
 
 __all__ = ["Engine", "RayGenerator", "hf_plan"]
 
@@ -79,6 +82,11 @@ class Engine:
             self.versions[name] += 1
         self.generator.refresh(list(refs))
         return {n: self.versions[n] for n in refs}
+
+    def load_version(self, name: str, version: int, state: Mapping[str, torch.Tensor]) -> None:
+        """Serve ``state`` as ``version`` of ``name`` (an asynchronous run; the generator's
+        ``load_version``, under the lifecycle contract of :mod:`agents.generation.versions`)."""
+        self.generator.load_version(name, version, dict(state))
 
     def state(self, name: str) -> dict[str, torch.Tensor]:
         """The adapter this engine serves for ``name`` (tests compare it with the shard's)."""
@@ -146,6 +154,14 @@ class RayGenerator:
             refs = [ref for s, ref in published.items() if self.serves[e] & set(by_shard[s])]
             if refs:  # top-level refs: Ray hands the engine the dicts of refs, the tensors stay in the store
                 self._loads.append(engine.load.remote(*refs))
+
+    def load_version(self, name: str, version: int, state: Mapping[str, torch.Tensor]) -> None:
+        """Have every engine serving ``name`` serve ``state`` as ``version`` of it (an asynchronous run: the
+        state is put in the object store once; the engines load it before their next call)."""
+        ref = ray.put(dict(state))
+        for e, engine in enumerate(self.engines):
+            if name in self.serves[e]:
+                self._loads.append(engine.load_version.remote(name, version, ref))
 
     def wait_loaded(self) -> None:
         """Block until every pending ``refresh`` reached its engines (raises what an engine raised)."""

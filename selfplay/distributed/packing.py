@@ -63,8 +63,19 @@ def pack_rollouts(rollouts: Sequence[Rollout]) -> dict[str, Any]:
         "has_logprobs": has_lp, "logprobs": lps, "logprob_lens": lp_lens,
         "keys": np.array([[table.add(r.group), table.add(r.scope), table.add(r.meta)] for r in rollouts],
                          dtype=np.int64).reshape(len(rollouts), 3),
+        "versions": _versions(rollouts),
         "table": table.items,
     }
+
+
+def _versions(items: Sequence[Rollout] | Sequence[Completion]) -> np.ndarray:
+    """Each item's adapter version, ``-1`` for ``None``."""
+    return np.array([-1 if x.version is None else int(x.version) for x in items], dtype=np.int64)
+
+
+def _version(versions: np.ndarray | None, i: int) -> int | None:
+    v = -1 if versions is None else int(versions[i])
+    return None if v < 0 else v
 
 
 def unpack_rollouts(p: dict[str, Any]) -> list[Rollout]:
@@ -78,7 +89,7 @@ def unpack_rollouts(p: dict[str, Any]) -> list[Rollout]:
         meta = table[m]
         out.append(Rollout(prompts[i], comps[i], float(p["rewards"][i]), group=table[g], scope=table[s],
                            logprobs=next(lps) if p["has_logprobs"][i] else None,
-                           meta=dict(meta) if isinstance(meta, dict) else meta))
+                           meta=dict(meta) if isinstance(meta, dict) else meta, version=_version(p.get("versions"), i)))
     return out
 
 
@@ -96,6 +107,7 @@ def pack_completions(completions: Sequence[Completion], rows: Sequence[int] | No
         "logprobs": lps, "logprob_lens": lp_lens,
         "keys": np.array([[table.add(c.adapter), table.add(c.finish_reason), table.add(c.extra)]
                           for c in completions], dtype=np.int64).reshape(-1, 3),
+        "versions": _versions(completions),
         "table": table.items,
     }
 
@@ -111,5 +123,6 @@ def unpack_completions(p: dict[str, Any]) -> list[Completion]:
         extra = table[e]
         out.append(Completion(request_index=req, sample_index=sample, adapter=table[a], text=p["text"][i],
                               prompt_token_ids=prompts[i], token_ids=tokens[i], logprobs=lps[i],
-                              finish_reason=table[f], extra=dict(extra) if isinstance(extra, dict) else extra))
+                              finish_reason=table[f], extra=dict(extra) if isinstance(extra, dict) else extra,
+                              version=_version(p.get("versions"), i)))
     return out

@@ -23,7 +23,9 @@ the actor's CPUs). With the same thread count as the local run, the result is bi
 trainer's weights — the weights the engine should have generated them with — and reports
 ``sync = mean_t |log pi_trainer(y_t) - log pi_engine(y_t)|`` over their completion tokens (the engine's
 log-probs are the rollouts' behaviour log-probs). An engine serving stale weights shows up as a gap far above
-float rounding (the failure other frameworks only found through this metric).
+float rounding (the failure other frameworks only found through this metric). In an asynchronous run
+(``pipeline.max_staleness >= 1``) the rollouts were generated with an older version on purpose, so ``sync`` also
+holds that version's drift from the trainer's weights (the staleness it costs), not only the mismatch.
 """
 
 from __future__ import annotations
@@ -41,23 +43,9 @@ import torch
 from agents.population import OPTIMIZER_FILE, POPULATION_FILE
 from agents.rollout import Rollout
 from selfplay.distributed.packing import pack_rollouts, unpack_rollouts
+from selfplay.members import actor_members
 
 __all__ = ["RayPopulation", "RayTrainer", "TrainerShard", "actor_members", "sync_gap"]
-
-
-def actor_members(cfg_dict: Mapping[str, Any], members: Sequence[str], threads: int, *, generator: bool = False,
-                  trainer: bool = False):
-    """``(cfg, parts)`` in an actor: the run config rebuilt from its dict, the plugins imported, the process
-    prepared (``threads`` torch threads, seeds) and the members' parts built by
-    :func:`selfplay.members.build_members`, the builder the local run uses."""
-    from selfplay import members as member_parts
-    from selfplay.config import TrainConfig, from_dict
-    from selfplay.plugins import load_plugins
-
-    cfg = from_dict(TrainConfig, dict(cfg_dict))
-    load_plugins(cfg.plugins)  # before the builder is looked up: a plugin may extend it
-    member_parts.prepare_process(cfg, max(1, int(threads)))
-    return cfg, member_parts.build_members(cfg, members, generator=generator, trainer=trainer)
 
 
 @torch.no_grad()
@@ -103,15 +91,18 @@ class TrainerShard:
                 "threads": torch.get_num_threads(), "rank": p.rank, "alpha": p.alpha,
                 "target_modules": list(p.target_modules), "dropout": p.dropout, "seed": p.seed}
 
-    def update_many(self, packed: Mapping[str, dict], sync_rollouts: int) -> tuple[dict[str, dict[str, float]], float]:
-        """Update each member of ``packed`` (in order) from its packed rollouts; metrics per member, with
-        ``sync`` scored before the update, and the seconds this took."""
+    def update_many(self, packed: Mapping[str, dict], sync_rollouts: int, versions: Mapping[str, int] | None = None
+                    ) -> tuple[dict[str, dict[str, float]], float]:
+        """Update each member of ``packed`` (in order) from its packed rollouts (``versions``: the members' current
+        versions, an asynchronous run's); metrics per member, with ``sync`` scored before the update, and the
+        seconds this took."""
         t0 = time.perf_counter()
         out = {}
+        versions = versions or {}
         for member, p in packed.items():
             rollouts = unpack_rollouts(p)
             gap = sync_gap(self.population, member, rollouts[:sync_rollouts])
-            metrics = self.trainer.update(member, rollouts)
+            metrics = self.trainer.update(member, rollouts, versions.get(member))
             if gap is not None:
                 metrics["sync"] = gap
             out[member] = metrics
@@ -174,15 +165,19 @@ class RayTrainer:
         # driver wall time of update_many and the busiest shard's own seconds (see RayGenerator.totals)
         self.totals = {"calls": 0, "wall_s": 0.0, "compute_s": 0.0}
 
-    def update_many(self, batches: Mapping[str, Sequence[Rollout]]) -> dict[str, dict[str, float]]:
-        """Every member of ``batches`` updated on its shard (shards in parallel); metrics in ``batches``' order."""
+    def update_many(self, batches: Mapping[str, Sequence[Rollout]], versions: Mapping[str, int] | None = None
+                    ) -> dict[str, dict[str, float]]:
+        """Every member of ``batches`` updated on its shard (shards in parallel; ``versions``: the members' current
+        versions, an asynchronous run's); metrics in ``batches``' order."""
         t0 = time.perf_counter()
         per_shard: dict[int, dict[str, dict]] = {}
         for member, rollouts in batches.items():
             if member not in self.owner:
                 raise KeyError(f"no member named {member!r}; members: {sorted(self.owner)}")
             per_shard.setdefault(self.owner[member], {})[member] = pack_rollouts(list(rollouts))
-        refs = [self.shards[s].update_many.remote(p, self.sync_rollouts) for s, p in per_shard.items()]
+        versions = dict(versions or {})
+        refs = [self.shards[s].update_many.remote(p, self.sync_rollouts, {m: versions[m] for m in p if m in versions})
+                for s, p in per_shard.items()]
         merged: dict[str, dict[str, float]] = {}
         busiest = 0.0
         for out, seconds in ray.get(refs):

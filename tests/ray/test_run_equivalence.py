@@ -4,6 +4,7 @@ buffers, lineage and logged values; a Ray run killed during a checkpoint and res
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -134,6 +135,86 @@ def test_a_killed_ray_run_resumes_to_the_uninterrupted_run(ray_cluster, local_ru
     assert "resumed" in p.stderr and "from checkpoint step 2" in p.stderr, p.stderr[-3000:]
     assert json.loads((run / "config.json").read_text())["config"]["backend"] == "ray"
     assert_same_run(local_run(), run)
+
+
+# ------------------------------------------------------------------- asynchronous runs (pipeline.max_staleness)
+
+ASYNC = ["--pipeline.max-staleness", "1"]
+
+
+@pytest.mark.parametrize("arm", ["population", "baseline"])
+def test_staleness_0_machinery_on_ray_is_the_local_synchronous_run(ray_cluster, tmp_path, arm):
+    """The asynchronous loop's machinery at staleness 0, driving the Ray engines (given each version) and shards
+    (updates on the driver's worker thread), ends bitwise where the synchronous local loop does, for both arms:
+    the same adapters, lineage and env state."""
+    import tyro
+
+    from baselines.azr import azr_config, azr_mapping
+    from selfplay.config import TrainConfig, load_preset
+    from selfplay.loop import SelfPlayLoop
+    from selfplay.pipeline import AsyncSelfPlayLoop
+
+    _cluster, address = ray_cluster
+    threads = torch.get_num_threads()
+
+    def play(loop) -> tuple[dict, dict]:
+        loop.setup()
+        try:
+            for _ in range(3):
+                loop.train_step()
+            return {m: loop.population.state(m) for m in loop.population.names}, loop.env_state()
+        finally:
+            loop.close()
+            if loop.backend is not None:
+                loop.backend.close()
+
+    ends = {}
+    for backend in ("local", "ray"):
+        on_ray = ray_args(address) + ASYNC + (["--ray.trainers", "1"] if arm == "baseline" else [])  # one member
+        args = [a for a in ARGS if a != "--no-progress"] + (on_ray if backend == "ray" else [])
+        cfg = tyro.cli(TrainConfig, default=load_preset("cpu-smoke"), args=args)
+        cfg, assignment = (azr_config(cfg), azr_mapping()) if arm == "baseline" else (cfg, None)
+        cfg = dataclasses.replace(cfg, progress=False, run_dir=tmp_path / backend)
+        cfg.validate()
+        loop = (AsyncSelfPlayLoop(cfg, tmp_path / backend, assignment, max_staleness=0) if backend == "ray"
+                else SelfPlayLoop(cfg, tmp_path / backend, assignment))
+        try:
+            ends[backend] = play(loop)
+        finally:
+            torch.set_num_threads(threads)
+    (wa, ea), (wb, eb) = ends["local"], ends["ray"]
+    assert wa.keys() == wb.keys() and len(wa) == (4 if arm == "population" else 1)
+    for m in wa:
+        assert all(torch.equal(wa[m][k], wb[m][k]) for k in wa[m]), m
+    assert json.loads(json.dumps(ea)) == json.loads(json.dumps(eb))
+    if arm == "population":
+        la, lb = ([_untimed(json.loads(x)) for x in (tmp_path / b / "lineage.jsonl").read_text().splitlines()]
+                  for b in ("local", "ray"))
+        assert la == lb and len(la) == 2
+
+
+def test_an_async_ray_run_is_bitwise_the_local_async_run(ray_cluster, tmp_path):
+    """Staleness 1 on Ray (engines and shards overlapping across actors) ends where the local asynchronous run
+    (its generator in an engine process) does: adapters, optimizer states, env, PBT, loop and pipeline state at every
+    checkpoint, lineage and every logged value but wall-clock times (Ray adds its sync metric)."""
+    _cluster, address = ray_cluster
+    local = tmp_path / "local"
+    proc = populora_started("train", *ARGS, *ASYNC, "--run-dir", str(local))
+    with killed_on_exit([proc]):
+        run = tmp_path / "ray"
+        p = populora("train", *ARGS, *ASYNC, *ray_args(address), "--run-dir", str(run), timeout=1800)
+        assert p.returncode == 0, p.stderr[-6000:]
+        _out, err = proc.communicate(timeout=1200)
+        assert proc.returncode == 0, err[-4000:]
+    assert_same_run(local, run)
+    for s in (1, 2, 3):
+        a, b = (d / "checkpoints" / f"step_{s}" / "pipeline_state.json" for d in (local, run))
+        assert json.loads(a.read_text()) == json.loads(b.read_text())
+    sl, sr = load_scalars(local), load_scalars(run)
+    assert tags.member("teacher_0", tags.STALENESS) in sl
+    for tag in sl:
+        if not tag.startswith(TIMED):
+            assert sl[tag] == sr[tag], tag
 
 
 def test_cli_refuses_impossible_requests_before_any_work(ray_cluster, tmp_path):

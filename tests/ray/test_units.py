@@ -68,18 +68,21 @@ def test_rollouts_and_completions_survive_the_wire_exactly():
                 logprobs=[-0.5, -1.0000000000000002], meta={"role": "student", "matched": True}),
         Rollout([7], [], -1.0, group=("student_0", "t1"), scope=None, logprobs=None, meta={}),
         Rollout([9, 9], [8], 1, group=None, scope=("teacher", "any"), logprobs=[-3.25], meta={"role": "teacher"}),
+        Rollout([2], [3], 0.5, logprobs=[-0.25], version=7),  # an asynchronous run's: the version travels too
     ]
     back = unpack_rollouts(pack_rollouts(rollouts))
     assert back == rollouts
-    assert [type(r.reward) for r in back] == [float] * 3 and back[0].reward == 0.1 + 0.2
+    assert [type(r.reward) for r in back] == [float] * 4 and back[0].reward == 0.1 + 0.2
+    assert [r.version for r in back] == [None, None, None, 7]
     assert unpack_rollouts(pack_rollouts([])) == []
     comps = [
         Completion(0, 0, "m0", "hi <answer>", [1, 2], [3, 4], [-0.1, -2.5], "stop", {"seed": 7, "stop": "</a>"}),
         Completion(0, 1, "m0", "", [1, 2], [], [], "length", {}),
         Completion(3, 0, None, "x", [5], [6], [-9.75], "length", {"seed": 8}),
+        Completion(4, 0, "m1", "y", [5], [6], [-1.5], "stop", {}, version=0),
     ]
-    packed = pack_completions(comps, rows=[2, 0, 1])
-    assert packed["rows"].tolist() == [2, 0, 1]
+    packed = pack_completions(comps, rows=[2, 0, 1, 3])
+    assert packed["rows"].tolist() == [2, 0, 1, 3]
     assert unpack_completions(packed) == comps
 
 
