@@ -397,20 +397,22 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def _plans(arms: list[str], config_of, gpu_gib: str | None, dry_run: bool) -> int | None:
+def _plans(arms: list[Arm], config_of, gpu_gib: str | None, dry_run: bool) -> int | None:
     """``--dry-run`` / ``--gpu-memory-gib``: each arm's resolved configuration or GPU memory plan
-    (:mod:`populora_cli.gpu_memory`); an exit status, or None when the runs may be launched."""
+    (:mod:`populora_cli.gpu_memory`; a baseline arm trains one adapter); an exit status, or None when the runs
+    may be launched."""
     if gpu_gib is None:  # --dry-run alone: the resolved configurations
         for arm in arms:
-            print(f"[{arm}] " + json.dumps(config_of(arm), indent=2, sort_keys=True))
+            print(f"[{arm.name}] " + json.dumps(config_of(arm.name), indent=2, sort_keys=True))
         return 0
     from populora_cli import gpu_memory
     from selfplay.config import TrainConfig, from_dict
 
     plans = []
     for arm in arms:
-        cfg = from_dict(TrainConfig, config_of(arm))
-        plans.append((arm, cfg, 1 if arm == "baseline" else cfg.env.num_teachers + cfg.env.num_students))
+        cfg = from_dict(TrainConfig, config_of(arm.name))
+        members = 1 if arm.kind == "baseline" else cfg.env.num_teachers + cfg.env.num_students
+        plans.append((arm.name, cfg, members))
     return gpu_memory.check("compare", plans, gpu_gib, dry_run)
 
 

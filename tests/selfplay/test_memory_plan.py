@@ -70,3 +70,20 @@ def test_compare_plans_both_arms(run_cli, tmp_path, gib, fits):
     assert p.returncode == (0 if fits else 2), p.stderr[-2000:]
     assert "[population] GPU memory plan" in p.stdout and "[baseline] GPU memory plan" in p.stdout
     assert not (tmp_path / "cmp").exists()  # nothing launched, nothing written
+
+
+def test_compare_dry_run_prints_each_arms_configuration(capsys, tmp_path):
+    """``compare --dry-run`` without a GPU size prints every arm's resolved configuration and launches nothing
+    (named arms, ``--arm NAME=KIND``, included)."""
+    from populora_cli.main import main
+
+    out = tmp_path / "cmp"
+    assert main(["compare", "--preset", "tiny", "--seeds", "1", "--out", str(out), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("[population] {") and "\n[baseline] {" in text
+    assert main(["compare", "--preset", "tiny", "--seeds", "1", "--out", str(out), "--dry-run",
+                 "--arm", "async=population --pipeline.max-staleness 1", "--arm", "sync=population"]) == 0
+    text = capsys.readouterr().out
+    first, second = text.split("\n[sync] ")
+    assert first.startswith("[async] ") and '"max_staleness": 1' in first and '"max_staleness": 0' in second
+    assert not out.exists()
