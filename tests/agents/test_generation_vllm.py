@@ -284,7 +284,8 @@ def test_adapter_directory_is_checked_for_room_before_the_engine_starts(fake_vll
     gen = make_generator("vllm", pop, tiny_tokenizer, model_path="tiny-random", fallback_dir=tmp_path / "run" / "va")
     assert gen.adapter_dir.parent == tmp_path / "run" / "va"
     gen.refresh(["ma"])
-    assert (gen.adapter_dir / "ma" / "v1" / "adapter_model.safetensors").is_file()
+    [written] = (gen.adapter_dir / "ma").glob("v1-*")  # <member>/v<version>-<lora id>
+    assert (written / "adapter_model.safetensors").is_file()
     gen.close()
     assert not gen.adapter_dir.exists()
     room[tmp_path / "shm"] = needed  # /dev/shm with the room: the first choice
