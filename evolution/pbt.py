@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -77,7 +78,8 @@ class PBTController:
 
     Args:
         config: :class:`PBTConfig`.
-        lineage_path: ``lineage.jsonl`` to append one line per replacement to (created with its directory);
+        lineage_path: ``lineage.jsonl`` to append one line per replacement to (created with its directory; never
+            written through a symbolic link);
             None keeps no file (the records are still returned).
         final_step: the run's last training step; events closer to it than ``config.min_final_age`` are
             skipped (:meth:`due`). None: no event is skipped for age.
@@ -252,7 +254,16 @@ class PBTController:
         if self.lineage_path is None:
             return
         self.lineage_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.lineage_path, "a", encoding="utf-8") as fh:
+        # never through a symbolic link planted at the path (the run directory's writers hold the same rule)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(self.lineage_path, flags, 0o666)
+        except OSError as e:
+            if self.lineage_path.is_symlink():
+                raise OSError(f"{self.lineage_path}: is a symbolic link: refusing to append lineage through it "
+                              "(remove it)") from e
+            raise
+        with os.fdopen(fd, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record, sort_keys=False) + "\n")
             fh.flush()
 

@@ -63,6 +63,17 @@ def test_only_fires_every_interval(tmp_path):
     assert run(ctrl, 10, pop) == ([], [])  # not twice at the same step (resume)
 
 
+def test_lineage_is_never_appended_through_a_symbolic_link(tmp_path):
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("untouched\n")
+    (tmp_path / "lineage.jsonl").symlink_to(target)
+    ctrl = PBTController(PBTConfig(interval=5), tmp_path / "lineage.jsonl")
+    pop = FakePopulation([m for ms in ROLES.values() for m in ms])
+    with pytest.raises(OSError, match="symbolic link"):
+        run(ctrl, 5, pop)
+    assert target.read_text() == "untouched\n"
+
+
 def test_culls_bottom_by_mu_minus_3sigma_and_parents_from_top(tmp_path):
     path = tmp_path / "runs" / "x" / "lineage.jsonl"
     ctrl = PBTController(PBTConfig(interval=5, operators={"mutation": 1.0}), path)
