@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from populora_env import defaults
 from populora_env.checks import check_bool, check_int
 from populora_env.literals import (
     ArgsError,
@@ -79,11 +80,11 @@ class AttemptOutcome:
 class CheckConfig:
     """Settings of answer checking."""
 
-    require_think: bool = True
+    require_think: bool = defaults.REQUIRE_THINK
     response_prefix: str = ""
     response_prefixes: Mapping[str, str] = field(default_factory=dict)
-    lenient_answer_close: bool = False
-    max_program_chars: int = 4000
+    lenient_answer_close: bool = defaults.LENIENT_ANSWER_CLOSE
+    max_program_chars: int = defaults.MAX_PROGRAM_CHARS
     timeout_s: float | None = None
     unparseable_is_format_error: bool = True
     """An answer inside well-formed tags whose payload does not parse is a format error (reason ``format``);

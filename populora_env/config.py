@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from populora_env import defaults
 from populora_env.checks import (
     ConfigError,
     check,
@@ -45,7 +46,7 @@ MAX_CHARS = 1 << 20
 #: Classifications of a student answer whose payload cannot be parsed (EnvConfig.unparseable_answer).
 UNPARSEABLE_ANSWER = ("format", "wrong")
 #: Validation profiles of proposals (EnvConfig.validation; populora_env.validation).
-VALIDATION_PROFILES = ("strict", "azr")
+VALIDATION_PROFILES = defaults.VALIDATION_PROFILES
 #: Which hand-written seed tasks start the buffers (EnvConfig.hand_seeds; populora_env.seeds).
 HAND_SEEDS = ("all", "identity")
 
@@ -72,7 +73,7 @@ class EnvConfig:
     checked against the scheme's signature."""
     references_k: int = 3
     """Reference tasks from the buffer shown in each deduction/abduction proposer prompt (AZR: 6)."""
-    induction_inputs: int = 6
+    induction_inputs: int = defaults.INDUCTION_INPUTS
     """Inputs an induction proposal must give, half shown to the student and half hidden (AZR: 10)."""
     seed_tasks: int = 0
     """Seeding stage before the first training step: the base model (adapters off) proposes until every
@@ -91,11 +92,11 @@ class EnvConfig:
     student_fill: bool = True
     """Top students up with buffer tasks (newest first) to tasks_per_teacher tasks when their matched teachers
     produced fewer valid ones; filler attempts never count towards p̂."""
-    reject_duplicates: bool = True
+    reject_duplicates: bool = defaults.REJECT_DUPLICATES
     """A proposal whose (type, program, input) is already buffered is invalid ('duplicate'; AZR accepts it)."""
-    require_think: bool = True
+    require_think: bool = defaults.REQUIRE_THINK
     """A well-formatted completion needs <think>…</think> before <answer>…</answer>."""
-    lenient_answer_close: bool = False
+    lenient_answer_close: bool = defaults.LENIENT_ANSWER_CLOSE
     """Accept a completion whose final </answer> is missing (the answer then runs to the end of the text). A
     documented leniency for small models that close the answer's code fence and stop (docs/prompts.md); AZR
     requires the closing tag."""
@@ -106,7 +107,7 @@ class EnvConfig:
     formatted but wrong, reason 'parse_error', −0.5: AZR's classification, whose parser falls back to the whole
     answer text and counts a failed evaluation as a wrong answer; docs/azr.md §13.3). Missing tags, and an
     induction answer without any fenced block, are format errors either way (as in AZR)."""
-    validation: str = "strict"
+    validation: str = defaults.VALIDATION_PROFILE
     """Proposal validation profile (populora_env.validation): 'strict' (literal inputs and outputs, helper
     functions and classes allowed next to ``def f``, this project's ban list, induction message optional) or
     'azr' (AZR's rules: exactly one top-level ``def`` — a single differently named one is renamed to ``f`` —
@@ -116,13 +117,13 @@ class EnvConfig:
     prompts: str = "chat"
     """Registered prompt set (populora_env.prompts.list_prompt_sets()): the prompt texts, whether the chat
     template applies, the response prefix per prompt kind and the stop strings ('chat', 'r1', 'azr', 'small')."""
-    max_program_chars: int = 4000
+    max_program_chars: int = defaults.MAX_PROGRAM_CHARS
     """Longest program a proposal may contain ('too_long')."""
-    max_input_chars: int = 1000
+    max_input_chars: int = defaults.MAX_INPUT_CHARS
     """Longest input a proposal may contain ('too_long')."""
-    max_message_chars: int = 1000
+    max_message_chars: int = defaults.MAX_MESSAGE_CHARS
     """Longest induction message ('too_long')."""
-    max_output_chars: int = 1000
+    max_output_chars: int = defaults.MAX_OUTPUT_CHARS
     """Longest repr of a program's output; longer outputs are rejected ('output_too_large'), never cut."""
     timeout_s: float = 2.0
     """Sandbox wall-clock limit per program execution, seconds (applied to every job)."""

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from populora_env import defaults
 from populora_env.checks import check, check_bool, check_choice, check_int, check_number
 from populora_env.literals import (
     NOT_LITERAL_MARKER,
@@ -96,18 +97,18 @@ def check_timeout(timeout_s: Any) -> None:
 class ValidationConfig:
     """Limits of proposal validation (see the module docstring)."""
 
-    max_program_chars: int = 4000
-    max_input_chars: int = 1000
-    max_message_chars: int = 1000
-    max_output_chars: int = 1000
-    induction_inputs: int = 6
-    reject_duplicates: bool = True
-    require_think: bool = True
+    max_program_chars: int = defaults.MAX_PROGRAM_CHARS
+    max_input_chars: int = defaults.MAX_INPUT_CHARS
+    max_message_chars: int = defaults.MAX_MESSAGE_CHARS
+    max_output_chars: int = defaults.MAX_OUTPUT_CHARS
+    induction_inputs: int = defaults.INDUCTION_INPUTS
+    reject_duplicates: bool = defaults.REJECT_DUPLICATES
+    require_think: bool = defaults.REQUIRE_THINK
     response_prefix: str = ""
     response_prefixes: Mapping[str, str] = field(default_factory=dict)
-    lenient_answer_close: bool = False
+    lenient_answer_close: bool = defaults.LENIENT_ANSWER_CLOSE
     timeout_s: float | None = None
-    profile: str = "strict"
+    profile: str = defaults.VALIDATION_PROFILE
     """'strict' or 'azr' (:data:`VALIDATION_PROFILES`; the 'azr' rules are at the end of this module)."""
 
     def validate(self) -> None:
@@ -494,7 +495,7 @@ class ProposalValidator:
 # - induction proposals must carry a message.
 # Outputs stay plain literals in both profiles: the host reads values back with ``ast.literal_eval`` only.
 
-VALIDATION_PROFILES = ("strict", "azr")
+VALIDATION_PROFILES = defaults.VALIDATION_PROFILES
 
 #: AZR's banned modules (its code's list; dotted entries are module paths).
 AZR_BANNED_MODULES: tuple[str, ...] = (

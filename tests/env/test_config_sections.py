@@ -85,3 +85,16 @@ def test_the_env_config_is_the_one_declaration_of_the_env_settings() -> None:
     assert overridden._limits.timeout_s == 1.5
     for e in (env, overridden):
         e.close()
+
+
+@pytest.mark.parametrize("section", [ValidationConfig, CheckConfig])
+def test_the_validator_and_checker_defaults_are_the_envs(section: type) -> None:
+    """A field the validator or the checker shares with the env has the env's default (declared once, in
+    ``populora_env.defaults``): a validator built alone judges like the env's. ``timeout_s`` is the exception by
+    design: ``None`` there means the sandbox's own limit, which the env sets from its ``timeout_s``."""
+    env = EnvConfig()
+    shared = [f.name for f in dataclasses.fields(section) if hasattr(env, f.name) and f.name != "timeout_s"]
+    assert len(shared) >= 3
+    for name in shared:
+        assert getattr(section(), name) == getattr(env, name), name
+    assert ValidationConfig().profile == env.validation
