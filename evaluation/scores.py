@@ -355,9 +355,9 @@ def write_results(
     write_text_atomic(out / EVAL_RESULTS, json.dumps(results, indent=2, sort_keys=False) + "\n", sync=False)
     write_text_atomic(out / "results.md", markdown_tables(results), sync=False)
     if tensorboard:
-        from torch.utils.tensorboard import SummaryWriter
+        from selfplay.logger import tensorboard_writer
 
-        writer = SummaryWriter(str(run_dir))
+        writer = tensorboard_writer(run_dir)
         try:
             for tag, value in tensorboard_scalars(results).items():
                 writer.add_scalar(tag, value, global_step=step)

@@ -12,6 +12,7 @@ run's writer (``purge_step``) drops the replayed steps of every diagnostic alike
 
 from __future__ import annotations
 
+import secrets
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -188,11 +189,19 @@ def samples_markdown(record: StepRecord, role: str, limit: int) -> str | None:
     return "\n\n".join(parts) if parts else None
 
 
+def tensorboard_writer(run_dir: Any, purge_step: int | None = None) -> SummaryWriter:
+    """A TensorBoard writer of the run directory whose event file's name ends in a random token: the name
+    TensorBoard gives (``events.out.tfevents.<time>.<host>.<pid>.<n>``) can be guessed, and the writer opens it
+    following symbolic links, so a link planted under that name would be written through. TensorBoard reads
+    every ``events.out.tfevents*`` file, whatever its suffix."""
+    return SummaryWriter(str(run_dir), purge_step=purge_step, filename_suffix=f".{secrets.token_hex(8)}")
+
+
 class TensorBoardLogger:
     """Writes each step's scalars and samples under the run directory."""
 
     def __init__(self, run_dir: str, purge_step: int | None = None):
-        self.writer = SummaryWriter(str(run_dir), purge_step=purge_step)
+        self.writer = tensorboard_writer(run_dir, purge_step)
 
     def log_hparams(self, cfg_dict: Mapping[str, Any]) -> None:
         self.writer.add_text(tags.HYPERPARAMETERS, hparams_markdown(cfg_dict), 0)

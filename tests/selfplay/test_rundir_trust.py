@@ -489,3 +489,19 @@ def test_resume_with_crafted_pickles_exits_2_naming_them_and_never_runs_them(
         assert f"{target}: not a tensor file this project writes (UnpicklingError: refused by torch's weights-only " \
                "loader: " in last, last
     assert not marker.exists()
+
+
+def test_the_tensorboard_event_file_has_a_name_nobody_can_plant_in_advance(tmp_path: Path) -> None:
+    """TensorBoard's own name (time, host, pid, counter) can be guessed and its writer follows links; the run's
+    writer adds a random token, so two writers in the same second and process still get names no one knew."""
+    from selfplay.logger import tensorboard_writer
+
+    names: list[str] = []
+    for _ in range(2):
+        writer = tensorboard_writer(tmp_path)
+        writer.add_scalar("x", 1.0, 0)
+        writer.close()
+        names += [p.name for p in tmp_path.iterdir() if p.name not in names]
+    assert len(names) == 2 and all(n.startswith("events.out.tfevents.") for n in names)
+    tokens = [n.rsplit(".", 1)[1] for n in names]
+    assert tokens[0] != tokens[1] and all(len(t) == 16 and int(t, 16) >= 0 for t in tokens)
