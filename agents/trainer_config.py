@@ -8,10 +8,12 @@ aggregation modes) are looked up when :meth:`TrainerConfig.validate` runs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agents.registry_names import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS, ROLE_WEIGHTINGS
 from populora_env.checks import check, check_bool, check_choice, check_int, check_number, shown
 
 __all__ = ["TrainerConfig", "IS_CORRECTIONS", "KL_MODES", "LORA_IMPLS", "PACKINGS", "PACKED_ATTENTIONS"]
@@ -177,24 +179,26 @@ class TrainerConfig:
         self._validate_names()
 
     def _validate_names(self) -> None:
-        """The settings checked against the registries of :mod:`agents.advantages`, :mod:`agents.losses` and
-        :mod:`agents.weighting` (imported here, not at module level: they import torch)."""
+        """The settings checked against the registries of :mod:`agents.advantages` and :mod:`agents.losses`
+        (imported here, not at module level: they import torch), after the fixed sets and the refusals that need
+        no torch (:mod:`agents.registry_names`)."""
+        if self.kl_estimator is not None:
+            check_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        check_choice("role_weighting", self.role_weighting, ROLE_WEIGHTINGS)
+        if "agents.advantages" not in sys.modules:  # nothing can have registered another estimator yet
+            _known("advantage", self.advantage, ADVANTAGES, "advantage estimator")
+        if "agents.losses" not in sys.modules:
+            _known("loss_agg_mode", self.loss_agg_mode, LOSS_AGGS, "loss aggregation mode")
         from agents.advantages import estimator_params, get_advantage, list_advantages
-        from agents.losses import KL_ESTIMATORS, list_loss_aggs
-        from agents.weighting import ROLE_WEIGHTINGS
+        from agents.losses import list_loss_aggs
 
-        check(self.advantage in list_advantages(), "advantage",
-              f"unknown advantage estimator {self.advantage!r} (known: {', '.join(list_advantages())})")
+        _known("advantage", self.advantage, list_advantages(), "advantage estimator")
         accepted = estimator_params(get_advantage(self.advantage))
         for key in self.advantage_kwargs:
             check(key in accepted, "advantage_kwargs",
                   f"estimator {self.advantage!r} takes no keyword argument {key!r} (it takes: "
                   f"{', '.join(accepted) or 'none'})")
-        check(self.loss_agg_mode in list_loss_aggs(), "loss_agg_mode",
-              f"unknown loss aggregation mode {self.loss_agg_mode!r} (known: {', '.join(list_loss_aggs())})")
-        if self.kl_estimator is not None:
-            check_choice("kl_estimator", self.kl_estimator, sorted(KL_ESTIMATORS))
-        check_choice("role_weighting", self.role_weighting, ROLE_WEIGHTINGS)
+        _known("loss_agg_mode", self.loss_agg_mode, list_loss_aggs(), "loss aggregation mode")
 
     @property
     def resolved_kl_estimator(self) -> str:
@@ -202,3 +206,7 @@ class TrainerConfig:
         if self.kl_estimator is not None:
             return self.kl_estimator
         return "k1" if self.kl_mode == "reward" else "k3"
+
+
+def _known(field_name: str, name: str, known: Sequence[str], what: str) -> None:
+    check(name in known, field_name, f"unknown {what} {name!r} (known: {', '.join(known)})")

@@ -30,10 +30,10 @@ from collections.abc import Hashable, Sequence
 import torch
 from torch import Tensor
 
+from agents.registry_names import ROLE_WEIGHTINGS
+
 __all__ = ["ROLE_WEIGHTINGS", "role_loss_weights"]
 
-ROLE_WEIGHTINGS = ("balanced", "tokens")
-"""``balanced``: each role's term a mean over its own rows, the terms averaged; ``tokens``: one token mean."""
 
 
 def role_loss_weights(

@@ -3,7 +3,15 @@ settings (``PBTConfig.operators`` draws by family or by operator name). Plain da
 
 from __future__ import annotations
 
-__all__ = ["FAMILIES"]
+__all__ = ["FAMILIES", "OPERATORS"]
 
 FAMILIES = ("mutation", "crossover", "control")
 """Mutations (one parent), crossovers (two) and the controls (``copy_parent``, ``linear_0_5``)."""
+
+OPERATORS: tuple[str, ...] = (
+    "adaptive_noise", "component_mask", "copy_parent", "dare", "extrapolate", "layer_crossover", "layer_mutation",
+    "linear_0_5", "svd_crossover", "svd_mutation", "task_arithmetic", "ties",
+)
+"""The operators the registry ships with (:mod:`evolution.operators`). A setting naming another operator while the
+registry is not yet imported (no plugin can have added one: a plugin registers through it) is refused from this
+list, without importing torch; ``tests/evolution/test_operators.py`` pins it to the registry."""

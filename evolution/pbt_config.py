@@ -7,10 +7,11 @@ operator registry: parsing a command line imports no torch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from evolution.families import FAMILIES
+from evolution.families import FAMILIES, OPERATORS
 from populora_env.checks import ConfigError, check, check_bool, check_int, check_number
 
 __all__ = ["PBTConfig"]
@@ -64,15 +65,21 @@ class PBTConfig:
             self._validate_operators()
 
     def _validate_operators(self) -> None:
+        if "evolution.registry" not in sys.modules:  # nothing can have registered another operator yet
+            self._check_operator_names(OPERATORS)
         from evolution.operators import get_operator, list_operators
 
         known = [op.name for op in list_operators()]
-        for key in self.operators:
-            check(key in FAMILIES or key in known, "operators",
-                  f"unknown operator {key!r} (families: {', '.join(FAMILIES)}; operators: {', '.join(known)})")
+        self._check_operator_names(known)
         for name, params in self.operator_params.items():
-            check(name in known, f"operator_params.{name}", f"unknown operator (known: {', '.join(known)})")
             try:
                 get_operator(name).resolve_params(params)
             except ValueError as exc:  # an unknown parameter or a value of the wrong type, in the registry's words
                 raise ConfigError(f"operator_params.{name}", str(exc)) from None
+
+    def _check_operator_names(self, known: Sequence[str]) -> None:
+        for key in self.operators:
+            check(key in FAMILIES or key in known, "operators",
+                  f"unknown operator {key!r} (families: {', '.join(FAMILIES)}; operators: {', '.join(known)})")
+        for name in self.operator_params:
+            check(name in known, f"operator_params.{name}", f"unknown operator (known: {', '.join(known)})")

@@ -48,6 +48,13 @@ def imported(*argv: str) -> tuple[int, list[str]]:
     ["train", "--pbt.interval", "0"],
     ["train", "--env.num-teachers", "0"],
     ["baseline", "--steps", "0"],
+    ["train", "--trainer.advantage", "nope"],  # a registry's name refused from its shipped names
+    ["train", "--trainer.loss-agg-mode", "nope"],
+    ["train", "--trainer.role-weighting", "nope"],
+    ["train", "--trainer.kl-estimator", "k9"],
+    ["train", "--pbt.operators", '{"nope": 1.0}'],
+    ["train", "--pbt.operator-params", '{"nope": {}}'],
+    ["train", "--env.reward-scheme", "nope"],
 ])
 def test_a_bare_parse_imports_no_torch(argv: list[str]) -> None:
     rc, heavy = imported(*argv)
