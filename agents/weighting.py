@@ -35,7 +35,6 @@ from agents.registry_names import ROLE_WEIGHTINGS
 __all__ = ["ROLE_WEIGHTINGS", "role_loss_weights"]
 
 
-
 def role_loss_weights(
     roles: Sequence[Hashable | None],
     mask: Tensor,

@@ -14,4 +14,4 @@ OPERATORS: tuple[str, ...] = (
 )
 """The operators the registry ships with (:mod:`evolution.operators`). A setting naming another operator while the
 registry is not yet imported (no plugin can have added one: a plugin registers through it) is refused from this
-list, without importing torch; ``tests/evolution/test_operators.py`` pins it to the registry."""
+list, without importing torch; ``tests/agents/test_registry_names.py`` pins it to the registry."""
