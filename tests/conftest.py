@@ -1,8 +1,9 @@
 """Suite-wide layout for parallel workers (pytest-xdist, ``-n`` in ``pyproject.toml``'s ``addopts``).
 
-* **Groups.** ``--dist loadgroup`` sends every test of one ``xdist_group`` to one worker, in a row. The Ray
-  tests form the group ``ray`` (one Ray cluster per session, started by ``tests/ray/conftest.py`` on the worker
-  that runs them and stopped after the group's last test), so two clusters never share the cores.
+* **Groups.** ``--dist loadgroup`` sends every test of one group to one worker, in a row; the groups are told
+  by path (:data:`GROUPS`, :func:`pytest_xdist_make_scheduler`). The Ray tests form the group ``ray`` (one Ray
+  cluster per session, started by ``tests/ray/conftest.py`` on the worker that runs them and stopped after the
+  group's last test), so two clusters never share the cores.
 * **Runs built once for all workers.** :func:`built_once` builds a directory (a finished tiny run, say) the first
   time any worker asks for it and hands the same directory to every other worker, under a file lock in the
   run's shared base temp directory; without xdist it is an ordinary session-scoped build. Tests only read
@@ -22,14 +23,28 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-RAY_DIR = Path(__file__).resolve().parent / "ray"
+GROUPS = {"tests/ray/": "ray"}
+"""Test paths whose tests one worker runs, in a row: the Ray tests (one cluster per session)."""
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The Ray tests (``tests/ray``, or marked ``ray``) go to one worker as the group ``ray``."""
-    for item in items:
-        if item.get_closest_marker("ray") is not None or RAY_DIR in Path(str(item.path)).parents:
-            item.add_marker(pytest.mark.xdist_group("ray"))
+def group_of(nodeid: str) -> str:
+    """The scheduling unit of a test: its group (:data:`GROUPS`), else the test alone."""
+    return next((g for prefix, g in GROUPS.items() if nodeid.startswith(prefix)), nodeid)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """xdist's ``loadgroup`` schedule, its groups told by path: xdist marks a group by appending ``@group`` to
+    the node id, which pytest >= 9 node ids no longer take, so ``xdist_group`` marks would be ignored."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class PathGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return PathGroups(config, log)
 
 
 def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
