@@ -1,74 +1,36 @@
 """Policy-gradient updates of one population member (a LoRA adapter) from its rollouts.
 
-One call ``PolicyGradientTrainer(population, config).update(member, rollouts)`` runs, each step one short
-method:
+``PolicyGradientTrainer(population, config).update(member, rollouts)`` runs four short steps: **gather** the
+``[prompt | completion]`` tokens, mask, rewards and baseline groups (``update``); **advantages** over the whole
+batch (``_targets``, ``agents.advantages``), after the optional KL-in-reward term ``-beta * KL_est(lp_behaviour -
+lp_ref)`` per token; **loss per mini-batch** (``_optimizer_step``, ``_backward``), each micro-batch's loss
+normalised with the mini-batch's global token / sequence counts, so the accumulated gradient equals the full
+mini-batch gradient; **step**: the gradient norm clipped, one AdamW step of the member's own optimizer.
 
-1. **gather** (``update``): the rollouts' ``[prompt | completion]`` tokens, the completion tokens' mask
-   (``agents.forward.pack_rollouts``), rewards and baseline groups;
-2. **advantages** (``_targets``): the configured estimator over the WHOLE batch (``agents.advantages``;
-   baseline groups = ``Rollout.group``, whitening scopes = ``Rollout.scope``), after the optional KL-in-reward
-   term ``-beta * KL_est(lp_behaviour - lp_ref)`` per token, and the fixed behaviour / reference log-probs;
-3. **loss per mini-batch** (``_optimizer_step``, ``_backward``): for each epoch and each mini-batch (default:
-   the whole batch, i.e. one optimizer step per epoch) the summed gradients of its micro-batches, each loss
-   normalised with the mini-batch's GLOBAL token / sequence counts (so the accumulated gradient equals the
-   full mini-batch gradient for every aggregation mode);
-4. **step**: the gradient norm clipped over the member's parameters, one AdamW step with the member's own
-   optimizer.
+The loss (``agents.losses.policy_loss``), per completion token t with ``rho_t = exp(lp_t - lp_old_t)``::
 
-The loss is ``agents.losses.policy_loss``: l_t = -min(rho_t A_t, clip(rho_t, 1-eps_low, 1+eps_high) A_t),
-aggregated, minus ``entropy_coef`` * entropy, plus ``kl_coef`` * KL (KL-as-loss mode). The forward passes that
-give its log-probs and entropies (the padded and prefix-shared layouts, tree attention, the chunked LM head, the
-micro-batches' rows) are ``agents.forward``'s.
+    l_t = -min(rho_t A_t, clip(rho_t, 1 - eps_low, 1 + eps_high) A_t)   aggregated,
+          - entropy_coef * entropy + kl_coef * KL                          (KL-as-loss mode)
 
-Behaviour log-probs (the rho denominator): with one optimizer step per batch (``epochs == 1`` and one
-mini-batch) the policy being trained IS the policy that sampled (on-policy), so the trainer uses the detached
-log-probs of the same forward pass: rho == 1, clipping inert, exactly AZR's update. With several steps it
-needs the log-probs of the policy before the first step: the first mini-batch's come from its own first
-forward pass (detached: nothing has stepped yet, so rho == 1 there exactly), every other mini-batch's from a
-no-grad pass before the first step, laid out as that mini-batch's steps lay it out (the same micro-batches);
-with the KL-in-reward term, which needs them for the advantages, all of them come from that no-grad pass.
-``use_behaviour_logprobs=True`` uses ``Rollout.logprobs`` (the generator's, e.g. vLLM's) instead.
+On-policy (one optimizer step per batch) ``lp_old`` is the detached ``lp`` of the same pass: ``rho == 1``.
 
-Rollout/trainer mismatch. The generator's log-probs ``lp_mu`` (``Rollout.logprobs``: the engine that sampled,
-e.g. vLLM in bf16 with its own kernels) and the trainer's own ``lp_old`` for the same tokens under the same
-weights differ numerically; per update the trainer reports, over the completion tokens of the rollouts that
-carry log-probs, with ``delta_t = lp_old_t - lp_mu_t``: ``mismatch_abs_mean`` = mean |delta_t|,
-``mismatch_abs_max`` = max |delta_t|, and ``mismatch_kl`` = mean (exp(delta_t) - 1 - delta_t), the k3 estimate
-of KL(mu || pi_old) from mu's own samples (non-negative, 0 iff they agree). ``lp_old`` is the trainer's
-log-prob before the update's first optimizer step: each row's first forward in a one-step update, the no-grad
-pass's for the later mini-batches of a multi-step one (with ``use_behaviour_logprobs`` only the first
-mini-batch is measured: there is no such pass). Rows that take no pass (the zero-advantage skip) are not
-measured. ``is_correction`` (``"tis"``, ``"mis"``) weighs each token's surrogate by the importance weight
-``w_t = exp(delta_t)`` truncated or masked at ``is_cap`` (``agents.losses.policy_loss``'s ``is_weights``).
+Rollout/trainer mismatch, over the completion tokens that carry the generator's log-probs ``lp_mu``, with
+``delta_t = lp_old_t - lp_mu_t``: ``mismatch_abs_mean`` = mean |delta_t|, ``mismatch_abs_max`` = max |delta_t|,
+``mismatch_kl`` = mean (exp(delta_t) - 1 - delta_t) (the k3 estimate of KL(mu || pi_old), >= 0, 0 iff equal).
+``is_correction`` ``"tis"`` / ``"mis"`` weighs each token's surrogate by ``w_t = exp(delta_t)`` truncated /
+masked at ``is_cap``.
 
-Stale batches (an asynchronous run, ``pipeline.max_staleness >= 1``): ``update(member, rollouts, version=v)``
-says that the member's weights are its version ``v``, and each rollout says the version that generated it
-(``Rollout.version``). A batch generated with an older version is off-policy by ``s = v - Rollout.version``
-updates (its *staleness*); its ``lp_mu`` are the log-probs of the version that sampled it, ``pi_{v-s}``, so the
-update is corrected towards that behaviour policy in one of two ways, both through the code above:
+A stale batch (``update(..., version=v)``, rollouts of version ``v - s``): with ``is_correction = "none"``
+``lp_old = lp_mu`` and ``rho_t = pi_theta(y_t) / pi_{v-s}(y_t)``, clipped as in PPO; with ``"tis"`` / ``"mis"``
+the ratio is against ``pi_v`` and the weight is ``w_t = pi_v(y_t) / pi_{v-s}(y_t)`` (AReaL's decoupled
+objective). Staleness 0 is bit for bit the synchronous update.
 
-* ``is_correction = "none"``: the ratio's denominator is the behaviour policy itself, ``old_lp = lp_mu``,
-  ``rho_t = pi_theta(y_t) / pi_{v-s}(y_t)``, clipped to ``[1 - clip_eps_low, 1 + clip_eps_high]`` as in PPO;
-* ``"tis"`` / ``"mis"``: the decoupled objective (AReaL): the ratio is taken against the trainer's own weights
-  before the update (``pi_v``, the proximal policy: the on-policy rule above) and each token's surrogate is
-  weighted by ``w_t = pi_v(y_t) / pi_{v-s}(y_t)``, truncated or masked at ``is_cap`` (the same importance weight
-  as the numerical mismatch's, now also covering the ``s`` updates of drift).
+A row whose advantages are all zero adds exactly zero to the clipped surrogate and its gradient
+(``-min(rho_t * 0, clip(rho_t) * 0) = 0``), so it is skipped when the loss declares it
+(``agents.losses.zero_advantage_rows_add_zero``); the mini-batch keeps all rows' counts.
 
-A batch of staleness 0 keeps the on-policy rule (bit for bit the synchronous update). With ``version`` the
-metrics add ``staleness`` (mean over the rollouts) and ``staleness_max``; the mismatch metrics are then taken
-against the weights being trained (``pi_v``, measured by the first optimizer step's forward when ``old_lp =
-lp_mu``), so for a stale batch they hold the drift of ``s`` updates plus the numerical mismatch.
-
-Rows whose advantages are all zero (``skip_zero_advantage``): when the loss declares that such a row adds
-exactly zero to it and to its gradient (``agents.losses.zero_advantage_rows_add_zero``: the clipped surrogate
-is ``-min(rho_t * 0, clip(rho_t) * 0) = 0``; an entropy bonus, a KL penalty or an extra term that does not
-declare it keeps every row), the row is left out of the passes, while each mini-batch's loss keeps the token /
-sequence counts of all its rows, so the gradient is the same up to float summation order; a mini-batch of only
-such rollouts takes no pass and AdamW steps on zero gradients, as it would have after computing them (weight
-decay and the moments still move the weights).
-
-Only the member's parameters require grad (``population.activate``) and only its optimizer steps, so every
-other member stays bitwise unchanged.
+Where the behaviour log-probs come from with several optimizer steps, how the mismatch is measured per layout,
+and the rest of the update's design: docs/design.md "The trainer's update".
 """
 
 from __future__ import annotations

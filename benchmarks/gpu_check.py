@@ -177,8 +177,8 @@ def vllm_checks(args, out_dir: Path, timeout: float) -> dict:
     xml = out_dir / "vllm_checks.xml"
     env = dict(os.environ, POPULORA_VLLM_MODEL=args.check_model, POPULORA_VLLM_DTYPE="float32",
                HF_HUB_OFFLINE="1")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "vllm", "-p", "no:cacheprovider", "-rs",
-           f"--junitxml={xml}", "tests/agents/test_vllm_engine.py"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "vllm", "-n", "0", "-p", "no:cacheprovider", "-rs",
+           f"--junitxml={xml}", "tests/agents/test_vllm_engine.py"]  # -n 0: one engine at a time on the GPU
     rec = _run(cmd, timeout, env, out_dir / "vllm_checks.log") | {"model": args.check_model}
     tests = []
     if xml.is_file():

@@ -74,6 +74,10 @@ TARGETS: dict[str, list[str]] = {
 PRELOAD = ("numpy", "torch", "pytest", "trueskill", "safetensors.torch", "transformers", "peft")
 """Third-party modules the fork server imports once (the project itself is imported only in the children)."""
 
+IN_PROCESS = ("-p", "no:cacheprovider", "-n", "0")
+"""pytest options of every in-process run: no cache, and no xdist workers (``addopts`` asks for them; this plugin
+must see every test run in its own process, and a forked child must not start workers of its own)."""
+
 _COPY_IGNORE = shutil.ignore_patterns(".git", ".venv*", "__pycache__", "*.pyc", ".pytest_cache", "runs")
 
 
@@ -701,7 +705,7 @@ def worker_main(spec_path: Path) -> int:
     torch.set_num_threads(1)
     spec = json.loads(spec_path.read_text())
     plugin = MutationWorker(spec)
-    return int(pytest.main(["-q", "-s", "-p", "no:cacheprovider", *spec["tests"]], plugins=[plugin]))
+    return int(pytest.main(["-q", "-s", *IN_PROCESS, *spec["tests"]], plugins=[plugin]))
 
 
 # ----------------------------------------------------------------- driver: slow path for import-time mutants
@@ -744,7 +748,7 @@ def _fresh_child(workdir: Path, tests: list[str]) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
-        code = int(pytest.main(["-x", "-q", "-s", "-p", "no:cacheprovider", *tests]))
+        code = int(pytest.main(["-x", "-q", "-s", *IN_PROCESS, *tests]))
     finally:
         os._exit(code)
 

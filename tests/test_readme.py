@@ -8,7 +8,7 @@ each inline code span of the prose that starts like a command line (``.venv/bin/
 (a) in ``.ci/run``, as the same text (the README's test command, the installer);
 (b) a ``--help`` command, run here exactly as written; or
 (c) in :data:`COVERED`, the reviewed mapping command -> the tests of the default suite that run it (each must
-    exist and not be marked ``slow``), with why. A mapped ``populora`` command is also checked here with the
+    exist and not be marked ``slow`` or ``e2e``), with why. A mapped ``populora`` command is also checked here with the
     README's exact flags: ``train`` / ``baseline`` resolve them with ``--dry-run`` (in a folder holding the
     files the README writes, e.g. ``my_scheme.py``), the other sub-commands must list every flag in their
     ``--help``; so a renamed flag or preset fails here even where the mapped test uses its own arguments.
@@ -160,7 +160,8 @@ def _readme_block(region: str, lang: str) -> str:
 
 
 def _is_slow(expr: ast.expr) -> bool:
-    return re.fullmatch(r"(pytest\.)?mark\.slow", ast.unparse(expr)) is not None
+    """A mark that keeps a test out of the default suite: ``slow``, or the end-to-end tier ``e2e``."""
+    return re.fullmatch(r"(pytest\.)?mark\.(slow|e2e)", ast.unparse(expr)) is not None
 
 
 def _node_exists(node: str) -> None:
@@ -184,7 +185,8 @@ def _node_exists(node: str) -> None:
             ids = {a.value for a in call.args if isinstance(a, ast.Constant)}
             if not param or param in ids:
                 slow += [e for k in call.keywords if k.arg == "marks" for e in ast.walk(k.value) if _is_slow(e)]
-    assert not slow, f"{node} is marked slow: the default suite does not run it (name a parameter set that is not)"
+    assert not slow, (f"{node} is marked slow or e2e: the default suite does not run it (name a parameter set or a "
+                      "test that it runs)")
 
 
 def _run_main(argv: list[str]) -> tuple[int, str]:

@@ -538,6 +538,10 @@ class Worker:
             low = fd + 1
         os.closerange(low, 1 << 16)
         zsock = socket.socket(fileno=os.dup(_ZSOCK_FD))  # for sending the listener (closed before exec)
+        # SIGINT as a fresh interpreter expects it: SIG_DFL, so the zygote installs its KeyboardInterrupt handler.
+        # A host started with SIGINT ignored (a background job of a non-interactive shell) hands SIG_IGN down to
+        # here, and in jobs under SIG_IGN _thread.interrupt_main (evaluation's per-test watchdog) does nothing.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         self._confine_zygote()
         if self.libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")

@@ -153,13 +153,13 @@ def test_degenerate_long_completions_are_linear_time() -> None:
         "```" * 60000,
         "<think>x</think><answer>" + "```input\n" * 20000,
     ]
-    start = time.perf_counter()
+    start = time.process_time()  # this process's CPU time: what other processes do to the wall clock is not ours
     for text in texts:
         extract_answer(text)
         parse_induction_proposal(text)
         parse_program_proposal(text)
         parse_program_answer(text)
-    assert time.perf_counter() - start < 2.0
+    assert time.process_time() - start < 2.0
 
 
 def test_lenient_answer_close_accepts_an_answer_running_to_the_end() -> None:

@@ -7,6 +7,9 @@ The default suite checks fixed slices (first 15-20 problems) plus hand-made spec
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -192,6 +195,30 @@ def test_per_test_time_limit_and_load_failures(data_dir, evaluator) -> None:
     assert not r_hang.passed and "timeout while executing the program's top level" in r_hang.reason
     assert r_noisy.passed
     assert not r_syntax.passed and "SyntaxError" in r_syntax.reason
+
+
+_HANG_UNDER_A_HOST_IGNORING_SIGINT = """
+import json, sys
+from evaluation.code import CodeEvaluator
+from evaluation.data import SHIPPED_DATA_DIR, load_code
+p = load_code("humaneval+", SHIPPED_DATA_DIR, limit=1)[0]
+with CodeEvaluator(workers=1, cache_dir=sys.argv[1], max_task_s=5.0) as ev:
+    (r,) = ev.evaluate([p], ["while True:\\n    pass\\n"])
+print(json.dumps({"status": r.status, "reason": r.reason}))
+"""
+
+
+def test_the_watchdog_stops_a_hang_when_the_host_ignores_sigint(tmp_path: Path) -> None:
+    """A host started with SIGINT ignored (a background job of a non-interactive shell) hands SIG_IGN to its
+    children, and under SIG_IGN ``_thread.interrupt_main`` does nothing: the top level's 4 s limit then went
+    unenforced and the job ran to its wall clock (the 131 s of the test above, once, in a full suite). The
+    sandbox's zygote starts with SIGINT at its default, so the verdict is the watchdog's (max_task_s=5 makes
+    the job's own wall clock 20 s, the verdict a plain "timeout" without the fix)."""
+    p = subprocess.run([sys.executable, "-c", _HANG_UNDER_A_HOST_IGNORING_SIGINT, str(tmp_path)], capture_output=True,
+                       text=True, timeout=600, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert p.returncode == 0, p.stderr[-3000:]
+    result = json.loads(p.stdout.splitlines()[-1])
+    assert result["status"] == "ok" and "timeout while executing the program's top level" in result["reason"], result
 
 
 def test_float_tolerance_and_special_oracles(data_dir, evaluator) -> None:

@@ -13,7 +13,7 @@ from tests.test_compare import ARM_DIRS, check_comparison, populora_compare, tin
 
 pytest.importorskip("ray")
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.e2e]  # a compare of four runs: CI's end-to-end tier
 
 
 def test_compare_on_ray(ray_cluster, tmp_path: Path) -> None:

@@ -95,6 +95,7 @@ def local_run(tmp_path_factory):
         yield finished
 
 
+@pytest.mark.e2e  # several full runs (docs/testing.md §1): CI's end-to-end tier
 def test_ray_run_is_bitwise_the_local_run(ray_cluster, local_run, tmp_path):
     _cluster, address = ray_cluster
     run = tmp_path / "ray"
@@ -117,6 +118,7 @@ def test_ray_run_is_bitwise_the_local_run(ray_cluster, local_run, tmp_path):
     assert _untimed(summary["history"]) == _untimed(json.loads((local_run / "run_summary.json").read_text())["history"])
 
 
+@pytest.mark.e2e  # several full runs (docs/testing.md §1): CI's end-to-end tier
 def test_a_killed_ray_run_resumes_to_the_uninterrupted_run(ray_cluster, local_run, tmp_path):
     _cluster, address = ray_cluster
     run = tmp_path / "killed"
@@ -142,6 +144,7 @@ def test_a_killed_ray_run_resumes_to_the_uninterrupted_run(ray_cluster, local_ru
 ASYNC = ["--pipeline.max-staleness", "1"]
 
 
+@pytest.mark.e2e  # several full runs (docs/testing.md §1): CI's end-to-end tier
 @pytest.mark.parametrize("arm", ["population", "baseline"])
 def test_staleness_0_machinery_on_ray_is_the_local_synchronous_run(ray_cluster, tmp_path, arm):
     """The asynchronous loop's machinery at staleness 0, driving the Ray engines (given each version) and shards
@@ -193,6 +196,7 @@ def test_staleness_0_machinery_on_ray_is_the_local_synchronous_run(ray_cluster, 
         assert la == lb and len(la) == 2
 
 
+@pytest.mark.e2e  # several full runs (docs/testing.md §1): CI's end-to-end tier
 def test_an_async_ray_run_is_bitwise_the_local_async_run(ray_cluster, tmp_path):
     """Staleness 1 on Ray (engines and shards overlapping across actors) ends where the local asynchronous run
     (its generator in an engine process) does: adapters, optimizer states, env, PBT, loop and pipeline state at every
@@ -321,6 +325,7 @@ def test_cli_without_ray_installed_exits_2(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.e2e  # several full runs (docs/testing.md §1): CI's end-to-end tier
 def test_the_baseline_on_a_private_ray_instance_is_the_local_baseline(tmp_path):
     """No --ray.address: the command starts a private Ray instance on this machine (its processes must outlive
     the start-up, a bug found here); the single-agent baseline (one member in both roles) ends where it ends

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import built_once
+
 REPO = Path(__file__).resolve().parents[2]
 
 # A tiny, fast, fully offline configuration: tiny-random model, 1 teacher + 2 students... kept small so a
@@ -131,15 +133,17 @@ REF_ARGS = [*TINY, "--steps", "4", "--checkpoint-every", "1", "--keep-checkpoint
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished ``populora train REF_ARGS`` run. Shared: tests must not change it (copy it first)."""
-    run = tmp_path_factory.mktemp("shared") / "ref"
-    p = populora("train", *REF_ARGS, "--run-dir", str(run))
-    assert p.returncode == 0, p.stderr[-4000:]
-    return run
+    def build(root: Path) -> None:
+        p = populora("train", *REF_ARGS, "--run-dir", str(root / "ref"))
+        assert p.returncode == 0, p.stderr[-4000:]
+
+    return built_once(tmp_path_factory, "tiny_run", build) / "ref"
 
 
 # The population and baseline runs shared by tests/selfplay/test_logging_contract.py (every tag at every step, the
 # report of both) and tests/selfplay/test_train_smoke.py (the baseline's one adapter): 3 steps, PBT at step 2.
 ARM_STEPS = 3
+ARM_DIRS = {"population": "pop", "baseline": "base"}
 
 
 @pytest.fixture(scope="session")
@@ -147,19 +151,20 @@ def arm_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A population and a baseline run of ``ARM_STEPS`` steps (PBT at step 2), run side by side, and the report
     of both (``"report"``); each run's console output (stdout, then stderr) is ``<root>/<arm>.console``. Shared:
     tests must not change them (copy them first)."""
-    root = tmp_path_factory.mktemp("contract")
-    dirs = {"population": root / "pop", "baseline": root / "base"}
-    procs = {arm: populora_started("train" if arm == "population" else "baseline", *TINY, "--steps", str(ARM_STEPS),
-                                   "--log-samples", "1", "--run-dir", str(d))
-             for arm, d in dirs.items()}
-    with killed_on_exit(procs.values()):
-        for arm, p in procs.items():
-            out, err = p.communicate(timeout=900)
-            assert p.returncode == 0, f"{arm}: {err[-4000:]}"
-            (root / f"{arm}.console").write_text(out + err)  # what the user saw (tests/selfplay/test_readme_results.py)
-    rep = populora("report", str(dirs["population"]), str(dirs["baseline"]), "--out", str(root / "report"))
-    assert rep.returncode == 0, rep.stderr[-3000:]
-    return dirs | {"report": root / "report"}
+    def build(root: Path) -> None:
+        procs = {arm: populora_started("train" if arm == "population" else "baseline", *TINY, "--steps",
+                                       str(ARM_STEPS), "--log-samples", "1", "--run-dir", str(root / d))
+                 for arm, d in ARM_DIRS.items()}
+        with killed_on_exit(procs.values()):
+            for arm, p in procs.items():
+                out, err = p.communicate(timeout=900)
+                assert p.returncode == 0, f"{arm}: {err[-4000:]}"
+                (root / f"{arm}.console").write_text(out + err)  # what the user saw (test_readme_results.py)
+        rep = populora("report", *(str(root / d) for d in ARM_DIRS.values()), "--out", str(root / "report"))
+        assert rep.returncode == 0, rep.stderr[-3000:]
+
+    root = built_once(tmp_path_factory, "arm_runs", build)
+    return {arm: root / d for arm, d in ARM_DIRS.items()} | {"report": root / "report"}
 
 
 @pytest.fixture

@@ -1,0 +1,72 @@
+"""Suite-wide layout for parallel workers (pytest-xdist, ``-n`` in ``pyproject.toml``'s ``addopts``).
+
+* **Groups.** ``--dist loadgroup`` sends every test of one group to one worker, in a row; the groups are told
+  by path (:data:`GROUPS`, :func:`pytest_xdist_make_scheduler`). The Ray tests form the group ``ray`` (one Ray
+  cluster per session, started by ``tests/ray/conftest.py`` on the worker that runs them and stopped after the
+  group's last test), so two clusters never share the cores.
+* **Runs built once for all workers.** :func:`built_once` builds a directory (a finished tiny run, say) the first
+  time any worker asks for it and hands the same directory to every other worker, under a file lock in the
+  run's shared base temp directory; without xdist it is an ordinary session-scoped build. Tests only read
+  what it returns (they copy it first to change it).
+
+Every test stays safe in a worker: files go to ``tmp_path``, no port is fixed, nothing is written to a shared
+global directory but the converted-model cache (built under its own file lock, ``agents/models.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+GROUPS = {"tests/ray/": "ray"}
+"""Test paths whose tests one worker runs, in a row: the Ray tests (one cluster per session)."""
+
+
+def group_of(nodeid: str) -> str:
+    """The scheduling unit of a test: its group (:data:`GROUPS`), else the test alone."""
+    return next((g for prefix, g in GROUPS.items() if nodeid.startswith(prefix)), nodeid)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """xdist's ``loadgroup`` schedule, its groups told by path: xdist marks a group by appending ``@group`` to
+    the node id, which pytest >= 9 node ids no longer take, so ``xdist_group`` marks would be ignored."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class PathGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return PathGroups(config, log)
+
+
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """``<root>/<name>``, made by ``build(<root>/<name>)`` once per test run, whichever xdist worker asks first.
+
+    Under xdist ``<root>`` is the base temp directory the workers share, and a file lock makes the other
+    workers wait for the first one's build; a build that failed (no ``.built`` marker) is tried again by the
+    next worker that asks, so its error shows in that worker's test too. Without xdist ``<root>`` is a fresh
+    session temp directory.
+    """
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        target = tmp_path_factory.mktemp(name, numbered=True) / name
+        target.mkdir()
+        build(target)
+        return target
+    root = tmp_path_factory.getbasetemp().parent / "built-once"
+    root.mkdir(exist_ok=True)
+    target, done = root / name, root / f"{name}.built"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir()
+            build(target)
+            done.touch()
+    return target
