@@ -1,0 +1,55 @@
+"""Train a teacher with TRL's GRPOTrainer on the game: the env's proposer prompts, paid the population reward.
+
+``populora_bridges.grpo.TeacherRounds`` draws the env's proposer prompts; its ``reward`` replays each proposal as
+a round of the game: the sandbox validates it, the frozen student you choose (here the scripted
+``OracleStudent``; frozen run members work the same way, docs/bridges.md §1) attempts the task
+``samples_per_task`` times, and the env's reward scheme pays the teacher (``populora``: 1 − p̂ if the student
+solves it at least once, 0 if never, −1 if invalid). Validity reasons, p̂ and pair outcomes go to TRL's logs.
+
+The model is ``tiny-random`` (noise), which never writes a valid program: the example's prompt set pre-fills an
+induction answer's inputs for the seed program ``f(a) = a`` and leaves the model the message, which the env's
+``max_message_chars`` accepts (a valid task: 1 − p̂ = 0 against the oracle) or rejects (``too_long``: −1). That
+is enough reward variance for GRPO to move the LoRA adapter in 2 steps on CPU.
+
+Run it: ``.venv/bin/python examples/trl_teachers.py [OUT_DIR]`` (needs ``pip install -e ".[trl]"``; about a
+minute). OUT_DIR (default ``runs/trl-teachers``) holds what ``examples/trl_students.py`` writes.
+"""
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from peft import LoraConfig
+from trl import GRPOConfig, GRPOTrainer
+
+from agents.models import load_base
+from populora_bridges.grpo import TeacherRounds
+from populora_env import OracleStudent, get_prompt_set
+
+out = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/trl-teachers")
+model, tokenizer = load_base("tiny-random")
+small = get_prompt_set("small")  # its induction prefix opens the first input block: fill the inputs too
+prompts = replace(small, prefix_propose_induction=small.prefix_propose_induction
+                  + "1\n```\n```input\n2\n```\n```message\n")
+game = TeacherRounds([OracleStudent], num_generations=4, tokenizer=tokenizer, seed=0, task_types=("induction",),
+                     hand_seeds="identity", induction_inputs=2, max_message_chars=10, samples_per_task=2,
+                     prompts=prompts, lenient_answer_close=True)
+
+args = GRPOConfig(
+    output_dir=str(out), max_steps=2, per_device_train_batch_size=8, num_generations=4,
+    max_completion_length=2, learning_rate=5e-3, logging_steps=1, log_completions=True,
+    num_completions_to_print=0, report_to=[], use_cpu=True, seed=0, save_strategy="no", bf16=False,
+)
+trainer = GRPOTrainer(
+    model=model, reward_funcs=game.reward, args=args, train_dataset=game.dataset(rounds=8),
+    processing_class=tokenizer, peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+)
+trainer.train()
+
+trainer.save_model(str(out / "adapter"))
+trainer.save_state()
+game.save(out / "rounds.json")
+game.close()
+logged = {k: v for row in trainer.state.log_history for k, v in row.items() if k.startswith("game/")}
+print(json.dumps({"steps": trainer.state.global_step, "game": logged}, sort_keys=True))
