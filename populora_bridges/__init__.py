@@ -4,7 +4,8 @@
   dependency of the game);
 - :mod:`populora_bridges.openenv_server` and :mod:`populora_bridges.openenv_client`: an OpenEnv server holding one
   game per session, and its client (``pip install -e ".[openenv]"``);
-- :mod:`populora_bridges.verifiers_env`: a verifiers environment package (``pip install -e ".[verifiers]"``);
+- :mod:`populora_verifiers` (a top-level package: verifiers imports an environment by a top-level name): a
+  verifiers environment package (``pip install -e ".[verifiers]"``);
 - :mod:`populora_bridges.grpo`: TRL's ``GRPOTrainer`` training students or teachers on the game
   (``pip install -e ".[trl]"``).
 

@@ -2,12 +2,13 @@
 
 Layers, bottom to top (``docs/design.md``)::
 
-    populora_env  <  agents, evolution, populora_bridges  <  selfplay  <  baselines, evaluation,
-    populora_bridges.grpo  <  populora_cli
+    populora_env  <  agents, evolution, populora_bridges  <  selfplay, populora_verifiers  <  baselines,
+    evaluation, populora_bridges.grpo  <  populora_cli
 
-``populora_bridges`` (the Gymnasium, OpenEnv and verifiers bridges) needs only the game; its ``grpo`` subpackage
-(the TRL bridge) needs the learning stack and the run directory, so it is a unit of its own one layer higher.
-Nothing in the project imports the bridges (users do).
+``populora_bridges`` (the Gymnasium and OpenEnv bridges, the game's metrics for trainers) needs only the game;
+``populora_verifiers`` (the verifiers bridge, a top-level package because verifiers imports an environment by a
+top-level name) uses it; ``populora_bridges.grpo`` (the TRL bridge) needs the learning stack and the run
+directory, so it is a unit of its own above the run layer. Nothing in the project imports the bridges (users do).
 
 A module may import project packages of a strictly lower layer only (agents and evolution, on the same layer,
 do not import each other, nor do baselines and evaluation), so the graph between top-level packages has no
@@ -35,12 +36,13 @@ LAYERS = {
     "evaluation": 3,
     "populora_cli": 4,
     "populora_bridges": 1,
+    "populora_verifiers": 2,
 }
 # Subpackages that are a unit of the layer graph of their own (a higher layer than their package's).
 SUBPACKAGE_LAYERS = {"populora_bridges.grpo": 3}
 UNITS = {**LAYERS, **SUBPACKAGE_LAYERS}
 # Units nothing else in the project may import (the composition root and the bridges are for users).
-IMPORTED_BY_NOBODY = ("populora_cli", "populora_bridges", "populora_bridges.grpo")
+IMPORTED_BY_NOBODY = ("populora_cli", "populora_bridges", "populora_bridges.grpo", "populora_verifiers")
 
 
 def _unit(dotted: str) -> str:
@@ -198,7 +200,8 @@ def test_the_graph_checker_sees_upward_and_function_level_imports(tmp_path: Path
 # the env and its reward schemes.
 SHORT_FUNCTION_FILES = ("populora_env/env.py", "populora_env/rewards.py",
                         *sorted(p.relative_to(ROOT).as_posix()
-                                for package in ("agents", "selfplay", "evolution", "populora_bridges")
+                                for package in ("agents", "selfplay", "evolution", "populora_bridges",
+                                                "populora_verifiers")
                                 for p in (ROOT / package).rglob("*.py")))
 MAX_FUNCTION_LINES = 80
 
