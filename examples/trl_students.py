@@ -1,7 +1,7 @@
 """Train a student with TRL's GRPOTrainer on the game: the env's solver prompts, the env's rewards.
 
 ``populora_bridges.grpo.StudentRounds`` plays rounds of the game with a teacher you choose (here the scripted
-``SeedTeacher``; frozen run members or a saved task buffer work the same way, docs/bridges.md §1) and turns each
+``SeedTeacher``; frozen run members or a saved task buffer work the same way, docs/trl.md) and turns each
 valid task into one prompt of TRL's dataset; its ``reward`` replays that round with TRL's completions, so every
 completion is paid by the env's own sandbox check and reward scheme (+1 right, −0.5 wrong, −1 format error under
 ``populora``), and the game's metrics (reasons, p̂, pair outcomes) go to TRL's logs (``game/...``).

@@ -2,7 +2,7 @@
 
 ``populora_bridges.grpo.TeacherRounds`` draws the env's proposer prompts; its ``reward`` replays each proposal as
 a round of the game: the sandbox validates it, the frozen student you choose (here the scripted
-``OracleStudent``; frozen run members work the same way, docs/bridges.md §1) attempts the task
+``OracleStudent``; frozen run members work the same way, docs/trl.md) attempts the task
 ``samples_per_task`` times, and the env's reward scheme pays the teacher (``populora``: 1 − p̂ if the student
 solves it at least once, 0 if never, −1 if invalid). Validity reasons, p̂ and pair outcomes go to TRL's logs.
 

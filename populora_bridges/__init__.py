@@ -1,4 +1,4 @@
-"""The game from the trainers researchers already use: four bridges, each an optional extra (docs/bridges.md).
+"""The game from the trainers researchers already use: four bridges, each an optional extra (docs/index.md lists their pages).
 
 - :mod:`populora_bridges.single_seat`: one agent's seat as a ``gymnasium.Env`` (no extra: gymnasium is a
   dependency of the game);

@@ -1,4 +1,4 @@
-"""The OpenEnv client of the game server (:mod:`populora_bridges.openenv_server`; docs/bridges.md §2).
+"""The OpenEnv client of the game server (:mod:`populora_bridges.openenv_server`; docs/openenv.md).
 
 ``GameClient(base_url)`` is an OpenEnv ``EnvClient`` (async; ``.sync()`` gives the blocking one): ``reset(seed=)``
 and ``step(GameAction(agent=..., completions=[...]))`` return a ``StepResult`` whose ``observation`` is a

@@ -1,5 +1,5 @@
 """The game as an OpenEnv environment server: one game per session, typed actions and observations
-(``pip install -e ".[openenv]"``; docs/bridges.md §2).
+(``pip install -e ".[openenv]"``; docs/openenv.md).
 
 A session (one WebSocket connection of an OpenEnv client) holds one :class:`~populora_env.PopuLoRAParallelEnv`
 built with the server's settings. ``reset(seed=...)`` starts a round; an action is one agent's completions for the

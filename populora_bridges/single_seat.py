@@ -1,4 +1,4 @@
-"""One agent's seat of the game as a ``gymnasium.Env``: text observation, text action (docs/bridges.md §4).
+"""One agent's seat of the game as a ``gymnasium.Env``: text observation, text action (docs/gymnasium.md).
 
 The wrapper holds a :class:`~populora_env.PopuLoRAParallelEnv` (the *game*) and plays one round per episode. The
 seat's prompts are served one per step (``obs`` is the prompt, ``action`` the completion); every other active

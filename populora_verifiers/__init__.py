@@ -1,5 +1,5 @@
 """The game as a verifiers environment package, on verifiers' v1 (multi-agent) API (``pip install -e
-".[verifiers]"``; docs/bridges.md §3). One of the bridges (:mod:`populora_bridges`), a top-level package of its
+".[verifiers]"``; docs/verifiers.md). One of the bridges (:mod:`populora_bridges`), a top-level package of its
 own because verifiers' loader imports an environment by its id as a top-level module name.
 
 verifiers 0.4.0 ships only its newer API, ``verifiers.v1`` (an ``Env`` declares its roles as ``AgentConfig``

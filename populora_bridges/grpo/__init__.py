@@ -1,4 +1,4 @@
-"""TRL's ``GRPOTrainer`` on the game (``pip install -e ".[trl]"``; docs/bridges.md §1).
+"""TRL's ``GRPOTrainer`` on the game (``pip install -e ".[trl]"``; docs/trl.md).
 
 - :class:`StudentRounds`: the env's solver prompts for tasks proposed by teachers you choose, paid by the env's
   verdicts and reward scheme; a GRPO group is the ``samples_per_task`` attempts at one task.

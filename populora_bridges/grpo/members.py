@@ -1,5 +1,5 @@
 """Frozen members of a run directory as policies of the game: the teachers a TRL student trains against, or the
-students a TRL teacher is paid by (docs/bridges.md §1).
+students a TRL teacher is paid by (docs/trl.md).
 
 :class:`RunMembers` reads the run's ``config.json`` through :class:`selfplay.rundir.RunDir`, builds the run's
 base model and generator with :func:`selfplay.members.build_members` (the run's own builder: model, rank, alpha,

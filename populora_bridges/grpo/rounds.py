@@ -1,4 +1,4 @@
-"""The game's rounds as a TRL ``GRPOTrainer`` dataset and reward function (docs/bridges.md §1).
+"""The game's rounds as a TRL ``GRPOTrainer`` dataset and reward function (docs/trl.md).
 
 A GRPO group (``num_generations`` completions of one prompt) is paid by **replaying a round of the env**, never by
 re-computing a reward here: each prompt of the dataset comes from a round played once, and the bridge keeps what

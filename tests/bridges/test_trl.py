@@ -12,11 +12,14 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from populora_env import OracleStudent, get_prompt_set, parallel_env
 from tests.bridges.marks import extra_marks
 from tests.test_examples import run_example
 
-pytestmark = extra_marks("trl", ("trl", "peft", "datasets", "pandas"))
+# Each example trains 2 steps (about a minute on 2 loaded cores): slow, run by CI's bridges step (docs/testing.md).
+pytestmark = [*extra_marks("trl", ("trl", "peft", "datasets", "pandas")), pytest.mark.slow]
 
 STUDENT_GAME = dict(num_teachers=1, num_students=1, tasks_per_teacher=1, samples_per_task=4, student_fill=False,
                     task_types=("deduction",), prompts="small", lenient_answer_close=True, sandbox_workers=1)
@@ -101,3 +104,32 @@ def test_trl_teachers_pays_what_the_env_pays_and_trains_the_adapter(tmp_path: Pa
     assert seen == {-1.0, 0.0}  # invalid proposals and valid ones the oracle solves (1 - p̂ = 0)
     assert_trained(out, ("game/proposals/valid_rate", "game/proposals/reason/too_long", "game/pair/p_hat",
                          "game/pair/outcome/student", "rewards/populora_teacher/mean"))
+
+
+def test_frozen_run_members_and_a_saved_buffer_play_in_the_bridge(tmp_path: Path) -> None:
+    from populora_bridges.grpo import BufferTeacher, RunMembers, StudentRounds, TeacherRounds
+    from populora_cli import train
+    from populora_env.policies import continue_prefix
+
+    run = train("tiny", steps=2, run_dir=str(tmp_path / "run")).run_dir
+    members = RunMembers(run, ["teacher_0", "student_0"])
+    last = RunMembers(run, ["student_0"], checkpoint=2)
+    assert members.members == ["teacher_0", "student_0"] and last.members == ["student_0"]
+    with pytest.raises(ValueError, match="unknown member"):
+        members.policy("student_9")
+
+    game = TeacherRounds([members.policy("student_0")], num_generations=2, tokenizer=members.parts.tokenizer,
+                         task_types=("deduction",), samples_per_task=2, sandbox_workers=1)
+    game.play(1)
+    valid = continue_prefix("", "```python\ndef f(x):\n    return x + 1\n```\n```input\n4\n```")
+    assert game.reward(prompts=["", ""], completions=[valid, "junk"], round=[0, 0]) == [0.0, -1.0]  # p̂ = 0
+    game.close()
+
+    students = StudentRounds([members.policy("teacher_0")], num_generations=2, tokenizer=members.parts.tokenizer,
+                             task_types=("deduction",), sandbox_workers=1)
+    with pytest.raises(ValueError, match="gave the trained agent no prompt"):
+        students.dataset(2)  # a tiny-random teacher never proposes a valid task
+    students.close()
+
+    saved = BufferTeacher.from_env_state(Path(run) / "checkpoints" / "step_2" / "env_state.json")
+    assert sum(len(v) for v in saved.tasks.values()) > 0
