@@ -19,11 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-from peft import LoraConfig
-from trl import GRPOConfig, GRPOTrainer
-
 from agents.models import load_base
-from populora_bridges.grpo import StudentRounds
+from populora_bridges.grpo import SMOKE, StudentRounds, grpo_trainer, save_outputs, smoke_lora
 from populora_env import SeedTeacher
 
 out = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/trl-students")
@@ -31,20 +28,7 @@ model, tokenizer = load_base("tiny-random")
 game = StudentRounds([SeedTeacher(seed=0)], num_generations=4, tokenizer=tokenizer, seed=0,
                      task_types=("deduction",), prompts="small", lenient_answer_close=True)
 
-args = GRPOConfig(
-    output_dir=str(out), max_steps=2, per_device_train_batch_size=8, num_generations=4,
-    max_completion_length=2, learning_rate=5e-3, logging_steps=1, log_completions=True,
-    num_completions_to_print=0, report_to=[], use_cpu=True, seed=0, save_strategy="no", bf16=False,
-)
-trainer = GRPOTrainer(
-    model=model, reward_funcs=game.reward, args=args, train_dataset=game.dataset(rounds=8),
-    processing_class=tokenizer, peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
-)
-trainer.train()
-
-trainer.save_model(str(out / "adapter"))
-trainer.save_state()
-game.save(out / "rounds.json")
-game.close()
-logged = {k: v for row in trainer.state.log_history for k, v in row.items() if k.startswith("game/")}
-print(json.dumps({"steps": trainer.state.global_step, "game": logged}, sort_keys=True))
+# TRL's GRPOConfig fields of a 2-step CPU run (bridge's SMOKE: 2 prompts x 4 completions of 2 tokens a step)
+trainer = grpo_trainer(game, model, tokenizer, out, rounds=8, peft_config=smoke_lora(), **SMOKE)
+trainer.train()  # TRL's GRPOTrainer: its generation, its GRPO loss, the env's rewards
+print(json.dumps(save_outputs(trainer, game, out), sort_keys=True))

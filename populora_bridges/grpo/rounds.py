@@ -91,10 +91,14 @@ class GameRounds:
     """What both roles share: the env's settings, one sandbox, the rounds played, replay and logging."""
 
     reward_name = "populora"
+    others_role = "agent"
     fixed: dict[str, Any] = {}
 
-    def __init__(self, *, num_generations: int, tokenizer: Any, seed: int = 0, sandbox: Any = None,
-                 **env_settings: Any) -> None:
+    def __init__(self, others: Sequence[Policy], *, num_generations: int, tokenizer: Any, seed: int = 0,
+                 sandbox: Any = None, **env_settings: Any) -> None:
+        if not others:
+            raise ValueError(f"{type(self).__name__} needs at least one {self.others_role} policy")
+        self.others = list(others)
         if num_generations < 2:
             raise ValueError(f"num_generations must be >= 2 (a GRPO group), got {num_generations}")
         self.num_generations, self.tokenizer, self.seed = num_generations, tokenizer, seed
@@ -139,7 +143,35 @@ class GameRounds:
             raise ValueError(f"{rounds} rounds gave the trained agent no prompt: check the teachers' policies")
         return Dataset.from_list(rows)
 
-    def play(self, rounds: int) -> list[dict[str, Any]]:  # pragma: no cover - each role's own
+    def play(self, rounds: int) -> list[dict[str, Any]]:
+        """Play ``rounds`` rounds of the trained agent's side up to its prompt (:meth:`open_round`), saving each
+        as a :class:`Round`; one dataset row per round that gives the agent a prompt."""
+        env = self.new_env()
+        self.bind(env)
+        rows = []
+        try:
+            for k in range(rounds):
+                state, seed = env.state_dict(), self.round_seed(k)
+                opened = self.open_round(env, k, *env.reset(seed=seed))
+                while env.phase != "done":  # the round ends here; TRL's completions replay it
+                    env.step({})
+                if opened is None:
+                    continue
+                proposal, observation, request = opened
+                self.rounds.append(Round(state, seed, proposal, observation))
+                rows.append({"prompt": render_prompt(self.tokenizer, observation, request),
+                             "round": len(self.rounds) - 1, "task_type": request["task_type"]})
+        finally:
+            env.close()
+        return rows
+
+    def bind(self, env: PopuLoRAParallelEnv) -> None:
+        """Build the policies that play in ``env`` (:meth:`play`'s env)."""
+
+    def open_round(self, env: PopuLoRAParallelEnv, k: int, obs: dict, infos: dict
+                   ) -> tuple[tuple[str, ...], str, Mapping[str, Any]] | None:  # pragma: no cover - per role
+        """Round ``k`` after ``reset``: ``(proposal, observation, request)`` of the trained agent's prompt, or
+        ``None`` when it gets none."""
         raise NotImplementedError
 
     def save(self, path: str | Path) -> Path:
@@ -177,7 +209,21 @@ class GameRounds:
         return reward
 
     def pay(self, rounds: Sequence[int], entries: Sequence[object]
-            ) -> tuple[list[float], list[dict[str, Any]], list[dict[str, Any]]]:  # pragma: no cover - per role
+            ) -> tuple[list[float], list[dict[str, Any]], list[dict[str, Any]]]:
+        """Each group's rewards and verdicts (one per completion) and its rounds' summaries, in order."""
+        rewards: list[float] = []
+        details: list[dict[str, Any]] = []
+        summaries: list[dict[str, Any]] = []
+        for start, k in groups(rounds, self.num_generations):
+            for played in self.pay_group(self.rounds[k], entries[start:start + self.num_generations]):
+                rewards += played[0]
+                details += played[1]
+                summaries.append(played[2])
+        return rewards, details, summaries
+
+    def pay_group(self, record: Round, entries: Sequence[object]
+                  ) -> list[tuple[list[float], list[dict[str, Any]], dict[str, Any]]]:  # pragma: no cover - per role
+        """The rounds that pay one group: per round, its rewards and verdicts of ``entries`` and its summary."""
         raise NotImplementedError
 
 
@@ -199,52 +245,32 @@ class StudentRounds(GameRounds):
 
     reward_name = "populora_student"
 
-    def __init__(self, teachers: Sequence[Policy], **kwargs: Any) -> None:
-        if not teachers:
-            raise ValueError("StudentRounds needs at least one teacher policy")
-        self.teachers = list(teachers)
-        super().__init__(**kwargs)
+    others_role = "teacher"
 
     def fixed_settings(self) -> dict[str, Any]:
         return {"num_teachers": 1, "num_students": 1, "tasks_per_teacher": 1,
                 "samples_per_task": self.num_generations, "student_fill": False}
 
-    def play(self, rounds: int) -> list[dict[str, Any]]:
-        """Play ``rounds`` rounds' proposals (the student's attempts are TRL's, later): one row per valid task."""
-        env = self.new_env()
-        policies = [make_policy(t, env) for t in self.teachers]
-        rows = []
-        try:
-            for k in range(rounds):
-                state, seed = env.state_dict(), self.round_seed(k)
-                obs, infos = env.reset(seed=seed)
-                proposal = tuple(policies[k % len(policies)].act(obs["teacher_0"], infos["teacher_0"]))
-                obs, _r, _te, _tr, infos = env.step({"teacher_0": proposal})
-                env.step({})  # the round ends here; TRL's completions replay it
-                if obs["student_0"]["prompts"]:
-                    observation, request = obs["student_0"]["prompts"][0], infos["student_0"]["requests"][0]
-                    self.rounds.append(Round(state, seed, proposal, observation))
-                    rows.append({"prompt": render_prompt(self.tokenizer, observation, request),
-                                 "round": len(self.rounds) - 1, "task_type": request["task_type"]})
-        finally:
-            env.close()
-        return rows
+    def bind(self, env: PopuLoRAParallelEnv) -> None:
+        self._policies = [make_policy(t, env) for t in self.others]
 
-    def pay(self, rounds: Sequence[int], entries: Sequence[object]):
-        rewards: list[float] = []
-        details: list[dict[str, Any]] = []
-        summaries = []
-        for start, k in groups(rounds, self.num_generations):
-            record = self.rounds[k]
-            self.replay(record)
-            obs, *_rest, infos = self.replay_env.step({"teacher_0": record.proposal})
-            if tuple(obs["student_0"]["prompts"][:1]) != (record.observation,):
-                raise RuntimeError(f"round {k} did not replay to the same task: the env is not deterministic here")
-            *_done, infos = self.replay_env.step({"student_0": tuple(entries[start:start + self.num_generations])})
-            rewards += infos["student_0"]["completion_rewards"]
-            details += infos["student_0"]["completion_info"]
-            summaries.append(infos["student_0"]["round"])
-        return rewards, details, summaries
+    def open_round(self, env: PopuLoRAParallelEnv, k: int, obs: dict, infos: dict):
+        """The teachers take turns proposing; the student's prompt is the valid task's, if any."""
+        proposal = tuple(self._policies[k % len(self._policies)].act(obs["teacher_0"], infos["teacher_0"]))
+        obs, _r, _te, _tr, infos = env.step({"teacher_0": proposal})
+        if not obs["student_0"]["prompts"]:
+            return None
+        return proposal, obs["student_0"]["prompts"][0], infos["student_0"]["requests"][0]
+
+    def pay_group(self, record: Round, entries: Sequence[object]):
+        """One round: the teacher's proposal replayed (the same task: checked), then the group's attempts."""
+        self.replay(record)
+        obs, *_rest, infos = self.replay_env.step({"teacher_0": record.proposal})
+        if tuple(obs["student_0"]["prompts"][:1]) != (record.observation,):
+            raise RuntimeError("a round did not replay to the same task: the env is not deterministic here")
+        *_done, infos = self.replay_env.step({"student_0": tuple(entries)})
+        student = infos["student_0"]
+        return [(student["completion_rewards"], student["completion_info"], student["round"])]
 
 
 class TeacherRounds(GameRounds):
@@ -252,47 +278,24 @@ class TeacherRounds(GameRounds):
 
     reward_name = "populora_teacher"
 
+    others_role = "student"
+
     def __init__(self, students: Sequence[Policy], **kwargs: Any) -> None:
-        if not students:
-            raise ValueError("TeacherRounds needs at least one student policy")
-        self.students = list(students)
-        super().__init__(**kwargs)
-        self.student_policies = {f"student_{i}": make_policy(s, self.replay_env) for i, s in enumerate(students)}
+        super().__init__(students, **kwargs)
+        self.student_policies = {f"student_{i}": make_policy(s, self.replay_env) for i, s in enumerate(self.others)}
 
     def fixed_settings(self) -> dict[str, Any]:
-        return {"num_teachers": 1, "num_students": len(self.students), "tasks_per_teacher": 1}
+        return {"num_teachers": 1, "num_students": len(self.others), "tasks_per_teacher": 1}
 
-    def play(self, rounds: int) -> list[dict[str, Any]]:
-        """Draw ``rounds`` rounds' proposer prompts (the env's state moves on by rounds nobody plays)."""
-        env = self.new_env()
-        rows = []
-        try:
-            for k in range(rounds):
-                state, seed = env.state_dict(), self.round_seed(k)
-                obs, infos = env.reset(seed=seed)
-                observation, request = obs["teacher_0"]["prompts"][0], infos["teacher_0"]["requests"][0]
-                self.rounds.append(Round(state, seed, (), observation))
-                rows.append({"prompt": render_prompt(self.tokenizer, observation, request),
-                             "round": len(self.rounds) - 1, "task_type": request["task_type"]})
-                env.step({})
-                env.step({})
-        finally:
-            env.close()
-        return rows
+    def open_round(self, env: PopuLoRAParallelEnv, k: int, obs: dict, infos: dict):
+        """The teacher's proposer prompt (the env's state moves on by rounds nobody plays)."""
+        return (), obs["teacher_0"]["prompts"][0], infos["teacher_0"]["requests"][0]
 
-    def pay(self, rounds: Sequence[int], entries: Sequence[object]):
-        rewards: list[float] = []
-        details: list[dict[str, Any]] = []
-        summaries = []
-        for start, k in groups(rounds, self.num_generations):
-            for entry in entries[start:start + self.num_generations]:
-                reward, detail, summary = self.pay_one(self.rounds[k], entry)
-                rewards.append(reward)
-                details.append(detail)
-                summaries.append(summary)
-        return rewards, details, summaries
+    def pay_group(self, record: Round, entries: Sequence[object]):
+        """One round per completion, each from the same state and seed."""
+        return [self.pay_one(record, entry) for entry in entries]
 
-    def pay_one(self, record: Round, entry: object) -> tuple[float, dict[str, Any], dict[str, Any]]:
+    def pay_one(self, record: Round, entry: object) -> tuple[list[float], list[dict[str, Any]], dict[str, Any]]:
         """One proposal's round: validated, attempted by the matched frozen student, paid by the scheme."""
         obs, infos = self.replay(record)
         if tuple(obs["teacher_0"]["prompts"][:1]) != (record.observation,):
@@ -301,7 +304,7 @@ class TeacherRounds(GameRounds):
         actions = {a: tuple(p.act(obs[a], infos[a])) for a, p in self.student_policies.items() if obs[a]["prompts"]}
         *_done, infos = self.replay_env.step(actions)
         teacher = infos["teacher_0"]
-        return float(teacher["completion_rewards"][0]), teacher["completion_info"][0], teacher["round"]
+        return teacher["completion_rewards"][:1], teacher["completion_info"][:1], teacher["round"]
 
 
 class BufferTeacher:
