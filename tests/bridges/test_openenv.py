@@ -16,6 +16,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from populora_env.policies import continue_prefix
 from tests.bridges.marks import extra_marks
@@ -25,6 +27,26 @@ pytestmark = extra_marks("openenv", ("openenv", "fastapi", "uvicorn", "websocket
 
 SETTINGS = dict(num_teachers=1, num_students=1, tasks_per_teacher=1, samples_per_task=2, task_types=["deduction"])
 TASK = "```python\ndef f(x):\n    return 2 * x + 1\n```\n```input\n20\n```"
+
+
+class _Shared:
+    """One sandbox for the property test's envs, started on first use and closed at exit."""
+
+    def __init__(self) -> None:
+        self.sandbox = None
+
+    def get(self):
+        if self.sandbox is None:
+            import atexit
+
+            from populora_env.sandbox import Limits, Sandbox
+
+            self.sandbox = Sandbox(workers=1, limits=Limits(timeout_s=2.0, memory_mb=512))
+            atexit.register(self.sandbox.close)
+        return self.sandbox
+
+
+_SANDBOX = _Shared()
 
 
 def _children(pid: int) -> set[int]:
@@ -128,3 +150,19 @@ def test_a_server_holds_8_sessions_answers_malformed_actions_and_stops_cleanly(s
     assert "Traceback" not in proc.stderr.read()
     assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}") and
                 "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]]
+
+
+@settings(max_examples=30, deadline=None)
+@given(agent=st.one_of(st.sampled_from(["teacher_0", "student_0"]), st.text(max_size=64)),
+       completions=st.lists(st.one_of(st.text(max_size=200), st.none(), st.integers(), st.floats()), max_size=4),
+       reset=st.booleans())
+def test_any_typed_action_gets_an_observation_never_an_exception(agent, completions, reset) -> None:
+    from populora_bridges.openenv_server import GameAction, GameEnvironment, GameObservation
+
+    env = GameEnvironment(_SANDBOX.get(), SETTINGS)
+    if reset:
+        env.reset(seed=0)
+    obs = env.step(GameAction(agent=agent, completions=completions))
+    assert isinstance(obs, GameObservation)
+    assert obs.error is not None or (reset and agent == "teacher_0" and len(completions) <= 1)
+    json.dumps(obs.model_dump())  # plain data

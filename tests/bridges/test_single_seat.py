@@ -3,11 +3,15 @@ exactly what the ParallelEnv pays for the same completions."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import warnings
 from collections.abc import Iterator
 
 import pytest
 from gymnasium.utils.env_checker import check_env
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from populora_bridges import SingleSeatEnv
 from populora_env import OracleStudent, PopuLoRAParallelEnv, RandomPolicy, SeedTeacher, parallel_env
@@ -105,3 +109,25 @@ def test_a_non_string_action_is_a_format_error_not_a_crash(sandbox: Sandbox) -> 
     assert terminated and reward == -1.0 and info["completion_info"][0]["reason"] == "format"
     with pytest.raises(RuntimeError, match="call reset"):
         env.step("late")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(actions=st.lists(st.one_of(st.text(max_size=300), st.none(), st.integers(), st.binary(max_size=20),
+                                  st.just("<think>x</think><answer>\n```output\n41\n```\n</answer>")),
+                        min_size=2, max_size=2))
+def test_any_action_is_scored_never_raised(sandbox: Sandbox, actions: list) -> None:
+    game = parallel_env(sandbox=sandbox, num_teachers=1, num_students=1, tasks_per_teacher=1, samples_per_task=2,
+                        task_types=("deduction",))
+    env = SingleSeatEnv(game, "student_0", {"teacher_0": SeedTeacher(0)})
+    env.reset(seed=0)
+    for k, action in enumerate(actions):
+        _obs, reward, terminated, _tr, info = env.step(action)
+        assert terminated == (k == 1)
+    assert set(info["completion_rewards"]) <= {1.0, -0.5, -1.0} and reward == sum(info["completion_rewards"]) / 2
+
+
+def test_the_gymnasium_bridge_imports_no_torch() -> None:
+    code = ("import sys, populora_bridges, populora_bridges.metrics, populora_bridges.grpo.rounds\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
