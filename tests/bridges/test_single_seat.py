@@ -103,7 +103,8 @@ def test_a_seat_without_policies_for_the_others_is_refused_naming_them(sandbox: 
 def test_a_non_string_action_is_a_format_error_not_a_crash(sandbox: Sandbox) -> None:
     game = parallel_env(sandbox=sandbox, num_teachers=1, num_students=1, tasks_per_teacher=1, samples_per_task=1,
                         task_types=("deduction",))
-    env = SingleSeatEnv(game, "student_0", {"teacher_0": SeedTeacher(0)})
+    teacher = SeedTeacher(0)
+    env = SingleSeatEnv(game, "student_0", {"teacher_0": lambda o, i: teacher.act(o, i)})  # any callable
     env.reset(seed=0)
     _obs, reward, terminated, _tr, info = env.step(12345)
     assert terminated and reward == -1.0 and info["completion_info"][0]["reason"] == "format"
