@@ -2,7 +2,13 @@
 
 Layers, bottom to top (``docs/design.md``)::
 
-    populora_env  <  agents, evolution  <  selfplay  <  baselines, evaluation  <  populora_cli
+    populora_env  <  agents, evolution, populora_bridges  <  selfplay, populora_verifiers  <  baselines,
+    evaluation, populora_bridges.grpo  <  populora_cli
+
+``populora_bridges`` (the Gymnasium and OpenEnv bridges, the game's metrics for trainers) needs only the game;
+``populora_verifiers`` (the verifiers bridge, a top-level package because verifiers imports an environment by a
+top-level name) uses it; ``populora_bridges.grpo`` (the TRL bridge) needs the learning stack and the run
+directory, so it is a unit of its own above the run layer. Nothing in the project imports the bridges (users do).
 
 A module may import project packages of a strictly lower layer only (agents and evolution, on the same layer,
 do not import each other, nor do baselines and evaluation), so the graph between top-level packages has no
@@ -29,17 +35,31 @@ LAYERS = {
     "baselines": 3,
     "evaluation": 3,
     "populora_cli": 4,
+    "populora_bridges": 1,
+    "populora_verifiers": 2,
 }
+# Subpackages that are a unit of the layer graph of their own (a higher layer than their package's).
+SUBPACKAGE_LAYERS = {"populora_bridges.grpo": 3}
+UNITS = {**LAYERS, **SUBPACKAGE_LAYERS}
+# The bridges: for users; only a bridge may import another (the composition root is imported by nothing).
+BRIDGES = ("populora_bridges", "populora_bridges.grpo", "populora_verifiers")
+
+
+def _unit(dotted: str) -> str:
+    """The layer unit of a dotted module name: its subpackage of :data:`SUBPACKAGE_LAYERS`, else its top-level
+    package."""
+    return next((sub for sub in SUBPACKAGE_LAYERS if dotted == sub or dotted.startswith(sub + ".")),
+                dotted.split(".")[0])
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
-    """(line, top-level module) of every absolute import in ``path``."""
+    """(line, layer unit) of every absolute import in ``path``."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            out += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+            out += [(node.lineno, _unit(alias.name)) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            out.append((node.lineno, node.module.split(".")[0]))
+            out.append((node.lineno, _unit(node.module)))
     return out
 
 
@@ -47,16 +67,29 @@ def _edges() -> dict[tuple[str, str], list[str]]:
     edges: dict[tuple[str, str], list[str]] = {}
     for package in LAYERS:
         for path in sorted((ROOT / package).rglob("*.py")):
-            for line, top in _imports(path):
-                if top in LAYERS and top != package:
-                    edges.setdefault((package, top), []).append(f"{path.relative_to(ROOT)}:{line}")
+            source = _unit(".".join(path.relative_to(ROOT).with_suffix("").parts))
+            for line, target in _imports(path):
+                if target in UNITS and target != source:
+                    edges.setdefault((source, target), []).append(f"{path.relative_to(ROOT)}:{line}")
     return edges
 
 
 def test_imports_point_down_only() -> None:
     bad = [f"{src} -> {dst} ({', '.join(where[:3])})" for (src, dst), where in _edges().items()
-           if LAYERS[dst] >= LAYERS[src]]
+           if UNITS[dst] >= UNITS[src] and not (src.startswith(dst + ".") or dst.startswith(src + "."))]
     assert not bad, "imports that do not point down:\n" + "\n".join(bad)
+
+
+def test_nothing_imports_the_composition_root_and_only_bridges_import_bridges() -> None:
+    bad = [f"{src} -> {dst} ({', '.join(where[:3])})" for (src, dst), where in _edges().items()
+           if dst == "populora_cli" or (dst in BRIDGES and src not in BRIDGES)]
+    assert not bad, "imports of a unit only users import:\n" + "\n".join(bad)
+
+
+def test_the_unit_of_a_module_is_its_registered_subpackage() -> None:
+    assert _unit("populora_bridges.grpo.students") == "populora_bridges.grpo"
+    assert _unit("populora_bridges.single_seat") == "populora_bridges"
+    assert _unit("populora_bridges.grpox") == "populora_bridges" and _unit("selfplay.loop") == "selfplay"
 
 
 def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -80,7 +113,7 @@ def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_no_cycle_between_top_level_packages() -> None:
-    graph: dict[str, set[str]] = {p: set() for p in LAYERS}
+    graph: dict[str, set[str]] = {p: set() for p in UNITS}
     for src, dst in _edges():
         graph[src].add(dst)
     cycle = _find_cycle(graph)
@@ -166,7 +199,9 @@ def test_the_graph_checker_sees_upward_and_function_level_imports(tmp_path: Path
 # Files whose every function reads on one screen (issues 24 and 35): the learning code, the run layer, evolution,
 # the env and its reward schemes.
 SHORT_FUNCTION_FILES = ("populora_env/env.py", "populora_env/rewards.py",
-                        *sorted(p.relative_to(ROOT).as_posix() for package in ("agents", "selfplay", "evolution")
+                        *sorted(p.relative_to(ROOT).as_posix()
+                                for package in ("agents", "selfplay", "evolution", "populora_bridges",
+                                                "populora_verifiers")
                                 for p in (ROOT / package).rglob("*.py")))
 MAX_FUNCTION_LINES = 80
 

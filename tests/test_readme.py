@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 CI = ROOT / ".ci" / "run"
 
-MAX_LINES = 220
+MAX_LINES = 230  # 220 + the bridges' section (issue 47)
 AFTER_MAIN_JOB = "tests/selfplay/test_readme_results.py::test_the_commands_after_the_main_job_run_verbatim"
 
 COMMAND_START = re.compile(r"(\.venv(-vllm)?/bin/|bash |python |pytest |tensorboard |ray )|populora \S+.* --")
