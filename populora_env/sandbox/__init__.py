@@ -39,6 +39,7 @@ Known limits (read before using results as rewards):
 
 from populora_env.sandbox.api import (
     STATUSES,
+    TAMPER_CLASSES,
     ExecJob,
     ExecResult,
     Limits,
@@ -52,6 +53,7 @@ from populora_env.sandbox.pool import DEFAULT_PRELOAD, Sandbox
 __all__ = [
     "DEFAULT_PRELOAD",
     "STATUSES",
+    "TAMPER_CLASSES",
     "ExecJob",
     "ExecResult",
     "Limits",

@@ -37,6 +37,7 @@ from populora_env.sandbox._worker import wipe_tree
 from populora_env.sandbox.api import (
     MAX_TIMEOUT_S,
     STATUSES,
+    TAMPER_CLASSES,
     ExecJob,
     ExecResult,
     Limits,
@@ -924,26 +925,35 @@ class Sandbox:
     def _to_result(frame: dict, job: ExecJob, cap: int) -> ExecResult:
         """The result of ``job`` from the worker's result frame: its own verdict on limits and crashes, else the
         child's raw reply (parsed here, strings only, never evaluated) and raw stdout; ``match`` is decided
-        here, from ``job.compare_to``, which the job never saw."""
+        here, from ``job.compare_to``, which the job never saw. The tampering marks are the fork server's (in the
+        order they happened) and the harness's (in the sealed reply); the first one names the class."""
         seconds = frame.get("seconds")
         seconds = float(seconds) if isinstance(seconds, int | float) and math.isfinite(seconds) else 0.0
         raw_out = frame.get("stdout")
         stdout = raw_out.decode("utf-8", "replace") if isinstance(raw_out, bytes) else ""
         status = frame.get("status")
         no_match = False if job.compare_to is not None else None  # (no value: nothing equals the expected one)
+        codes = [c for c in frame.get("tamper") or () if isinstance(c, int)]
+        entropy = frame.get("entropy") is True
+        if status is None and len(stdout) <= cap:
+            reply = _parse_reply(frame.get("reply"), cap)
+            codes += [c for c in range(1, len(TAMPER_CLASSES) + 1) if reply["marks"] & (1 << (c - 1))]
+            entropy = entropy or reply["entropy"]
+        tamper = next((TAMPER_CLASSES[c - 1] for c in codes if 1 <= c <= len(TAMPER_CLASSES)), None)
         if status is not None:  # the worker's verdict (timeout, limits, crash): no reply is used
             if status not in STATUSES:
-                return ExecResult(status="crashed", error=f"malformed worker reply (status={status!r})")
+                return ExecResult(status="crashed", error=f"malformed worker reply (status={status!r})",
+                                  tamper=tamper, entropy=entropy)
             if len(stdout) > cap:
-                return ExecResult(status="output_limit", seconds=seconds, match=no_match,
+                return ExecResult(status="output_limit", seconds=seconds, match=no_match, tamper=tamper,
+                                  entropy=entropy,
                                   error=f"stdout exceeded max_output_chars={cap} (output is never truncated)")
             error = frame.get("error")
-            return ExecResult(status=status, stdout=stdout, seconds=seconds, match=no_match,
-                              error=error if isinstance(error, str) else None)
+            return ExecResult(status=status, stdout=stdout, seconds=seconds, match=no_match, tamper=tamper,
+                              entropy=entropy, error=error if isinstance(error, str) else None)
         if len(stdout) > cap:  # the unit the docs state: characters (the worker could only bound bytes)
-            return ExecResult(status="output_limit", seconds=seconds, match=no_match,
+            return ExecResult(status="output_limit", seconds=seconds, match=no_match, tamper=tamper, entropy=entropy,
                               error=f"stdout exceeded max_output_chars={cap} (output is never truncated)")
-        reply = _parse_reply(frame.get("reply"), cap)
         if reply["status"] == "not_plain":
             reply = {**reply, "status": "error", "value": None,
                      "error": f"{NOT_LITERAL_MARKER}: {reply['error'] or 'not plain data'}"}
@@ -952,7 +962,7 @@ class Sandbox:
             match = reply["status"] == "ok" and reply["value"] is not None and literal_matches(reply["value"],
                                                                                                 job.compare_to)
         return ExecResult(status=reply["status"], value=reply["value"], match=match, stdout=stdout,
-                          error=reply["error"], seconds=seconds, plain=reply["plain"])
+                          error=reply["error"], seconds=seconds, plain=reply["plain"], tamper=tamper, entropy=entropy)
 
 
 #: The job child's reply status codes (``_zygote.py``), by number.
@@ -963,37 +973,41 @@ def _parse_reply(raw: object, cap: int) -> dict:
     """The job child's reply frame, checked field by field; anything else is a crash.
 
     Layout (the fork server has checked and removed the per-job token that precedes it): a 4-byte big-endian
-    length, then the body: status (1 byte), plain flag (1 byte), the value's ``repr`` (4-byte length, UTF-8),
-    the error text (4-byte length, UTF-8). Plain means the harness checked the value to be built only from
-    exact builtin types and printed it itself, after the call had returned; otherwise the text is the job's
-    own (its ``__repr__``). Nothing here is evaluated: callers compare values on the host.
+    length, then the body: status, plain flag, tampering marks (bit ``c - 1`` for class code ``c``) and entropy
+    flag (1 byte each), the value's ``repr`` (4-byte length, UTF-8), the error text (4-byte length, UTF-8). Plain
+    means the harness checked the value to be built only from exact builtin types and printed it itself, after
+    the call had returned; otherwise the text is the job's own (its ``__repr__``). Nothing here is evaluated:
+    callers compare values on the host.
     """
-    bad = {"status": "crashed", "value": None, "error": "malformed reply from the job", "plain": False}
-    if not isinstance(raw, bytes) or len(raw) < _HEADER.size + 10:
+    bad = {"status": "crashed", "value": None, "error": "malformed reply from the job", "plain": False,
+           "marks": 0, "entropy": False}
+    if not isinstance(raw, bytes) or len(raw) < _HEADER.size + 12:
         return bad
     (size,) = _HEADER.unpack_from(raw)
     body = raw[_HEADER.size:]
-    if size != len(body) or body[0] >= len(_REPLY_STATUS) or body[1] > 1:
+    if size != len(body) or body[0] >= len(_REPLY_STATUS) or body[1] > 1 or body[3] > 1:
         return bad
-    status, plain = _REPLY_STATUS[body[0]], body[1] == 1
-    (n_value,) = _HEADER.unpack_from(body, 2)
-    if 6 + n_value + 4 > len(body):
+    status, plain, marks, entropy = _REPLY_STATUS[body[0]], body[1] == 1, body[2], body[3] == 1
+    (n_value,) = _HEADER.unpack_from(body, 4)
+    if 8 + n_value + 4 > len(body):
         return bad
-    (n_error,) = _HEADER.unpack_from(body, 6 + n_value)
-    if 10 + n_value + n_error != len(body):
+    (n_error,) = _HEADER.unpack_from(body, 8 + n_value)
+    if 12 + n_value + n_error != len(body):
         return bad
     try:
-        value = body[6:6 + n_value].decode("utf-8", "surrogatepass") if n_value else None
-        error = body[10 + n_value:].decode("utf-8", "surrogatepass") if n_error else None
+        value = body[8:8 + n_value].decode("utf-8", "surrogatepass") if n_value else None
+        error = body[12 + n_value:].decode("utf-8", "surrogatepass") if n_error else None
     except UnicodeDecodeError:
         return bad
     if status == "ok" and value is None and plain:
         return bad
     if value is not None and len(value) > cap:
-        return {**bad, "status": "output_limit", "error": f"value repr exceeds max_output_chars={cap}"}
+        return {**bad, "status": "output_limit", "error": f"value repr exceeds max_output_chars={cap}",
+                "marks": marks, "entropy": entropy}
     if status != "ok":
         value, plain = None, False
-    return {"status": status, "value": value, "error": None if error is None else _short(error), "plain": plain}
+    return {"status": status, "value": value, "error": None if error is None else _short(error), "plain": plain,
+            "marks": marks, "entropy": entropy}
 
 
 def _short(text: str, limit: int = 4000) -> str:
