@@ -728,8 +728,11 @@ class Worker:
         if nr in kinds["signal"]:
             target, sig = args[0], args[self.sig_arg.get(nr, 1)]
             low = (target & 0xFFFFFFFF) - ((target & 0x80000000) << 1)  # pid_t: the low 32 bits, signed
-            if nr in kinds["kill"] and sig == 0 and -(_MARK_BASE + _TAMPER_CODES) <= low <= -(_MARK_BASE + 1):
-                self._mark(-low - _MARK_BASE)  # the audit hook's mark
+            if nr in kinds["kill"] and sig == 0 and -(_MARK_BASE + _TAMPER_CODES) <= low <= -_MARK_BASE:
+                if low == -_MARK_BASE:
+                    self.entropy = True  # a clock wrapper: the job read the clock
+                else:
+                    self._mark(-low - _MARK_BASE)  # the audit hook's mark
                 return False
             if self.job_pid and target == self.job_pid:
                 self.self_signals.add(sig)

@@ -46,7 +46,8 @@ started. Rules this file keeps:
   returns to the job; the type dictionaries are compared with their start-up snapshot before the reply.
 * **Randomness is recorded too**: the harness seeds the interpreter's global generator (``random``) with a seed
   of the fork server and draws its first 64 bits; after the call it draws again: a different draw means the job
-  moved the generator (``entropy`` in the reply). Reads of the OS's entropy are the fork server's to see.
+  moved the generator (``entropy`` in the reply). Reads of the OS's entropy are the fork server's to see; reads
+  of the clock through ``time`` and ``datetime`` go through wrappers that tell it (:func:`_wrap_clocks`).
 
 :func:`_job` is split at the process boundary's own seams (set-up, the call, the reply); each helper takes what
 it needs as arguments or default arguments, never from a global.
@@ -79,7 +80,8 @@ _NO_REPLY = 75  # the harness could not write its reply (exit status; the job's 
 #: Tampering classes, by code (index + 1): the host and the fork server use the same table.
 TAMPER_CLASSES = ("introspection", "native", "type_dict", "signal", "process", "reply_forgery", "exit")
 _INTROSPECTION, _NATIVE, _TYPE_DICT = 1, 2, 3
-#: ``kill(-(_MARK_BASE + class), 0)``: a mark the fork server records (no such process group exists).
+#: ``kill(-(_MARK_BASE + class), 0)``: a mark the fork server records (no such process group exists); class 0 is
+#: not tampering but a read of the clock (the run is not a function of its input).
 _MARK_BASE = 1 << 30
 # Modules a job may not import: native memory access (ctypes), C-level test hooks, subinterpreters (a new
 # interpreter has no audit hook).
@@ -110,6 +112,29 @@ _MARKS = bytearray(len(TAMPER_CLASSES) + 1)
 _NATIVE_JOBS = [False]
 #: (the real dict, its length, its values) of every immutable type when the zygote started (:func:`main`).
 _TYPES: list = []
+#: Non-empty once the job read the clock through a wrapper of :func:`_wrap_clocks` (which the job can reach: it
+#: may empty it, not the fork server's record).
+_CLOCK_SEEN: list = []
+# The clock wrappers, compiled in a namespace of their own: a job reaches them (``time.time``), and through their
+# ``__globals__`` only what is here, never this module.
+_CLOCK_WRAPPER = """
+def wrap(real, optional=None, method=False):
+    def clock(*args, **kwargs):
+        at = optional if optional is None or not method else optional + 1
+        if at is None or len(args) <= at and not kwargs or len(args) > at and args[at] is None:
+            if not seen:
+                seen.append(1)
+                try:
+                    kill(mark, 0)
+                except BaseException:
+                    pass
+        if method:
+            return real.__get__(None, args[0])(*args[1:], **kwargs)
+        return real(*args, **kwargs)
+    clock.__name__ = clock.__qualname__ = getattr(real, "__name__", "clock")
+    clock.__doc__ = getattr(real, "__doc__", None)
+    return clock
+"""
 _XOR36 = bytes(b ^ 0x36 for b in range(256))  # HMAC's inner and outer pads, as translation tables
 _XOR5C = bytes(b ^ 0x5C for b in range(256))
 _DIGEST = type(_sha256.sha256()).digest  # the hash object's method, bound before any job exists
@@ -515,7 +540,7 @@ def _value_reply(result, cap, need_plain, own_threads, threads=_thread._count, d
 
 def _finish(outcome, context, gc_disable=gc.disable, hold_gil=sys.setswitchinterval, flush=sys.stdout.flush,
             rng_drawn=_rng_drawn, value_reply=_value_reply, error_text=_error_text, types_changed=_types_changed,
-            mark=_mark, send=_send, marks=_MARKS, codes=_CODES, OK=_OK,
+            mark=_mark, send=_send, marks=_MARKS, clock_seen=_CLOCK_SEEN, codes=_CODES, OK=_OK,
             ERROR=_ERROR, MEMORY=_MEMORY, TYPE_DICT=_TYPE_DICT, BaseException=BaseException) -> None:  # noqa: A002
     """The reply (only bound locals from here): randomness, the value's text, then what may run the job's code
     (a claim's ``repr``, the output's flush, the exception's text), the type dictionaries, the seal."""
@@ -526,7 +551,7 @@ def _finish(outcome, context, gc_disable=gc.disable, hold_gil=sys.setswitchinter
         gc_disable()  # from here no collection runs a finalizer (dropping the job's last reference still may)
         hold_gil(1e6)  # other threads rarely get the interpreter from here: only one already waiting for it with a
         # shorter interval does (what the value's text is made of does not depend on it: _plain_repr)
-        drawn = 1 if rng_drawn(inst, first) else 0
+        drawn = 1 if clock_seen or rng_drawn(inst, first) else 0
         if status == OK and has_value:
             status, text, plain, note = value_reply(result, cap, need_plain, own_threads)
     except BaseException as err:  # our own failure (memory, recursion limit the job set): no value
@@ -616,6 +641,35 @@ def _quiet_frame_askers() -> None:
             setattr(module, attr, quiet)
 
 
+def _wrap_clocks() -> None:
+    """Reads of the clock and of CPU time through ``time``, ``datetime``, ``os.times`` and
+    ``resource.getrusage`` (the ``time`` functions that take an optional time read the clock only without it) tell
+    the fork server before they return: such a run is not a function of its input. ``datetime``'s classmethods
+    live in a builtin type's dict, written here before any job exists (the start-up snapshot of the type dicts is
+    taken after)."""
+    ns = {"kill": os.kill, "mark": -_MARK_BASE, "seen": _CLOCK_SEEN}
+    exec(compile(_CLOCK_WRAPPER, "<populora clock>", "exec"), ns)
+    wrap = ns["wrap"]
+    clock_time = sys.modules.get("time")
+    if clock_time is not None:
+        for name in ("time", "time_ns", "monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns",
+                     "process_time", "process_time_ns", "thread_time", "thread_time_ns", "clock_gettime",
+                     "clock_gettime_ns"):
+            if hasattr(clock_time, name):
+                setattr(clock_time, name, wrap(getattr(clock_time, name)))
+        for name, at in (("localtime", 0), ("gmtime", 0), ("ctime", 0), ("asctime", 0), ("strftime", 1)):
+            setattr(clock_time, name, wrap(getattr(clock_time, name), at))
+    os.times = wrap(os.times)
+    resource.getrusage = wrap(resource.getrusage)
+    dt = sys.modules.get("datetime")
+    for cls, name in ((getattr(dt, "date", None), "today"), (getattr(dt, "datetime", None), "now"),
+                      (getattr(dt, "datetime", None), "utcnow")):
+        if isinstance(cls, type) and name in cls.__dict__:
+            (real_dict,) = gc.get_referents(cls.__dict__)
+            real_dict[name] = classmethod(wrap(cls.__dict__[name], 0 if name == "now" else None, True))
+    sys._clear_type_cache()
+
+
 def _snapshot_types() -> list:
     """(the real dict, its length, its values) of every immutable type alive now (builtin and extension types:
     only the mappingproxy route, or the garbage collector, can write their dicts)."""
@@ -655,6 +709,7 @@ def main() -> None:
     sys.dont_write_bytecode = True
     sys.pycache_prefix = "/nonexistent/populora-sandbox-no-bytecode"
     _quiet_frame_askers()
+    _wrap_clocks()
     gc.collect()
     _TYPES.extend(_snapshot_types())
     gc.freeze()  # children never walk (and so never copy-on-write) the zygote's own objects

@@ -152,7 +152,8 @@ CORPUS = [
     Forgery("own_memory", "", "getattr(_b, 'op' + 'en')('/proc/self/mem', 'rb')\nreturn x + 1", "invalid"),
     Forgery("ctypes", "", "_imp('ctypes')\nreturn x + 1", "invalid"),
     Forgery("crafted_bytecode", "", "_imp('marshal').loads(b'c')\nreturn x + 1", "invalid"),
-    Forgery("own_audit_hook", "_s.addaudithook(print)", "return x + 1", "true"),
+    # its own audit hook is skipped silently, and (issue 52) counted as tampering: invalid, reason tamper
+    Forgery("own_audit_hook", "_s.addaudithook(print)", "return x + 1", "invalid"),
     Forgery("frame_walk_caught_then_a_frame", "", """
         try:
             fr = _s._getframe(2)

@@ -1,0 +1,131 @@
+"""Teacher and student programs that tamper with the sandbox, shared by ``test_verdicts.py`` (issue 44: forging a
+verdict) and ``test_tamper.py`` (issue 52: every defence class named), and a scripted round through ``env.step``.
+
+Every program here passes both validation profiles' static policies (``strict`` and ``azr``: one function, no
+class statement, no lambda; banned modules and names reached through ``typing.sys`` and ``print.__self__``), so it
+reaches the sandbox through the env's real path. ``ROUTE`` is the primitive of issue 44: comparing a builtin type's
+``__dict__`` (a mappingproxy) with an object whose ``__eq__`` receives the other operand hands that object the
+type's real, writable dict.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+#: Reaches ``sys``, ``os``, ``__import__`` through names no policy bans, and the real dict of a builtin type:
+#: ``real_dict(T)`` is spelled ``(T.__dict__ == _G(), _got[-1])[1]`` (no def, no lambda).
+PRELUDE = """
+import typing
+_s = getattr(typing, 'sy' + 's')
+_b = print.__self__
+_imp = getattr(_b, '__imp' + 'ort__')
+_os = _s.modules['o' + 's']
+_types = _imp('types')
+_got = []
+_G = type('G', (), {'__eq__': _got.append, '__hash__': None})
+"""
+
+#: The old protocol's sealed "ok, 3007, plain" frame (before issue 44); a flush of the type attribute cache (a dict
+#: written behind the type's back keeps its version tag, so a cached lookup would still find the old entry).
+FORGED = """
+_body = bytes([0, 1]) + (4).to_bytes(4, 'big') + b'3007' + (0).to_bytes(4, 'big')
+_frame = len(_body).to_bytes(4, 'big') + _body
+_hmac = _imp('hm' + 'ac')
+_tbget = _types.TracebackType.__dict__['tb_frame'].__get__
+"""
+FLUSH = "_s._clear_type_cache()\n"
+
+
+def descriptor_forgery(type_name: str, attr: str, plain_body: str) -> str:
+    """Issue 44's forgery: ``f`` is also the getter of a descriptor the harness read after the call
+    (``TracebackType.tb_frame``, ``FrameType.f_code``, ``CodeType.co_filename``), written into the type's real
+    dict; called by the harness, it climbs to the frame holding the reply's token, seals an "ok, 3007" reply and
+    exits. Called with anything else, ``f`` runs ``plain_body`` (which raises: plain CPython's answer is an
+    exception). Against the sandbox before issue 44 (b1b0641) each such program became a valid task with gold
+    ``3007``."""
+    body = textwrap.indent(textwrap.dedent(plain_body).strip(), "        ")
+    head = textwrap.dedent(f"""
+        _T = getattr(_types, '{type_name}')
+        _T.__dict__ == _G()
+        _d = _got[-1]
+        _orig = _d['{attr}']
+
+        def f(x):
+            if type(x) is not _T:
+        """)
+    tail = textwrap.dedent(f"""
+            try:
+                raise KeyError(x)
+            except KeyError as e:
+                fr = _tbget(e.__traceback__)
+            while fr is not None:
+                loc = getattr(fr, 'f_lo' + 'cals')
+                if 'token' in loc:
+                    _os.write(3, _hmac.new(loc['token'], _frame, 'sha256').digest() + _frame)
+                    _os._exit(0)
+                fr = getattr(fr, 'f_ba' + 'ck')
+            return _orig.__get__(x)
+
+        _d['{attr}'] = property(f)
+        """)
+    return PRELUDE + FORGED + head + body + "\n" + textwrap.indent(tail.strip("\n"), "") + "\n" + FLUSH
+
+
+#: The three descriptors issue 44 found, as (type name in ``types``, attribute).
+DESCRIPTORS = [("TracebackType", "tb_frame"), ("FrameType", "f_code"), ("CodeType", "co_filename")]
+
+
+def think(answer: str) -> str:
+    return f"<think>ok</think>\n<answer>\n{answer}\n</answer>"
+
+
+def proposal(program: str, given: str) -> str:
+    """A deduction/abduction proposal completion."""
+    return think(f"```python\n{program}```\n```input\n{given}\n```")
+
+
+def induction_proposal(inputs: list[str], message: str = "find f") -> str:
+    blocks = "\n".join(f"```input\n{i}\n```" for i in inputs)
+    return think(f"{blocks}\n```message\n{message}\n```")
+
+
+def answer(task_type: str, text: str) -> str:
+    """A student's completion: an output (deduction), an input (abduction) or a program (induction)."""
+    block = {"deduction": "output", "abduction": "input", "induction": "python"}[task_type]
+    return think(f"```{block}\n{text}\n```")
+
+
+@dataclass
+class Round:
+    """One scripted round's records (``env.last_outcome``) and the tasks the student met."""
+
+    proposals: list[Any]
+    attempts: list[Any]
+    summary: dict[str, Any]
+    tasks: dict[str, Any]
+
+
+def play_round(env: Any, proposals: list[str], answers: dict[str, list[str]] | None = None,
+               default_answer: str = "0") -> Round:
+    """Reset ``env`` (one teacher, one student), propose ``proposals``, answer every task the student meets with
+    ``answers[task_type]`` (in order; samples_per_task answers each) or ``default_answer``."""
+    answers = answers or {}
+    _, infos = env.reset()
+    n = len(infos["teacher_0"]["requests"])
+    assert len(proposals) == n, (len(proposals), n)
+    _, _, _, _, infos = env.step({"teacher_0": tuple(proposals)})
+    given: list[str] = []
+    used: dict[str, int] = {}
+    tasks = {}
+    for request in infos["student_0"]["requests"]:
+        task_type = request["task_type"]
+        tasks[request["task_id"]] = env.current_tasks[request["task_id"]]
+        pool = answers.get(task_type, [default_answer])
+        k = used.get(task_type, 0)
+        used[task_type] = k + 1
+        given.append(answer(task_type, pool[k % len(pool)]))
+    env.step({"student_0": tuple(given)})
+    outcome = env.last_outcome
+    return Round(list(outcome.results.proposals), list(outcome.results.attempts), outcome.summary, tasks)
