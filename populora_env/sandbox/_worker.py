@@ -105,6 +105,9 @@ _MARK_BASE = 1 << 30
 #: Exit statuses of the harness's own that come without a reply (the zygote's fork loop, "could not reply", the
 #: plain-mode lifeline): any other exit without a reply is the job ending its process itself (``exit``).
 _HARNESS_EXITS = frozenset({71, 75, 137})
+#: glibc's internal signals (SIGCANCEL, SIGSETXID): it installs their actions when a process starts its first
+#: thread. Refused like any other, but not tampering.
+_LIBC_SIGNALS = frozenset({32, 33})
 
 # Syscalls refused with EPERM (where the running kernel/libseccomp knows them).
 _DENY_EPERM = (
@@ -742,7 +745,8 @@ class Worker:
             self._mark(_SIGNAL)
             return False
         if nr in kinds["sigaction"]:
-            self._mark(_SIGNAL)  # a Python handler is handed the interrupted frame
+            if args[0] not in _LIBC_SIGNALS:  # glibc sets its own up as a job's first thread starts
+                self._mark(_SIGNAL)  # a Python handler is handed the interrupted frame
         elif nr in kinds["fork"] or nr in kinds["exec"]:
             self._mark(_PROCESS)
         return False

@@ -628,17 +628,26 @@ def _remap_paths(path_fds: dict) -> None:
 
 
 def _quiet_frame_askers() -> None:
-    """The preloaded modules that ask for their caller's frame on their own (``namedtuple``, ``typing``'s
-    ``TypeVar``/``NamedTuple``, ``enum``'s functional API: the module name of what they build) get a ``sys`` whose
-    ``_getframe`` fails without asking the audit hook, as the real one would for them: what they build is the
-    same, and no ordinary program is marked for it. The job's own ``sys._getframe`` is refused and marked."""
+    """The preloaded functions that ask for their caller's frame on their own (``collections.namedtuple``,
+    ``typing._caller`` behind ``TypeVar``/``NamedTuple``/``NewType``, ``enum``'s functional API: the module name of
+    what they build) are rebuilt on a copy of their module's globals whose ``sys`` has a ``_getframe`` that fails
+    without asking the audit hook, as the real one fails for them: what they build is the same as before, and no
+    ordinary program is marked for it. ``sys._getframe`` itself, reached any other way, is refused and marked."""
     quiet = types.ModuleType("sys")
     quiet.__dict__.update(sys.__dict__)
     quiet._getframe = functools.partial(int, "frame access is refused in the sandbox")  # raises ValueError
-    for name, attr in (("collections", "_sys"), ("typing", "sys"), ("enum", "sys")):
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, attr, None) is sys:
-            setattr(module, attr, quiet)
+    owners = [(sys.modules.get("collections"), "namedtuple", "_sys"), (sys.modules.get("typing"), "_caller", "sys"),
+              (getattr(sys.modules.get("enum"), "EnumType", None), "_create_", "sys")]
+    for owner, name, sys_name in owners:
+        fn = getattr(owner, name, None)
+        if not isinstance(fn, types.FunctionType) or fn.__globals__.get(sys_name) is not sys:
+            continue
+        rebuilt = types.FunctionType(fn.__code__, {**fn.__globals__, sys_name: quiet}, fn.__name__, fn.__defaults__,
+                                     fn.__closure__)
+        for attr in ("__kwdefaults__", "__qualname__", "__doc__", "__module__", "__annotations__"):
+            setattr(rebuilt, attr, getattr(fn, attr))
+        rebuilt.__dict__.update(fn.__dict__)
+        setattr(owner, name, rebuilt)
 
 
 def _wrap_clocks() -> None:

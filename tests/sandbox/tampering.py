@@ -97,6 +97,37 @@ def answer(task_type: str, text: str) -> str:
     return think(f"```{block}\n{text}\n```")
 
 
+#: One way to trip each defence class, written to pass both profiles' static policies (module ``_s``, ``_os``,
+#: ``_imp``, ``_G``/``_got`` from :data:`PRELUDE`), catching the refusal and going on where there is one.
+TRIPS = {
+    "introspection": "try:\n    _s._getframe()\nexcept ValueError:\n    pass",
+    "native": "try:\n    _imp('mar' + 'shal').loads(b'\\xe3')\nexcept ImportError:\n    pass",
+    "type_dict": "int.__dict__ == _G()\n_got[-1]['populora_probe'] = 1",
+    "signal": "try:\n    _imp('sig' + 'nal').signal(14, print)\nexcept OSError:\n    pass",
+    "process": "try:\n    _os.fork()\nexcept OSError:\n    pass",
+    "reply_forgery": "_os.write(3, b'3007')",
+    "exit": "_os._exit(0)",
+}
+
+
+def tripping_program(trip: str, when: str = "True", returns: str = "x + 1") -> str:
+    """``f(x)`` trips ``TRIPS[trip]`` when ``when`` holds (an expression of ``x``), then returns ``returns``."""
+    body = textwrap.indent(TRIPS[trip], "        ")
+    return PRELUDE + f"\ndef f(x):\n    if {when}:\n{body}\n    return {returns}\n"
+
+
+def only_program(env: Any, program: str) -> None:
+    """Empty ``env``'s buffers and play a deduction round proposing ``program`` on 3, so that it is the only
+    program an induction proposal can be given (the env's task types: deduction, then induction)."""
+    from populora_env.tasks import TaskType
+
+    for task_type in (TaskType.DEDUCTION, TaskType.ABDUCTION):
+        for task in list(env.buffers[task_type].tasks):
+            env.buffers.remove(task.task_id)
+    r = play_round(env, [proposal(program, "3")], {"deduction": ["4"]})
+    assert [p.valid for p in r.proposals] == [True], r.proposals
+
+
 @dataclass
 class Round:
     """One scripted round's records (``env.last_outcome``) and the tasks the student met."""

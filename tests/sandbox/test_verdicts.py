@@ -20,8 +20,14 @@ import pytest
 
 from populora_env import parallel_env
 from populora_env.sandbox import ExecJob, Limits, Sandbox, _zygote
-from populora_env.tasks import TaskType
-from tests.sandbox.tampering import DESCRIPTORS, descriptor_forgery, induction_proposal, play_round, proposal
+from tests.sandbox.tampering import (
+    DESCRIPTORS,
+    descriptor_forgery,
+    induction_proposal,
+    only_program,
+    play_round,
+    proposal,
+)
 
 #: Opcodes that look a name or an attribute up (in a type's dict, a module, the builtins), build a class or a
 #: function, or enter a ``with`` (``__enter__``/``__exit__`` lookups): none may run after the job's code started.
@@ -186,16 +192,6 @@ def test_a_program_that_forges_only_on_students_inputs_pays_no_answer(profile: s
     assert not any(a.correct for a in r.attempts[:2])
 
 
-def _only_task(env: object, program: str) -> None:
-    """Empty the buffers and play a deduction round proposing ``program`` on 3, so it is the only program an
-    induction proposal can be given."""
-    for task_type in (TaskType.DEDUCTION, TaskType.ABDUCTION):
-        for task in list(env.buffers[task_type].tasks):
-            env.buffers.remove(task.task_id)
-    r = play_round(env, [proposal(program, "3")], {"deduction": ["4"]})
-    assert [p.valid for p in r.proposals] == [True], r.proposals
-
-
 @pytest.mark.parametrize("profile", ["strict", "azr"])
 def test_induction_runs_cannot_forge_either(profile: str, box: Sandbox) -> None:
     """Induction: the teacher's inputs are run through the task's program (here one that forges off its own
@@ -203,7 +199,7 @@ def test_induction_runs_cannot_forge_either(profile: str, box: Sandbox) -> None:
     (``tamper``): hidden outputs never reach the job, and now its run is marked too."""
     env = _env(box, profile, ("deduction", "induction"), samples_per_task=1)
     try:
-        _only_task(env, LAZY)
+        only_program(env, LAZY)
         r = play_round(env, [induction_proposal(["5", "6", "7", "8", "9", "10"])], {})
         assert [(p.task_type, p.valid, p.reason, p.tamper) for p in r.proposals] == [
             ("induction", False, "tamper", "type_dict")]
@@ -211,7 +207,7 @@ def test_induction_runs_cannot_forge_either(profile: str, box: Sandbox) -> None:
         env.close()
     env = _env(box, profile, ("deduction", "induction"), samples_per_task=1)
     try:
-        _only_task(env, "def f(x):\n    return x + 1\n")
+        only_program(env, "def f(x):\n    return x + 1\n")
         forger = descriptor_forgery("FrameType", "f_code", "raise ValueError('no value')")
         r = play_round(env, [induction_proposal(["5", "6", "7", "8", "9", "10"])], {"induction": [forger]})
         assert [p.valid for p in r.proposals] == [True]
