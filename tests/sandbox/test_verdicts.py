@@ -12,16 +12,22 @@ function returning ``[4]`` (no secret needed), and ``str.partition`` rewritten l
 from __future__ import annotations
 
 import dis
+import subprocess
+import sys
 import textwrap
 import types
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from populora_env import parallel_env
+from populora_env.literals import literal_matches
 from populora_env.sandbox import ExecJob, Limits, Sandbox, _zygote
 from tests.sandbox.tampering import (
     DESCRIPTORS,
+    PRELUDE,
     descriptor_forgery,
     induction_proposal,
     only_program,
@@ -281,3 +287,107 @@ def test_the_sandbox_reports_every_draw_of_randomness_and_read_of_the_clock(code
     r = box.run([ExecJob(code, "f(3)", plain=True)])[0]
     assert r.status == "ok" and r.tamper is None, r
     assert r.entropy is drew, (code, r)
+
+
+# ------------------------------------------------------------------------------------------ the property
+
+#: What ``f`` does besides the perturbation, for an ``int`` input (``{k}`` a small constant): values, and inputs
+#: on which it raises.
+BODIES = ["return x * {k} + 1", "return sorted([x, {k}, -x])", "return [1, 2, 3, 4][x]", "return {{'v': x, 'k': {k}}}",
+          "return (x, x // ({k} - x))", "raise ValueError(x)", "return str(x) * ({k} % 3)"]
+#: The perturbations: ordinary (none), tampering (kind ``tamper``) and random or time-dependent (``random``).
+PERTURBATIONS = {
+    "none": ("ordinary", "", ""),
+    "junk_type_dict_entry": ("tamper", "int.__dict__ == _G()\n_got[-1]['populora_probe'] = 1\n", ""),
+    "caught_frame_probe": ("tamper", "", "try:\n    _s._getframe()\nexcept ValueError:\n    pass\n"),
+    "random_decides": ("random", "_random = _imp('ran' + 'dom')\n", "if _random.random() < 0.5:\n    return -1\n"),
+    "random_off_its_input": ("random", "_random = _imp('ran' + 'dom')\n",
+                             "if x != {x} and _random.random() < 0.5:\n    return -1\n"),
+    "clock_decides": ("random", "_time = _imp('ti' + 'me')\n", "if _time.perf_counter_ns() % 2:\n    return -1\n"),
+    "clock_through_datetime": ("random", "_dt = _imp('date' + 'time')\n",
+                               "if _dt.datetime.now().microsecond % 2:\n    return -1\n"),
+}
+REFERENCE_DRIVER = """
+def _ref(v):
+    try:
+        r = f(v)
+    except BaseException as e:
+        return 'EXC ' + type(e).__name__
+    return 'VAL ' + repr(r)
+print(_ref({x}))
+print(_ref({a}))
+"""
+
+
+def _program(body: str, perturbation: str, k: int, x: int, descriptor: int | None) -> str:
+    if descriptor is not None:  # issue 44's forgery around the body
+        return descriptor_forgery(*DESCRIPTORS[descriptor], body.format(k=k))
+    _, module, prefix = PERTURBATIONS[perturbation]
+    lines = textwrap.indent(prefix.format(x=x) + body.format(k=k), "    ")
+    return PRELUDE + module + "\ndef f(x):\n" + lines + "\n"
+
+
+def _reference(program: str, x: int, a: int) -> tuple[str, str]:
+    """``f(x)`` and ``f(a)`` (``VAL <repr>`` or ``EXC <type>``) in a fresh ``python -I``, no harness in it."""
+    out = subprocess.run([sys.executable, "-I", "-c", program + REFERENCE_DRIVER.format(x=x, a=a)],
+                         capture_output=True, text=True, timeout=60)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and len(lines) == 2, (out.returncode, out.stdout, out.stderr[-2000:])
+    return lines[0], lines[1]
+
+
+CASES = dict(body=st.sampled_from(BODIES), perturbation=st.sampled_from(sorted(PERTURBATIONS)),
+             descriptor=st.one_of(st.none(), st.sampled_from(range(len(DESCRIPTORS)))), k=st.integers(1, 5),
+             x=st.integers(0, 5), a=st.integers(0, 5), task_type=st.sampled_from(["deduction", "abduction"]),
+             profile=st.sampled_from(["strict", "azr"]))
+QUIET = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+
+
+@settings(max_examples=16, deadline=None, derandomize=True, suppress_health_check=QUIET)
+@given(**CASES)
+def test_verdicts_are_plain_cpythons_or_the_proposal_is_invalid(box: Sandbox, **case) -> None:
+    """The property that decides issue 44: for a teacher program P (ordinary code, issue 44's descriptor
+    forgeries, type-dict writes, caught frame probes, randomness and the clock), its input x and a student's
+    answer a, run through ``env.step`` in both profiles: the validity, the gold output and the abduction verdict
+    are what P's source gives in a fresh ``python -I`` (run twice: a program that differs between the two has no
+    single answer), or the proposal is invalid; ordinary programs are valid exactly when plain CPython returns a
+    value. (16 cases by default; ``test_the_property_at_length``, marked slow, runs 300.)"""
+    _check_property(box, **case)
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=QUIET)
+@given(**CASES)
+def test_the_property_at_length(box: Sandbox, **case) -> None:
+    _check_property(box, **case)
+
+
+def _check_property(box: Sandbox, body: str, perturbation: str, descriptor: int | None, k: int, x: int, a: int,
+                    task_type: str, profile: str) -> None:
+    program = _program(body, perturbation, k, x, descriptor)
+    kind = "tamper" if descriptor is not None else PERTURBATIONS[perturbation][0]
+    refs = [_reference(program, x, a), _reference(program, x, a)]
+    env = _env(box, profile, (task_type,), samples_per_task=1, reject_duplicates=False)
+    try:
+        r = play_round(env, [proposal(program, str(x))], {"abduction": [str(a)], "deduction": ["0"]})
+    finally:
+        env.close()
+    (p,) = r.proposals
+    task = next(iter(r.tasks.values()), None)
+    if p.valid:  # the gold is plain CPython's answer, every time
+        assert task is not None and all(ref[0] == "VAL " + task.outputs[0] for ref in refs), (program, p, refs)
+    if kind == "ordinary":
+        assert p.valid == refs[0][0].startswith("VAL "), (program, p, refs)
+    elif kind == "tamper":
+        assert (p.valid, p.reason) == (False, "tamper"), (program, p, refs)
+    elif perturbation != "random_off_its_input":  # it draws on every input: never valid
+        assert (p.valid, p.reason) == (False, "nondeterministic"), (program, p, refs)
+    if task is None or task_type != "abduction":
+        return
+    (attempt,) = r.attempts
+    gold = task.outputs[0]
+    truth = [ref[1] for ref in refs]
+    if attempt.correct:  # paid only what plain CPython answers, every time
+        assert all(t.startswith("VAL ") and literal_matches(t[4:], gold) for t in truth), (program, attempt, truth)
+    elif kind == "ordinary":
+        assert not (truth[0].startswith("VAL ") and literal_matches(truth[0][4:], gold)), (program, attempt, truth)
