@@ -128,6 +128,42 @@ def only_program(env: Any, program: str) -> None:
     assert [p.valid for p in r.proposals] == [True], r.proposals
 
 
+#: Ordinary code, one snippet per kind the issue lists: each defines what it needs and leaves an expression of
+#: ``x`` (an int) in ``EXPR``; a program is a few of them, and ``f(x)`` returns the list of their values.
+ORDINARY = {
+    "class_eq_repr": ("class P:\n    def __init__(self, v):\n        self.v = v\n    def __eq__(self, o):\n"
+                      "        return isinstance(o, P) and o.v == self.v\n    def __hash__(self):\n"
+                      "        return hash(self.v)\n    def __repr__(self):\n        return f'P({self.v})'\n",
+                      "[repr(P(x)), P(x) == P(x), len({P(x), P(x)})]"),
+    "exceptions": ("def _safe(v):\n    try:\n        return 10 // (v - 2)\n    except ZeroDivisionError as e:\n"
+                   "        try:\n            raise ValueError(str(e)) from e\n        except ValueError as err:\n"
+                   "            return str(err.__cause__)\n", "_safe(x)"),
+    "recursion": ("def _fib(n):\n    return n if n < 2 else _fib(n - 1) + _fib(n - 2)\n", "_fib(x % 15)"),
+    "generators": ("def _gen(n):\n    for i in range(n):\n        yield i * i\n", "sum(_gen(x)) + next(iter(_gen(3)))"),
+    "closures": ("def _adder(k):\n    def add(v):\n        return v + k\n    return add\n", "_adder(x)(3)"),
+    "seeded_random": ("import random\n", "random.Random(x).randint(0, 100)"),
+    "math": ("import math\n", "[math.gcd(x, 12), math.isqrt(x * x + 1), round(math.sin(x), 6)]"),
+    "itertools": ("import itertools\n", "list(itertools.accumulate(range(x)))[:5]"),
+    "collections": ("from collections import Counter, OrderedDict, deque, namedtuple\nPt = namedtuple('Pt', 'a b')\n",
+                    "[Counter('abca' * x).most_common(1), list(deque(range(x), maxlen=2)), Pt(x, 1).a]"),
+    "re": ("import re\n", "re.findall(r'\\d+', f'a{x}b{x * 7}c')"),
+    "json": ("import json\n", "json.loads(json.dumps({'k': [x, None, True]}))"),
+    "functools": ("import functools\n@functools.lru_cache(maxsize=None)\ndef _sq(v):\n    return v * v\n",
+                  "[functools.reduce(lambda a, b: a * b, range(1, x + 2)), _sq(x)]"),
+    "dataclasses": ("import dataclasses\n@dataclasses.dataclass(frozen=True)\nclass D:\n    a: int\n    b: str = 'z'\n",
+                    "[repr(D(x)), dataclasses.asdict(D(x)), D(x) == D(x)]"),
+    "typing_enum": ("import enum, typing\nT = typing.TypeVar('T')\nColor = enum.Enum('Color', 'RED GREEN')\n",
+                    "[Color(x % 2 + 1).name, typing.Optional[int] == typing.Union[int, None]]"),
+    "sorting_and_strings": ("", "[sorted(str(x * 7919), reverse=True), f'{x:>4}|{x / 3:.2f}', 'ab'.center(x)]"),
+}
+
+
+def ordinary_program(kinds: list[str]) -> str:
+    """A program made of the snippets ``kinds``; ``f(x)`` returns their values."""
+    head = "".join(ORDINARY[k][0] for k in kinds)
+    return head + "\ndef f(x):\n    return [" + ", ".join(ORDINARY[k][1] for k in kinds) + "]\n"
+
+
 @dataclass
 class Round:
     """One scripted round's records (``env.last_outcome``) and the tasks the student met."""
