@@ -31,10 +31,8 @@ zygote's report of how it ended, answers, then unmounts (or wipes, iteratively) 
 its own and its zygote's priority, scheduling policy and parameters, affinity, I/O priority, rlimits and
 autogroup nice are what they were at start-up.
 
-This file and ``_zygote.py`` are exempt from the project's 80-line rule for functions (issue 35): each is one
-source text handed to a fresh interpreter, standard library only, and their long functions are loops over one
-job's life whose state (descriptors, deadlines, the token, bound names) would otherwise be threaded through
-helpers for no reader's gain.
+Like the rest of the sandbox, no function here is over 80 lines (``tests/test_layout.py``): one job's life is
+:meth:`Worker._supervise` over a :class:`_Watch` of what was seen so far.
 """
 
 from __future__ import annotations

@@ -112,6 +112,20 @@ def _probe():
 '''
 
 
+#: The seccomp layer as :attr:`Sandbox.isolation` reports it.
+_SECCOMP_LAYER = ("seccomp: one filter for the zygote and its jobs: fork/vfork/non-thread clone/exec, signals and "
+                  "reads of the OS's entropy go to the worker (a job may signal only itself, may not install a "
+                  "signal handler, never fork or exec; its entropy reads are counted); refused are clone3, sockets, "
+                  "ptrace, process_vm_*, mount, unshare/setns, bpf, perf_event_open, keyctl, "
+                  "kexec/modules/reboot, capset and set*id but setuid/setgid/setgroups, setsid/setpgid, "
+                  "prctl(PR_SET_PDEATHSIG), io_uring, ioprio_set; "
+                  "setpriority only (PRIO_PROCESS, 0); sched_setscheduler/setparam/setattr/"
+                  "setaffinity, prlimit64, migrate/move_pages only for pid 0; fcntl F_SETOWN/F_SETOWN_EX/"
+                  "F_SETSIG, ioctl FIOSETOWN/SIOCSPGRP (signal ownership); memfd_create, SysV shm/msg/sem, "
+                  "POSIX mqueues, inotify/fanotify, byte-range locks, F_SETPIPE_SZ (memory outside "
+                  "RLIMIT_AS); no_new_privs")
+
+
 def _warn_once(key: str, message: str) -> None:
     with _WARN_LOCK:
         if key in _WARNED:
@@ -494,7 +508,6 @@ class Sandbox:
         probes = self._run_jobs([ExecJob(code=_PROBE_CODE, call="_probe()")] * self.n_workers, None,
                                 pinned=True)
         readies = [w.ready for w in self._workers if w is not None and w.ready]
-        first = readies[0] if readies else {}
         facts = []
         for i, r in enumerate(probes):
             if r.status != "ok" or r.value is None:
@@ -507,9 +520,30 @@ class Sandbox:
                          "ns": kernel.get("ns") or {}, "worker_uid": readies[i]["uid"],
                          "zygote_uid": readies[i].get("zygote", {}).get("uid")})
             facts.append(fact)
-        lim = self.limits
         layers: list[str] = []
         missing: list[str] = []
+        self._process_layers(facts, layers, missing)
+        filtered = all(f["seccomp"] == "2" and f["socket"] != "allowed" and f["fork"] != "allowed"
+                       and f["prio_worker"] != "allowed" and f["memfd"] != "allowed" for f in facts)
+        if filtered:
+            layers.append(_SECCOMP_LAYER)
+        else:
+            err = (readies[0] if readies else {}).get("seccomp_error")
+            missing.append(f"seccomp ({err or 'filter not in force'})")
+        layers.append("rlimits: " + ", ".join(f"{k}={v[0]}" for k, v in facts[0]["rlimits"].items()))
+        self._memory_layers(facts, readies, filtered, layers, missing)
+        self._integrity_layers(facts, readies, filtered, layers, missing)
+        self.isolation = layers
+        self.missing = missing
+        if missing:
+            _warn_once("missing:" + "|".join(missing),
+                       "populora sandbox: weaker isolation on this host; missing layers: " + "; ".join(missing))
+        if require == "strong" and any(m.startswith(("namespaces", "seccomp")) for m in missing):
+            raise SandboxUnavailable("Sandbox(require='strong') needs namespaces and seccomp; missing: "
+                                     + "; ".join(missing))
+
+    def _process_layers(self, facts: list[dict], layers: list[str], missing: list[str]) -> None:
+        """The namespaces and the uid drop, from the probe jobs' facts (:meth:`_verify`)."""
         ns_kinds = [k for k in ("pid", "net", "mnt", "ipc", "uts")
                     if all(f["ns"].get(k) != self._host_ns.get(k) for f in facts)]
         if {"pid", "net", "mnt"} <= set(ns_kinds):
@@ -528,42 +562,28 @@ class Sandbox:
         uids = sorted({f["uid"] for f in facts})
         no_caps = all(f[k] is not None and int(f[k], 16) == 0 for f in facts for k in ("capeff", "capprm", "capamb"))
         no_bounding = all(f["capbnd"] is not None and int(f["capbnd"], 16) == 0 for f in facts)
-        if all(f["uid"] != 0 and f["euid"] != 0 for f in facts) and no_caps:
-            distinct = ", a distinct uid per worker" if len(facts) > 1 and len(uids) == len(facts) else ""
-            caps = "no capabilities" + (" (effective, permitted, ambient and bounding sets empty)" if no_bounding
-                                        else " (effective, permitted and ambient sets empty)")
-            worker_uids = sorted({f["worker_uid"] for f in facts})
-            zygote_uids = sorted({f["zygote_uid"] for f in facts})
-            if all(f["worker_uid"] != f["uid"] and f["zygote_uid"] != f["uid"] for f in facts):
-                layers.append(f"separate job uid: jobs run as unprivileged uid(s) {uids}{distinct}, their worker and "
-                              f"zygote as uid {sorted(set(worker_uids + zygote_uids))}: the kernel refuses a job's "
-                              f"changes to either (priority, scheduling, affinity, I/O priority, rlimits, signals "
-                              f"incl. F_SETOWN delivery, their memory); {caps}, no supplementary groups")
-            else:
-                layers.append(f"uid drop: jobs run as unprivileged uid(s) {uids}{distinct}, the same uid as their "
-                              f"worker or zygote (user namespace or non-root host: the seccomp argument filters and "
-                              f"Landlock alone keep jobs off them); {caps}, no supplementary groups")
-        else:
+        if not (all(f["uid"] != 0 and f["euid"] != 0 for f in facts) and no_caps):
             missing.append("uid drop (jobs keep uid 0 or capabilities, or the capabilities could not be read)")
-        filtered = all(f["seccomp"] == "2" and f["socket"] != "allowed" and f["fork"] != "allowed"
-                       and f["prio_worker"] != "allowed" and f["memfd"] != "allowed" for f in facts)
-        if filtered:
-            layers.append("seccomp: one filter for the zygote and its jobs: fork/vfork/non-thread clone/exec and "
-                          "signals go to the worker (a job may signal only itself, may not install a signal "
-                          "handler, never fork or exec); refused are clone3, sockets, "
-                          "ptrace, process_vm_*, mount, unshare/setns, bpf, perf_event_open, keyctl, "
-                          "kexec/modules/reboot, capset and set*id but setuid/setgid/setgroups, setsid/setpgid, "
-                          "prctl(PR_SET_PDEATHSIG), io_uring, ioprio_set; "
-                          "setpriority only (PRIO_PROCESS, 0); sched_setscheduler/setparam/setattr/"
-                          "setaffinity, prlimit64, migrate/move_pages only for pid 0; fcntl F_SETOWN/F_SETOWN_EX/"
-                          "F_SETSIG, ioctl FIOSETOWN/SIOCSPGRP (signal ownership); memfd_create, SysV shm/msg/sem, "
-                          "POSIX mqueues, inotify/fanotify, byte-range locks, F_SETPIPE_SZ (memory outside "
-                          "RLIMIT_AS); no_new_privs")
+            return
+        distinct = ", a distinct uid per worker" if len(facts) > 1 and len(uids) == len(facts) else ""
+        caps = "no capabilities" + (" (effective, permitted, ambient and bounding sets empty)" if no_bounding
+                                    else " (effective, permitted and ambient sets empty)")
+        worker_uids = sorted({f["worker_uid"] for f in facts})
+        zygote_uids = sorted({f["zygote_uid"] for f in facts})
+        if all(f["worker_uid"] != f["uid"] and f["zygote_uid"] != f["uid"] for f in facts):
+            layers.append(f"separate job uid: jobs run as unprivileged uid(s) {uids}{distinct}, their worker and "
+                          f"zygote as uid {sorted(set(worker_uids + zygote_uids))}: the kernel refuses a job's "
+                          f"changes to either (priority, scheduling, affinity, I/O priority, rlimits, signals "
+                          f"incl. F_SETOWN delivery, their memory); {caps}, no supplementary groups")
         else:
-            err = (first or {}).get("seccomp_error")
-            missing.append(f"seccomp ({err or 'filter not in force'})")
-        rl = facts[0]["rlimits"]
-        layers.append("rlimits: " + ", ".join(f"{k}={v[0]}" for k, v in rl.items()))
+            layers.append(f"uid drop: jobs run as unprivileged uid(s) {uids}{distinct}, the same uid as their "
+                          f"worker or zygote (user namespace or non-root host: the seccomp argument filters and "
+                          f"Landlock alone keep jobs off them); {caps}, no supplementary groups")
+
+    def _memory_layers(self, facts: list[dict], readies: list[dict], filtered: bool, layers: list[str],
+                       missing: list[str]) -> None:
+        """The job area, the memory bound and the time limit (:meth:`_verify`)."""
+        lim = self.limits
         want_area = {"files": lim.max_files + 1, "bytes": lim.tmp_mb * 1024 * 1024}
         fresh_tmpfs = all(r.get("area") == "mount" for r in readies) and all(
             f["area"] == want_area and f["tmp"] == errno.EROFS for f in facts)
@@ -591,6 +611,11 @@ class Sandbox:
         layers.append("fork per job: fresh interpreter state and a fresh private cwd for every job, forked from "
                       "a zygote: an interpreter the worker executes once, under the job's seccomp filter, that "
                       "never imports ctypes")
+
+    @staticmethod
+    def _integrity_layers(facts: list[dict], readies: list[dict], filtered: bool, layers: list[str],
+                          missing: list[str]) -> None:
+        """Landlock, the reply's integrity and the worker's self-check (:meth:`_verify`)."""
         landlock_errors = sorted({r.get("landlock_error") for r in readies if r.get("landlock_error")})
         if all(f["proc"] in (errno.EACCES, errno.EPERM) for f in facts) and not landlock_errors:
             layers.append("landlock: the zygote and its jobs cannot open anything under /proc (their own memory, "
@@ -602,23 +627,18 @@ class Sandbox:
         if filtered:
             layers.append("reply integrity: each job's reply is sealed (HMAC-SHA256) with a per-job secret held "
                           "only by the harness's locals (an audit hook refuses frames, gc walks, trace hooks, "
-                          "ctypes, code replacement; seccomp refuses signal handlers); the value is printed by the "
-                          "harness after the call returned, from copies of its containers whose items must be "
-                          "exact builtin data, with no other thread alive and the garbage collector stopped")
+                          "ctypes, code replacement; seccomp refuses signal handlers); after the job's code "
+                          "started the harness reads only its own locals (nothing a job can rebind, builtin "
+                          "types' dicts included); the value is printed by the harness after the call returned, "
+                          "from copies of its containers whose items must be exact builtin data, with no other "
+                          "thread alive and the garbage collector stopped; every refusal is recorded as tampering "
+                          "by the worker before the job sees it")
         else:
             missing.append("reply integrity (no seccomp: a job can install a signal handler, which is handed the "
                            "harness's frame)")
         layers.append("worker self-check: after every job the worker compares its nice, scheduling policy and "
                       "priority, affinity, I/O priority, rlimits and autogroup nice with their start-up values "
                       "and retires (is restarted) on any difference or on a job area it cannot restore")
-        self.isolation = layers
-        self.missing = missing
-        if missing:
-            _warn_once("missing:" + "|".join(missing),
-                       "populora sandbox: weaker isolation on this host; missing layers: " + "; ".join(missing))
-        if require == "strong" and any(m.startswith(("namespaces", "seccomp")) for m in missing):
-            raise SandboxUnavailable("Sandbox(require='strong') needs namespaces and seccomp; missing: "
-                                     + "; ".join(missing))
 
     # ------------------------------------------------------------------ public API
     @property
