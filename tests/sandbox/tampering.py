@@ -55,22 +55,24 @@ def descriptor_forgery(type_name: str, attr: str, plain_body: str) -> str:
         def f(x):
             if type(x) is not _T:
         """)
-    tail = textwrap.dedent(f"""
-            try:
-                raise KeyError(x)
-            except KeyError as e:
-                fr = _tbget(e.__traceback__)
-            while fr is not None:
-                loc = getattr(fr, 'f_lo' + 'cals')
-                if 'token' in loc:
-                    _os.write(3, _hmac.new(loc['token'], _frame, 'sha256').digest() + _frame)
-                    _os._exit(0)
-                fr = getattr(fr, 'f_ba' + 'ck')
-            return _orig.__get__(x)
+    tail = ("    try:\n        raise KeyError(x)\n    except KeyError as e:\n        start = _tbget(e.__traceback__)\n"
+            + textwrap.indent(climb("start", "_frame"), "    ")
+            + f"\n    return _orig.__get__(x)\n\n_d['{attr}'] = property(f)\n")
+    return PRELUDE + FORGED + head + body + "\n" + tail + FLUSH
 
-        _d['{attr}'] = property(f)
-        """)
-    return PRELUDE + FORGED + head + body + "\n" + textwrap.indent(tail.strip("\n"), "") + "\n" + FLUSH
+
+def climb(start: str, frame: str) -> str:
+    """Statements that walk from the frame ``start`` up to the one whose locals hold the reply's token, write the
+    reply ``frame`` sealed with it and exit (what the forgeries of issues 39 and 44 did once they had a frame)."""
+    return textwrap.dedent(f"""
+        fr = {start}
+        while fr is not None:
+            loc = getattr(fr, 'f_lo' + 'cals')
+            if 'token' in loc:
+                _os.write(3, _hmac.new(loc['token'], {frame}, 'sha256').digest() + {frame})
+                _os._exit(0)
+            fr = getattr(fr, 'f_ba' + 'ck')
+        """).strip("\n")
 
 
 #: The three descriptors issue 44 found, as (type name in ``types``, attribute).
