@@ -110,7 +110,7 @@ _NONE_TYPE = type(None)
 _MARKS = bytearray(len(TAMPER_CLASSES) + 1)
 #: [imports of ctypes allowed] (``Sandbox(_native_jobs=True)``: tests of the kernel layers only).
 _NATIVE_JOBS = [False]
-#: (the real dict, its length, its values) of every immutable type when the zygote started (:func:`main`).
+#: (the real dict, its length, its values) of the watched types when the zygote started (:func:`main`).
 _TYPES: list = []
 #: Non-empty once the job read the clock through a wrapper of :func:`_wrap_clocks` (which the job can reach: it
 #: may empty it, not the fork server's record).
@@ -339,8 +339,8 @@ def _plain_repr(value, limit: int, cap: int, depth_limit: int, type=type, repr=r
 
 
 def _types_changed(types=_TYPES, len=len, all=all, map=map, is_=operator.is_, values=dict.values) -> bool:  # noqa: A002
-    """Whether a builtin (immutable) type's dictionary differs from its start-up snapshot: another length, or
-    another object for any entry (compared by identity: nothing of the job's is called)."""
+    """Whether a watched builtin type's dictionary (:data:`WATCHED_TYPES`) differs from its start-up snapshot:
+    another length, or another object for any entry (compared by identity: nothing of the job's is called)."""
     for entry in types:
         d, n, snap = entry
         if len(d) != n or not all(map(is_, values(d), snap)):
@@ -675,13 +675,27 @@ def _wrap_clocks() -> None:
                       (getattr(dt, "datetime", None), "utcnow")):
         if isinstance(cls, type) and name in cls.__dict__:
             (real_dict,) = gc.get_referents(cls.__dict__)
-            real_dict[name] = classmethod(wrap(cls.__dict__[name], 0 if name == "now" else None, True))
-    sys._clear_type_cache()
+            clock = wrap(cls.__dict__[name], 0 if name == "now" else None, True)
+            real_dict[name] = classmethod(clock)
+            if getattr(getattr(cls, name), "__func__", None) is not clock:  # a lookup cached before the write
+                sys._clear_type_cache()  # (not otherwise: every job would start with a cold attribute cache)
 
 
-def _snapshot_types() -> list:
-    """(the real dict, its length, its values) of every immutable type alive now (builtin and extension types:
-    only the mappingproxy route, or the garbage collector, can write their dicts)."""
+#: The types whose dicts the harness watches (``type_dict``), by ``module.qualname``: the ones issue 44's
+#: forgeries wrote (traceback, frame, code, list, str), the descriptor and function types CPython's attribute
+#: machinery runs, ``type``, ``object``, ``BaseException``, the containers, ``str``, ``int`` and the hash type.
+#: Every immutable type would be 255 types and 3,164 entries here, and comparing them touched enough shared
+#: pages (reference counts: copy on write) to cost about a quarter of a job's CPU (docs/sandbox.md section 8.3).
+WATCHED_TYPES = ("builtins.traceback", "builtins.frame", "builtins.code", "builtins.function",
+                 "builtins.builtin_function_or_method", "builtins.method_descriptor", "builtins.wrapper_descriptor",
+                 "builtins.method-wrapper", "builtins.getset_descriptor", "builtins.member_descriptor",
+                 "builtins.mappingproxy", "builtins.type", "builtins.object", "builtins.BaseException",
+                 "builtins.list", "builtins.tuple", "builtins.dict", "builtins.str", "builtins.int", "_sha256.sha256")
+
+
+def _snapshot_types(names: tuple[str, ...] = WATCHED_TYPES) -> list:
+    """(the real dict, its length, its values) of every watched type alive now (:data:`WATCHED_TYPES`; only the
+    mappingproxy route, or the garbage collector, can write their dicts)."""
     seen, todo, out = set(), [object], []
     while todo:
         t = todo.pop()
@@ -692,7 +706,7 @@ def _snapshot_types() -> list:
             todo.extend(type.__subclasses__(t))
         except TypeError:
             pass
-        if t.__flags__ & (1 << 8):  # Py_TPFLAGS_IMMUTABLETYPE
+        if t.__flags__ & (1 << 8) and f"{t.__module__}.{t.__qualname__}" in names:  # Py_TPFLAGS_IMMUTABLETYPE
             (d,) = gc.get_referents(t.__dict__)
             out.append((d, len(d), tuple(d.values())))
     return out
