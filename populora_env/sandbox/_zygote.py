@@ -675,7 +675,7 @@ def _wrap_clocks() -> None:
                       (getattr(dt, "datetime", None), "utcnow")):
         if isinstance(cls, type) and name in cls.__dict__:
             (real_dict,) = gc.get_referents(cls.__dict__)
-            clock = wrap(cls.__dict__[name], 0 if name == "now" else None, True)
+            clock = wrap(cls.__dict__[name], None, True)  # each reads the clock (now(tz) too)
             real_dict[name] = classmethod(clock)
             if getattr(getattr(cls, name), "__func__", None) is not clock:  # a lookup cached before the write
                 sys._clear_type_cache()  # (not otherwise: every job would start with a cold attribute cache)

@@ -276,6 +276,7 @@ def test_the_randomness_case_never_gets_a_paid_verdict(profile: str, box: Sandbo
     ("import time\ndef f(x):\n    return time.perf_counter_ns() > 0", True),
     ("import time\ndef f(x):\n    return time.localtime().tm_year > 2000", True),
     ("import datetime\ndef f(x):\n    return datetime.datetime.now().year > 2000", True),
+    ("import datetime\ndef f(x):\n    return datetime.datetime.now(datetime.timezone.utc).year > 2000", True),
     ("import datetime\ndef f(x):\n    return datetime.date.today().year > 2000", True),
     ("import random\ndef f(x):\n    return random.Random(x).random() < 2", False),
     ("import time\ndef f(x):\n    return time.strftime('%Y', time.gmtime(x))", False),
