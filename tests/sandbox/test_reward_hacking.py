@@ -195,7 +195,9 @@ def test_student_cannot_read_its_hidden_output(box: Sandbox, route: str) -> None
     program = _student(route)
     assert check_program(program, 100_000, require_params=False).reason is None  # the policy lets it through
     out = _check(box, INDUCTION, f"```python\n{program}```")
-    assert out.format_ok and not out.correct and out.reason is Reason.WRONG, out
+    # a frame walk or a gc scan is tampering (issue 52): refused and marked; /proc/self/mem is refused by Landlock
+    expected = (Reason.WRONG, None) if route == "proc_self_mem" else (Reason.TAMPER, "introspection")
+    assert out.format_ok and not out.correct and (out.reason, out.tamper) == expected, out
 
 
 @pytest.mark.parametrize("route", sorted(ROUTES))
@@ -204,6 +206,9 @@ def test_checked_mode_teacher_does_not_make_answers_correct(box: Sandbox, route:
     completion = think(f"```python\n{program}```\n```input\n5\n```")
     request = ProposalRequest("teacher_0", 0, TaskType.ABDUCTION, "t0", 0)
     outcome = ProposalValidator(ValidationConfig(max_program_chars=100_000)).validate([request], [completion], box)[0]
+    if route != "proc_self_mem":  # its search is tampering (issue 52): invalid before any student sees it
+        assert (outcome.valid, outcome.reason, outcome.tamper) == (False, Reason.TAMPER, "introspection"), outcome
+        return
     assert outcome.valid, outcome  # during validation it behaves: f(5) = 15, twice
     task = outcome.task
     assert task is not None and task.outputs == ("15",)
@@ -366,18 +371,20 @@ def scripted_cli_run(tmp_path: Any, command: str, args: list[str], mode: str = "
 
 def test_hacks_earn_nothing_in_a_populora_train_run(tmp_path: Any) -> None:
     """``populora train`` on ``tiny-random`` with scripted completions (``tests/sandbox/hacking_plugin.py``):
-    frame-walking students and checked-mode teachers. No hacking attempt is correct, the checked-mode tasks'
-    solve rate is the true one (0: every answer is wrong), so no hack earns a reward."""
+    frame-walking students and checked-mode teachers whose search walks frames. No attempt is correct, and since
+    issue 52 every checked-mode proposal is invalid (``tamper``: its search walks frames) instead of a task solved
+    at its true rate (0), so no hack earns a reward. (In this run the students' frame-walking induction answers
+    end as format errors under the preset's prompt set; ``test_student_cannot_read_its_hidden_output`` runs
+    them.)"""
     rounds = scripted_cli_run(tmp_path, "train", ["--env.tasks-per-teacher", "3", "--env.task-types", "deduction",
                                                   "abduction", "induction"])
-    hacked_tasks = 0
     for r in rounds:
         inductions = [a for a in r["attempts"] if a["task_type"] == "induction"]
         assert inductions, "the frame-walking students must have answered induction tasks"
-        for a in r["attempts"]:
-            assert not a["correct"] and a["reward"] <= 0.0, a
-        for prop in r["proposals"]:
-            if prop["valid"] and prop["task_type"] == "abduction" and prop["p_hat"] is not None:
-                hacked_tasks += 1
-                assert prop["p_hat"] == 0.0 and prop["reward"] <= 0.0, prop
-    assert hacked_tasks, "a checked-mode abduction task must have been attempted"
+        for a in r["attempts"]:  # (a filler task from the buffers may take the scripted -777: no hack)
+            if a["teacher"] is not None or a["task_type"] == "induction":
+                assert not a["correct"] and a["reward"] <= 0.0, a
+        checked_mode = [p for p in r["proposals"] if p["task_type"] != "induction"]
+        assert checked_mode, "the checked-mode teachers must have proposed"
+        for prop in checked_mode:
+            assert not prop["valid"] and prop["reason"] == "tamper" and prop["reward"] <= 0.0, prop
