@@ -18,6 +18,8 @@ class ProposalResult:
         format_ok: tags and required blocks were present.
         valid: it became a task.
         reason: rejection reason code (``None`` if valid), see :class:`populora_env.validation.Reason`.
+        tamper: the sandbox defence the program tripped (its class, e.g. ``"type_dict"``, ``"introspection"``,
+            ``"signal"``; the reason is then ``"tamper"``), ``None`` when it tripped none.
     """
 
     agent: str
@@ -27,6 +29,7 @@ class ProposalResult:
     format_ok: bool
     valid: bool
     reason: str | None
+    tamper: str | None = None
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,8 @@ class AttemptResult:
         format_ok: well formatted (tags present, answer parsable).
         correct: solved.
         reason: ``None`` if correct, else a reason code (``"format"``, ``"wrong"``, ``"error"``...).
+        tamper: the sandbox defence the answer's run tripped (its class; the reason is then ``"tamper"``),
+            ``None`` when it tripped none.
     """
 
     agent: str
@@ -53,6 +58,7 @@ class AttemptResult:
     format_ok: bool
     correct: bool
     reason: str | None
+    tamper: str | None = None
 
     @property
     def matched(self) -> bool:
