@@ -18,8 +18,10 @@ class ProposalResult:
         format_ok: tags and required blocks were present.
         valid: it became a task.
         reason: rejection reason code (``None`` if valid), see :class:`populora_env.validation.Reason`.
-        tamper: the sandbox defence the program tripped (its class, e.g. ``"type_dict"``, ``"introspection"``,
-            ``"signal"``; the reason is then ``"tamper"``), ``None`` when it tripped none.
+        tamper: the sandbox defence the program tripped (its class: ``"introspection"``, ``"native"``,
+            ``"type_dict"``, ``"signal"``, ``"process"``, ``"reply_forgery"``, ``"exit"``; docs/sandbox.md
+            section 7.2), decided by the sandbox, never by the program; ``None`` when it tripped none. A tampering
+            proposal is invalid with reason ``"tamper"``.
     """
 
     agent: str
@@ -46,8 +48,9 @@ class AttemptResult:
         format_ok: well formatted (tags present, answer parsable).
         correct: solved.
         reason: ``None`` if correct, else a reason code (``"format"``, ``"wrong"``, ``"error"``...).
-        tamper: the sandbox defence the answer's run tripped (its class; the reason is then ``"tamper"``),
-            ``None`` when it tripped none.
+        tamper: the sandbox defence the attempt's run tripped (an abduction input whose evaluation trips one, an
+            induction program), as :attr:`ProposalResult.tamper`; such an attempt is not correct, with reason
+            ``"tamper"``. ``None`` when none was tripped.
     """
 
     agent: str

@@ -76,7 +76,7 @@ class Reason(StrEnum):
     NONDETERMINISTIC = "nondeterministic"
     OUTPUT_TOO_LARGE = "output_too_large"
     WRONG = "wrong"  # students only: ran fine, value differs
-    TAMPER = "tamper"  # the run tripped a sandbox defence (the record's ``tamper`` names its class)
+    TAMPER = "tamper"  # a run tripped a sandbox defence (ExecResult.tamper names its class)
 
 
 def check_response_prefixes(prefix: Any, prefixes: Any) -> None:
