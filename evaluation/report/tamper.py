@@ -18,6 +18,7 @@ import numpy as np
 
 from evaluation.report import numerics as nx
 from evaluation.report.loading import RunData
+from evaluation.report.plots import Plotter
 from selfplay import tags
 from selfplay.rundir import TAMPER_SAMPLES
 
@@ -80,40 +81,35 @@ def tamper_section(runs: Sequence[RunData]) -> list[str]:
             f"the run's `{TAMPER_SAMPLES}`.", "", *lines, ""]
 
 
-def draw(plot: Any, notes: list[str]) -> str | None:
+def draw(plot: Plotter, notes: list[str]) -> str | None:
     """``tamper.png``: per run one panel, per member the count of its completions that tripped a sandbox defence
     at each step (raw counts, no smoothing). Skipped, with a note, when no run logs ``tamper/<member>``."""
-    from matplotlib.ticker import MaxNLocator
-
     runs = [r for r in plot.runs if member_counts(r)]
-    title = "Tampering: completions per member that tripped a sandbox defence, per step"
     if not runs:
         notes.append(f"**Tampering** skipped: no run logs `{tags.tamper('<member>')}`.")
         return None
-    ncols = min(2, len(runs))
-    nrows = -(-len(runs) // ncols)
-    drawn: list[dict[str, Any]] = []
-    with plot.mpl.rc_context(plot.rc):
-        fig, axes = plot.figure(nrows, ncols, (6.2 * ncols, 3.4 * nrows + 0.6))
-        for ax, r in zip(axes, runs, strict=False):
-            panel: dict[str, Any] = {"title": r.name, "run": r.name, "curves": []}
-            drawn.append(panel)
-            series = member_counts(r)
-            cmap = plot.mpl.colormaps["tab10" if len(series) <= 10 else "tab20"]
-            for i, (m, (steps, values)) in enumerate(series.items()):
-                ax.plot(steps, values, color=cmap(i % cmap.N), lw=1.2, marker="o" if len(values) < 30 else None,
-                        ms=3, ls="--" if nx.role_of(r, m) == "student" else "-", label=m)
-                panel["curves"].append({"run": r.name, "label": m, "tag": tags.tamper(m), "points": len(values),
-                                        "total": float(values.sum())})
-            ax.set_title(f"{r.name} ({r.arm})", color=plot.colour[r.name])
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.set_xlabel("step")
-            ax.set_ylabel("completions (reason tamper)")
-            top = max((float(v.max()) for _, v in series.values() if len(v)), default=0.0)
-            ax.set_ylim(-0.05 * max(top, 1.0), 1.1 * max(top, 1.0))  # all zero: a 0..1 axis, the zeros visible
-            ax.legend(fontsize=7, ncol=2 if len(series) > 6 else 1, loc="best")
-        for ax in axes[len(runs):]:
-            ax.set_visible(False)
-        fig.suptitle(title)
-        return plot.save(fig, "tamper", title, drawn)
+    title = "Tampering: completions per member that tripped a sandbox defence, per step"
+    return plot.run_panels("tamper", title, runs, 3.4, lambda ax, r: _panel(plot, ax, r))
+
+
+def _panel(plot: Plotter, ax: Any, r: RunData) -> dict[str, Any]:
+    """One run's panel of :func:`draw`: a curve per member (dashed: students); returns its manifest entry."""
+    from matplotlib.ticker import MaxNLocator
+
+    panel: dict[str, Any] = {"title": r.name, "run": r.name, "curves": []}
+    series = member_counts(r)
+    cmap = plot.mpl.colormaps["tab10" if len(series) <= 10 else "tab20"]
+    for i, (m, (steps, values)) in enumerate(series.items()):
+        ax.plot(steps, values, color=cmap(i % cmap.N), lw=1.2, marker="o" if len(values) < 30 else None, ms=3,
+                ls="--" if nx.role_of(r, m) == "student" else "-", label=m)
+        panel["curves"].append({"run": r.name, "label": m, "tag": tags.tamper(m), "points": len(values),
+                                "total": float(values.sum())})
+    ax.set_title(f"{r.name} ({r.arm})", color=plot.colour[r.name])
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.set_ylabel("completions (reason tamper)")
+    top = max((float(v.max()) for _, v in series.values() if len(v)), default=0.0)
+    ax.set_ylim(-0.05 * max(top, 1.0), 1.1 * max(top, 1.0))  # all zero: a 0..1 axis, the zeros visible
+    ax.legend(fontsize=7, ncol=2 if len(series) > 6 else 1, loc="best")
+    return panel
