@@ -11,8 +11,9 @@ writes no parsable program — so a plugin "tested" on it only ever runs its inv
 1. teacher ``teacher_0``'s valid tasks that its matched student ``student_0`` solves at every attempt
    (p̂ = 1), at half of them (p̂ = 0.5) and at none (p̂ = 0); the student's attempts correct, wrong but well
    formatted, and a format error;
-2. an invalid proposal (a program that fails validation) and a badly formatted one, next to one valid task;
-   the student's filler attempts (a buffer task, not its teacher's: they never count towards p̂);
+2. an invalid proposal (a program that fails validation), a badly formatted one and a tampering one (its
+   program tripped a sandbox defence: reason ``tamper``, the defence's class in ``tamper``), next to one valid
+   task; the student's filler attempts (a buffer task, not its teacher's: they never count towards p̂);
 3. no student: ``teacher_0``'s valid task with no matched student (p̂ is ``None``, ``match_of`` is ``None``),
    and a student with no task at all (no completion: its list of rewards is empty).
 
@@ -59,8 +60,8 @@ class PluginBug(Exception):
 
 
 def _proposal(i: int, task: str, valid: bool = True, reason: str | None = None, format_ok: bool = True,
-              teacher: str = "teacher_0", task_type: str = "deduction") -> ProposalResult:
-    return ProposalResult(teacher, i, task_type, task, format_ok, valid, reason)
+              teacher: str = "teacher_0", task_type: str = "deduction", tamper: str | None = None) -> ProposalResult:
+    return ProposalResult(teacher, i, task_type, task, format_ok, valid, reason, tamper)
 
 
 def _attempt(i: int, task: str, correct: bool, format_ok: bool = True, teacher: str | None = "teacher_0",
@@ -95,7 +96,8 @@ def scheme_rounds() -> list[Labelled]:
     invalid = RoundResults(
         1, ("teacher_0",), ("student_0",),
         (_proposal(0, "t-bad", valid=False, reason="error"), _proposal(1, "t-fmt", valid=False, reason="format",
-                                                                       format_ok=False), _proposal(2, "t-ok")),
+                                                                       format_ok=False), _proposal(2, "t-ok"),
+         _proposal(3, "t-hack", valid=False, reason="tamper", tamper="introspection")),
         (_attempt(0, "t-ok", True), _attempt(1, "t-ok", False), _attempt(2, "t-buffer", True, teacher=None),
          _attempt(3, "t-buffer", False, teacher=None)),
         (_match(0.5, 1, 2, 1),),
@@ -111,7 +113,8 @@ def scheme_rounds() -> list[Labelled]:
                           "format error"]}),
         Labelled("invalid proposals and filler attempts", invalid, {
             "teacher_0": ["invalid proposal (fails validation)", "badly formatted proposal",
-                          "valid task, solved at half (p̂ = 0.5)"],
+                          "valid task, solved at half (p̂ = 0.5)",
+                          "tampering proposal (reason tamper)"],
             "student_0": ["correct", "wrong, well formatted", "filler task (not its teacher's), correct",
                           "filler task, wrong"]}),
         Labelled("no student", alone, {

@@ -22,6 +22,11 @@ Per task type (AZR semantics, docs/azr.md §5):
   runs it once per hidden input, in a fresh process each, and returns the value; it is correct only if **all**
   hidden outputs equal the returned values, compared on the host.
 
+A run that trips a sandbox defence is never correct (reason ``tamper``, with the defence's class), even if the
+program caught the refusal and returned the right value; a run that draws randomness is ``nondeterministic``
+(``docs/sandbox.md`` section 7.3). An abduction answer's runs are the teacher's program: the env voids its task
+for either verdict, as for two runs that disagree.
+
 Threat model (``docs/sandbox.md`` §7): a job's reply is the job's own word. The job never holds the expected
 value (the program, the call and the input are all it gets), so the only way to a "correct" verdict is to return
 the right value; a program that forges its reply frame must still guess the hidden output.
@@ -68,12 +73,14 @@ class AttemptOutcome:
         reason: ``None`` if correct, else a :class:`Reason` (``format``, ``wrong``, ``not_literal``, ``error``,
             ``timeout``, ``memory``, ``no_f``, ``banned``, ``too_long``...).
         detail: short explanation.
+        tamper: the sandbox defence the attempt's run tripped (reason ``tamper``), ``None`` otherwise.
     """
 
     format_ok: bool
     correct: bool
     reason: Reason | None
     detail: str = ""
+    tamper: str | None = None
 
 
 @dataclass(frozen=True)
@@ -222,15 +229,22 @@ def _verdict(results: Sequence[ExecResult], jobs: Sequence[tuple[ExecJob, str]])
     for result, (_, expected) in zip(results, jobs, strict=True):
         failed = failure_reason(result)
         if failed is not None:
-            return AttemptOutcome(True, False, failed[0], failed[1])
+            return AttemptOutcome(True, False, failed[0], failed[1], tamper=result.tamper)
         if result.value is None or not literal_matches(result.value, expected):
             return AttemptOutcome(True, False, Reason.WRONG, "value differs")
     return AttemptOutcome(True, True, None, "")
 
 
 def _twice_verdict(first: ExecResult, second: ExecResult, job: tuple[ExecJob, str]) -> AttemptOutcome:
-    """An abduction answer's verdict from its two runs: ``nondeterministic`` when they disagree (a value and a
-    failure, two different values, two different kinds of failure), else the verdict of the first."""
+    """An abduction answer's verdict from its two runs: ``tamper`` when either tripped a sandbox defence,
+    ``nondeterministic`` when either drew randomness or they disagree (a value and a failure, two different
+    values, two different kinds of failure), else the verdict of the first."""
+    for run in (first, second):
+        if run.tamper is not None:
+            return AttemptOutcome(True, False, Reason.TAMPER,
+                                  f"the program tripped a sandbox defence ({run.tamper})", tamper=run.tamper)
+    if first.entropy or second.entropy:
+        return AttemptOutcome(True, False, Reason.NONDETERMINISTIC, "the program drew randomness")
     failed, again = failure_reason(first), failure_reason(second)
     if (failed is None) != (again is None):
         return AttemptOutcome(True, False, Reason.NONDETERMINISTIC, "one of two runs of the program failed")

@@ -676,12 +676,12 @@ class PopuLoRAParallelEnv(ParallelEnv):
 
     def _step_solve(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
         attempts, verdicts = self._check_answers(actions)
-        self._void_nondeterministic(attempts)
+        self._void_broken_tasks(attempts)
         proposals = [
             ProposalResult(
                 agent=o.request.agent, index=o.request.index, task_type=o.request.task_type.value,
                 task_id=o.request.task_id, format_ok=o.format_ok, valid=o.valid,
-                reason=None if o.reason is None else o.reason.value,
+                reason=None if o.reason is None else o.reason.value, tamper=o.tamper,
             )
             for teacher in self.teachers
             for o in self._proposal_outcomes[teacher]
@@ -721,23 +721,35 @@ class PopuLoRAParallelEnv(ParallelEnv):
         self.agents = []
         return observations, rewards, terminations, truncations, ordered_infos
 
-    def _void_nondeterministic(self, attempts: Sequence[AttemptResult]) -> None:
-        """Tasks whose program gave two different answers to one student input (abduction checks run it
-        twice) are not functions of their input: each leaves the buffers, and if it was proposed this round its
-        proposal counts as invalid (reason ``nondeterministic``), as validation would have ruled had it run that
-        input. Its attempts stay not correct and are left out of the match's p̂."""
-        broken = {a.task_id for a in attempts if a.reason == Reason.NONDETERMINISTIC.value}
+    def _void_broken_tasks(self, attempts: Sequence[AttemptResult]) -> None:
+        """Abduction tasks whose program, run on a student's input, tripped a sandbox defence (``tamper``) or gave
+        two different answers or drew randomness (``nondeterministic``) are not what plain CPython runs as a
+        function of its input: each leaves the buffers, and if it was proposed this round its proposal counts as
+        invalid with that reason (``tamper`` first), as validation would have ruled had it run that input. Its
+        attempts stay not correct and are left out of the match's p̂. (An induction attempt with either reason is
+        the student's own program: the task stays.)"""
+        broken: dict[str, AttemptResult] = {}
+        for a in attempts:
+            if a.task_type == TaskType.ABDUCTION.value and a.reason in (Reason.TAMPER.value,
+                                                                          Reason.NONDETERMINISTIC.value):
+                if a.task_id not in broken or a.reason == Reason.TAMPER.value:
+                    broken[a.task_id] = a
         for task_id in sorted(broken):
             self._buffers.remove(task_id)
         if not broken:
             return
+        details = {Reason.TAMPER: "the program tripped a sandbox defence on a student's input",
+                   Reason.NONDETERMINISTIC: "the program answered a student's input differently in two runs"}
         for teacher in self.teachers:
-            self._proposal_outcomes[teacher] = [
-                dataclasses.replace(o, valid=False, reason=Reason.NONDETERMINISTIC, task=None, signature=None,
-                                    detail="the program answered a student's input differently in two runs")
-                if o.task is not None and o.task.task_id in broken else o
-                for o in self._proposal_outcomes[teacher]
-            ]
+            outcomes = []
+            for o in self._proposal_outcomes[teacher]:
+                why = broken.get(o.task.task_id) if o.task is not None else None
+                if why is not None:
+                    reason = Reason(why.reason)
+                    o = dataclasses.replace(o, valid=False, reason=reason, task=None, signature=None,
+                                            detail=details[reason], tamper=why.tamper)
+                outcomes.append(o)
+            self._proposal_outcomes[teacher] = outcomes
 
     def _check_answers(self, actions: Mapping[str, Any]) -> tuple[list[AttemptResult], list[AttemptOutcome]]:
         """Every student's completions against its assigned tasks (one sandbox batch), as attempt records."""
@@ -759,6 +771,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
             AttemptResult(
                 agent=student, index=index, task_id=task.task_id, task_type=task.task_type.value, teacher=teacher,
                 format_ok=v.format_ok, correct=v.correct, reason=None if v.reason is None else v.reason.value,
+                tamper=v.tamper,
             )
             for (student, index, teacher), task, v in zip(owners, tasks, verdicts, strict=True)
         ]
@@ -815,6 +828,7 @@ def _proposal_info(outcome: ProposalOutcome) -> dict[str, Any]:
         "detail": outcome.detail,
         "task_id": outcome.request.task_id,
         "task_type": outcome.request.task_type.value,
+        "tamper": outcome.tamper,
     }
 
 
@@ -828,6 +842,7 @@ def _attempt_info(attempt: AttemptResult, verdict: AttemptOutcome) -> dict[str, 
         "task_type": attempt.task_type,
         "teacher": attempt.teacher,
         "source": "match" if attempt.teacher is not None else "fill",
+        "tamper": attempt.tamper,
     }
 
 

@@ -22,8 +22,9 @@ Distribution metrics (cumulative, kept by :class:`CoverageTracker`):
 
 Round summary (:func:`round_summary`, the env's ``infos[a]["round"]``): the pairs with ``p_ts``/``p_hat``/
 ``outcome``, the ratings, proposal and attempt counts (by rejection reason and by task type), the program
-metrics of the round's valid deduction/abduction programs and the cumulative coverage, buffer sizes and the mean
-completion reward per role (mean over every completion of the role's agents, 0.0 when there is none).
+metrics of the round's valid deduction/abduction programs and the cumulative coverage, buffer sizes, the mean
+completion reward per role (mean over every completion of the role's agents, 0.0 when there is none) and the
+tampering counts per agent and per defence class (:func:`tamper_counts`).
 """
 
 from __future__ import annotations
@@ -274,6 +275,18 @@ class CoverageTracker:
         self._signature_set = set(self._signatures)
 
 
+def tamper_counts(results: RoundResults) -> dict[str, Any]:
+    """The round's tampering (``docs/sandbox.md`` section 7.2): ``total``, and per agent (every agent, teachers
+    from their proposals, students from their attempts) how many of its completions tripped each defence class,
+    ``{"teacher_0": {"introspection": 1}, "student_0": {}}``."""
+    agents: dict[str, Counter] = {a: Counter() for a in results.agents}
+    for record in (*results.proposals, *results.attempts):
+        if record.tamper is not None:
+            agents.setdefault(record.agent, Counter())[record.tamper] += 1
+    return {"total": sum(sum(c.values()) for c in agents.values()),
+            "agents": {a: dict(sorted(c.items())) for a, c in agents.items()}}
+
+
 def round_summary(
     results: RoundResults,
     completion_rewards: Mapping[str, Sequence[float]],
@@ -343,6 +356,7 @@ def round_summary(
                 for t in task_types
             },
         },
+        "tamper": tamper_counts(results),
         "metrics": metrics,
         "buffer_sizes": dict(buffer_sizes),
         "mean_reward": {"teacher": role_mean(results.teachers), "student": role_mean(results.students)},

@@ -17,6 +17,10 @@ A deduction/abduction proposal is valid iff (in this order; the first failure is
    rejected, never truncated), built only from builtin literal types and parsed by ``ast.literal_eval`` on the
    host (``not_literal``); then a second, **separate** run (a fresh process, with the heap shifted so that
    address-dependent values change) must succeed too and return the same value (``nondeterministic``).
+   A run that trips a sandbox defence makes the proposal invalid (``tamper``, with the defence's class), even
+   if the program caught the refusal and returned a value; a run that draws randomness (the global ``random``
+   generator, the OS's entropy) makes it ``nondeterministic`` (the determinism contract, ``docs/sandbox.md``
+   section 7.3).
 
 An induction proposal (the program is given from the buffers) is valid iff its answer holds at least
 ``induction_inputs`` distinct literal ```` ```input ```` blocks (``too_few_inputs``; the last
@@ -27,6 +31,7 @@ An induction proposal (the program is given from the buffers) is valid iff its a
 from __future__ import annotations
 
 import ast
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -153,6 +158,8 @@ class ProposalOutcome:
         reason: rejection reason (``None`` when valid).
         detail: short human-readable explanation of the reason.
         signature: type signature ``(args) -> output`` of the first I/O pair (valid tasks).
+        tamper: the sandbox defence one of the program's runs tripped (:data:`~populora_env.sandbox.TAMPER_CLASSES`);
+            the reason is then ``tamper``.
     """
 
     request: ProposalRequest
@@ -162,6 +169,7 @@ class ProposalOutcome:
     detail: str
     task: Task | None = None
     signature: str | None = None
+    tamper: str | None = None
 
 
 @dataclass(frozen=True)
@@ -245,7 +253,12 @@ def execution_jobs(program: str, call_args: str, timeout_s: float | None) -> tup
 
 
 def failure_reason(result: ExecResult) -> tuple[Reason, str] | None:
-    """Map a failed sandbox result to a reason (``None`` if the run succeeded with a value)."""
+    """Map a failed sandbox result to a reason (``None`` if the run succeeded with a value). A run that tripped a
+    sandbox defence is ``tamper`` and one that drew randomness ``nondeterministic``, whatever it returned."""
+    if result.tamper is not None:
+        return Reason.TAMPER, f"the program tripped a sandbox defence ({result.tamper})"
+    if result.entropy:
+        return Reason.NONDETERMINISTIC, "the program drew randomness (the global random generator or OS entropy)"
     status = result.status
     if status == "ok" and result.value is not None:
         return None
@@ -281,6 +294,8 @@ def interpret_first(result: ExecResult, max_output_chars: int) -> tuple[Reason |
 def interpret_second(first: ExecResult, second: ExecResult) -> tuple[Reason, str] | None:
     """Verdict of the second (heap-shifted) run of a first run that succeeded: ``None`` = same value."""
     failed = failure_reason(second)
+    if failed is not None and failed[0] in (Reason.TAMPER, Reason.NONDETERMINISTIC):
+        return failed
     if failed is not None:
         return Reason.NONDETERMINISTIC, f"the second run failed ({failed[0].value}: {failed[1]})"
     if not same_value(str(first.value), str(second.value)):
@@ -308,6 +323,44 @@ def _input_prefix(item: _Pending, k: int) -> str:
     return f"input {k + 1}: " if len(item.inputs) > 1 else ""
 
 
+def _run_phases(pending: list[_Pending], sandbox: Any, cfg: ValidationConfig
+                ) -> tuple[dict[int, tuple[Reason, str, str | None]], list[ExecResult]]:
+    """The sandbox runs of the pending proposals: the first run of every input, then the heap-shifted second run,
+    only for proposals whose first runs all succeeded (a failing proposal is invalid either way; this halves the
+    cost of timeouts). Each phase is one batched sandbox call. Returns the rejections (``(reason, detail, tamper
+    class)`` by index in ``pending``) and the first runs' results."""
+    pairs = [execution_jobs(item.program, call_args, cfg.timeout_s) for item in pending for call_args in item.inputs]
+    first_results = sandbox.run([p[0] for p in pairs]) if pairs else []
+    verdicts: dict[int, tuple[Reason, str, str | None]] = {}
+    second_jobs: list[ExecJob] = []
+    start = 0
+    for n, item in enumerate(pending):
+        item.job_start = start
+        start += len(item.inputs)
+        for k in range(len(item.inputs)):
+            first = first_results[item.job_start + k]
+            reason, detail, value = interpret_first(first, cfg.max_output_chars)
+            if reason is not None:
+                verdicts[n] = (reason, _input_prefix(item, k) + detail, first.tamper)
+                break
+            if k == 0:
+                item.out_value = value
+        if n not in verdicts:
+            item.second_start = len(second_jobs)
+            second_jobs.extend(pairs[item.job_start + k][1] for k in range(len(item.inputs)))
+    second_results = sandbox.run(second_jobs) if second_jobs else []
+    for n, item in enumerate(pending):
+        if n in verdicts:
+            continue
+        for k in range(len(item.inputs)):
+            second = second_results[item.second_start + k]
+            mismatch = interpret_second(first_results[item.job_start + k], second)
+            if mismatch is not None:
+                verdicts[n] = (mismatch[0], _input_prefix(item, k) + mismatch[1], second.tamper)
+                break
+    return verdicts, first_results
+
+
 class ProposalValidator:
     """Validates a round's proposals with at most two batched sandbox calls (first runs, then second runs)."""
 
@@ -330,71 +383,14 @@ class ProposalValidator:
             sandbox: a :class:`populora_env.sandbox.Sandbox` (only used if some proposal reaches step 7).
             known_keys: dedup keys of tasks already in the buffers.
         """
-        cfg = self.config
         outcomes: list[ProposalOutcome | None] = [None] * len(requests)
-        pending: list[_Pending] = []
-        seen: set[str] = set()
-        deferred: list[_Pending] = []
-        for slot, (request, completion) in enumerate(zip(requests, completions, strict=True)):
-            result = self._host_checks(slot, request, completion)
-            if isinstance(result, ProposalOutcome):
-                outcomes[slot] = result
-                continue
-            if result.expressions is not None:  # 'azr': the key is known once the inputs are evaluated
-                deferred.append(result)
-                continue
-            if cfg.reject_duplicates and (result.key in known_keys or result.key in seen):
-                outcomes[slot] = ProposalOutcome(request, True, False, Reason.DUPLICATE, "task already exists")
-                continue
-            seen.add(result.key)
-            pending.append(result)
-        for slot, item in _evaluate_inputs(deferred, requests, sandbox, cfg):  # 'azr': one batched sandbox call
-            if isinstance(item, ProposalOutcome):
-                outcomes[slot] = item
-                continue
-            if cfg.reject_duplicates and (item.key in known_keys or item.key in seen):
-                outcomes[item.slot] = ProposalOutcome(requests[item.slot], True, False, Reason.DUPLICATE,
-                                                      "task already exists")
-                continue
-            seen.add(item.key)
-            pending.append(item)
-
-        # phase 1: the first run of every input; phase 2: the heap-shifted second run, only for proposals
-        # whose first runs all succeeded (a failing proposal is invalid either way; this halves the cost of
-        # timeouts). Each phase is one batched sandbox call.
-        pairs = [execution_jobs(item.program, call_args, cfg.timeout_s) for item in pending for call_args in item.inputs]
-        first_results = sandbox.run([p[0] for p in pairs]) if pairs else []
-        verdicts: dict[int, tuple[Reason, str]] = {}
-        second_jobs: list[ExecJob] = []
-        start = 0
-        for n, item in enumerate(pending):
-            item.job_start = start
-            start += len(item.inputs)
-            for k in range(len(item.inputs)):
-                reason, detail, value = interpret_first(first_results[item.job_start + k], cfg.max_output_chars)
-                if reason is not None:
-                    verdicts[n] = (reason, _input_prefix(item, k) + detail)
-                    break
-                if k == 0:
-                    item.out_value = value
-            if n not in verdicts:
-                item.second_start = len(second_jobs)
-                second_jobs.extend(pairs[item.job_start + k][1] for k in range(len(item.inputs)))
-        second_results = sandbox.run(second_jobs) if second_jobs else []
-        for n, item in enumerate(pending):
-            if n in verdicts:
-                continue
-            for k in range(len(item.inputs)):
-                mismatch = interpret_second(first_results[item.job_start + k], second_results[item.second_start + k])
-                if mismatch is not None:
-                    verdicts[n] = (mismatch[0], _input_prefix(item, k) + mismatch[1])
-                    break
-
+        pending = self._pending(requests, completions, sandbox, known_keys, outcomes)
+        verdicts, first_results = _run_phases(pending, sandbox, self.config)
         for n, item in enumerate(pending):
             request = requests[item.slot]
             if n in verdicts:
-                reason, detail = verdicts[n]
-                outcomes[item.slot] = ProposalOutcome(request, True, False, reason, detail)
+                reason, detail, tamper = verdicts[n]
+                outcomes[item.slot] = ProposalOutcome(request, True, False, reason, detail, tamper=tamper)
                 continue
             outputs = [str(first_results[item.job_start + k].value) for k in range(len(item.inputs))]
             task = Task(
@@ -411,6 +407,32 @@ class ProposalValidator:
             outcomes[item.slot] = ProposalOutcome(request, True, True, None, "", task, signature)
         assert all(o is not None for o in outcomes)
         return [o for o in outcomes if o is not None]
+
+    def _pending(self, requests: Sequence[ProposalRequest], completions: Sequence[object], sandbox: Any,
+                 known_keys: set[str] | frozenset[str], outcomes: list[ProposalOutcome | None]) -> list[_Pending]:
+        """The proposals that passed the host checks and are new (duplicates and rejections go to
+        ``outcomes``); the 'azr' profile's input expressions are evaluated first (one batched sandbox call)."""
+        cfg = self.config
+        pending: list[_Pending] = []
+        seen: set[str] = set()
+        deferred: list[_Pending] = []
+        ready: list[tuple[int, ProposalOutcome | _Pending]] = []
+        for slot, (request, completion) in enumerate(zip(requests, completions, strict=True)):
+            result = self._host_checks(slot, request, completion)
+            if isinstance(result, _Pending) and result.expressions is not None:
+                deferred.append(result)  # 'azr': the key is known once the inputs are evaluated
+            else:
+                ready.append((slot, result))
+        ready += _evaluate_inputs(deferred, requests, sandbox, cfg)
+        for slot, item in ready:
+            if isinstance(item, ProposalOutcome):
+                outcomes[slot] = item
+            elif cfg.reject_duplicates and (item.key in known_keys or item.key in seen):
+                outcomes[slot] = ProposalOutcome(requests[slot], True, False, Reason.DUPLICATE, "task already exists")
+            else:
+                seen.add(item.key)
+                pending.append(item)
+        return pending
 
     def _host_checks(self, slot: int, request: ProposalRequest, completion: object) -> ProposalOutcome | _Pending:
         cfg = self.config
@@ -703,7 +725,9 @@ def _evaluate_inputs(items: Sequence[_Pending], requests: Sequence[ProposalReque
                 continue
             reason, detail, value = interpret_first(results[entry], cfg.max_input_chars)
             if reason is not None or not isinstance(value, tuple):
-                failed = reject(reason or Reason.NOT_LITERAL, f"input {k + 1}: {detail or 'not an argument tuple'}")
+                failed = dataclasses.replace(
+                    reject(reason or Reason.NOT_LITERAL, f"input {k + 1}: {detail or 'not an argument tuple'}"),
+                    tamper=results[entry].tamper)
                 break
             try:
                 evaluated.append(parse_call_args(", ".join(repr(v) for v in value)))

@@ -24,9 +24,14 @@ Known limits (read before using results as rewards):
 * Time limits count the job's own time (CPU, or wall time not spent waiting for a CPU): a verdict does not
   depend on the machine's load; a job the machine could not time fairly is run again, then
   ``SandboxBusy`` is raised (never a verdict).
+* After the job's code started, the harness reads only what it bound before (no attribute, global or builtin is
+  looked up: a job can rewrite even a builtin type's dict); ``ExecResult.tamper`` names the first defence a job
+  tripped (frames, ``ctypes``, a type's dict, signals, forks, its reply channel, its own exit), recorded outside
+  its reach; ``ExecResult.entropy`` says it drew randomness or read the clock (``docs/sandbox.md`` 7.2, 7.3).
 * Every worker runs with ``PYTHONHASHSEED=0`` (str hashing and so set order are the same on every worker);
-  ``random`` (and ``numpy.random`` when preloaded) is reseeded per job. ``id()``-dependent output can repeat
-  between two jobs on the same worker, so run determinism checks as two jobs and do not rely on that alone.
+  ``random`` (and ``numpy.random`` when preloaded) is seeded per job by the fork server. ``id()``-dependent output
+  can repeat between two jobs on the same worker, so run determinism checks as two jobs and do not rely on that
+  alone.
 * Workers are started with bubblewrap's ``--die-with-parent`` (PR_SET_PDEATHSIG), which fires when the
   *thread* that started them exits: create the Sandbox in a long-lived thread. (Dead workers are restarted
   on the next batch; a job running at that moment comes back ``"crashed"``.)
@@ -39,6 +44,7 @@ Known limits (read before using results as rewards):
 
 from populora_env.sandbox.api import (
     STATUSES,
+    TAMPER_CLASSES,
     ExecJob,
     ExecResult,
     Limits,
@@ -52,6 +58,7 @@ from populora_env.sandbox.pool import DEFAULT_PRELOAD, Sandbox
 __all__ = [
     "DEFAULT_PRELOAD",
     "STATUSES",
+    "TAMPER_CLASSES",
     "ExecJob",
     "ExecResult",
     "Limits",

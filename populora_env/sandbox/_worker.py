@@ -31,10 +31,8 @@ zygote's report of how it ended, answers, then unmounts (or wipes, iteratively) 
 its own and its zygote's priority, scheduling policy and parameters, affinity, I/O priority, rlimits and
 autogroup nice are what they were at start-up.
 
-This file and ``_zygote.py`` are exempt from the project's 80-line rule for functions (issue 35): each is one
-source text handed to a fresh interpreter, standard library only, and their long functions are loops over one
-job's life whose state (descriptors, deadlines, the token, bound names) would otherwise be threaded through
-helpers for no reader's gain.
+Like the rest of the sandbox, no function here is over 80 lines (``tests/test_layout.py``): one job's life is
+:meth:`Worker._supervise` over a :class:`_Watch` of what was seen so far.
 """
 
 from __future__ import annotations
@@ -96,6 +94,18 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _CHUNK = 64 * 1024
 _KEEP_CHUNKS = 2  # chunks a sink keeps (zeroed) between jobs; more are freed after being zeroed
 _ZEROS = bytes(_CHUNK)
+# Tampering classes, by code (``_zygote.TAMPER_CLASSES``, index + 1): the ones this server sees itself, and the mark
+# a job's audit hook sends it, ``kill(-(_MARK_BASE + code), 0)`` (no such process group exists; it is answered
+# EPERM). A job can add marks, never remove one: they are kept here, outside its process.
+_TAMPER_CODES = 7
+_SIGNAL, _PROCESS, _REPLY_FORGERY, _EXIT = 4, 5, 6, 7
+_MARK_BASE = 1 << 30
+#: Exit statuses of the harness's own that come without a reply (the zygote's fork loop, "could not reply", the
+#: plain-mode lifeline): any other exit without a reply is the job ending its process itself (``exit``).
+_HARNESS_EXITS = frozenset({71, 75, 137})
+#: glibc's internal signals (SIGCANCEL, SIGSETXID): it installs their actions when a process starts its first
+#: thread. Refused like any other, but not tampering.
+_LIBC_SIGNALS = frozenset({32, 33})
 
 # Syscalls refused with EPERM (where the running kernel/libseccomp knows them).
 _DENY_EPERM = (
@@ -132,7 +142,8 @@ _DENY_EPERM = (
     "fanotify_mark",
 )
 # Syscalls decided by the fork server (SECCOMP_RET_USER_NOTIF): process creation and programs (the zygote only,
-# when asked), signals (a job: only to itself), signal handlers (the zygote's interpreter only).
+# when asked), signals (a job: only to itself), signal handlers (the zygote's interpreter only), and reads of the
+# OS's entropy (allowed, and counted: a job that reads it is not a function of its input).
 _NOTIFY_PROCESS = ("fork", "vfork", "execve", "execveat")
 _NOTIFY_SIGNAL = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
 # Syscalls refused unless their first argument is exactly 0 (= the calling thread/process). The comparison is
@@ -234,6 +245,23 @@ def _read_frame(fd: int) -> object | None:
     return json.loads(body.decode("utf-8", "surrogatepass"))
 
 
+class _Watch:
+    """What the fork server has seen of the running job (:meth:`Worker._supervise`)."""
+
+    def __init__(self, t0: float, timeout: float, backstop: float, batch: bool, cap: int, token: bytes,
+                 r_rep: int, r_out: int) -> None:
+        self.t0, self.timeout, self.deadline, self.backstop, self.batch = t0, timeout, t0 + timeout, backstop, batch
+        self.cap, self.token, self.r_rep, self.r_out = cap, token, r_rep, r_out
+        self.rep_cap = cap * 6 + _REPLY_SLACK  # the harness's reply: at most 4 bytes a char of its capped value,
+        # its error text (4,000 chars at most), framing
+        self.out_cap = cap * 4 + 4  # UTF-8: cap chars are at most 4 * cap bytes
+        self.open_fds = [r_rep, r_out]
+        self.timed_out = self.out_over = self.forged = self.stop = False
+        self.infra: str | None = None
+        self.ended: tuple[int, float] | None = None  # the zygote's report, once the child has ended
+        self.reply = 0  # length of the first complete reply frame (seal and header included), 0 while none
+
+
 class Worker:
     """The fork server. One instance per worker process."""
 
@@ -274,6 +302,12 @@ class Worker:
         self.probe_facts: dict | None = None  # the kernel's view of a probe job (see _on_notification)
         self.keep_fds: list[int] = []  # plain root mode: the zygote's runtime directories, kept by each job
         self.pending: list[bytearray] = []  # notifications of a job child whose pid is not known yet
+        self.marks: list[int] = []  # tampering classes the running job tripped, in order (codes)
+        self.entropy = False  # the running job read the OS's entropy
+        self.self_signals: set[int] = set()  # signals the running job sent itself
+        self.fork_entropy = 0  # entropy reads of a job child before its code (the interpreter's at-fork reseed)
+        self.entropy_allowance = 0
+        self.sig_arg: dict[int, int] = {}  # signal syscall number -> the argument holding the signal
 
     # ------------------------------------------------------------------ start-up
     def boot(self, req_fd: int) -> dict:
@@ -304,6 +338,7 @@ class Worker:
                 ns[name] = None
         zygote = self._start_zygote()
         self.keep_fds = [int(fd) for fd in zygote.get("keep_fds", [])]
+        self.fork_entropy = int(zygote.get("fork_entropy", 0))
         with open(f"/proc/{self.zpid}/statm") as fh:  # the zygote's size: every job child starts as a copy
             self.baseline_as = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
         self.attrs = self._all_attributes()
@@ -418,7 +453,10 @@ class Worker:
             return out
 
         self.notify_nrs = {"fork": numbers(("fork", "vfork", "clone")), "exec": numbers(("execve", "execveat")),
-                           "signal": numbers(_NOTIFY_SIGNAL), "sigaction": numbers(("rt_sigaction",))}
+                           "signal": numbers(_NOTIFY_SIGNAL), "sigaction": numbers(("rt_sigaction",)),
+                           "getrandom": numbers(("getrandom",)), "kill": numbers(("kill",))}
+        # kill(pid, sig), rt_sigqueueinfo(pid, sig, info): argument 1; tgkill, rt_tgsigqueueinfo: argument 2
+        self.sig_arg = {nr: 2 for nr in numbers(("tgkill", "rt_tgsigqueueinfo"))}
         sizes = (ctypes.c_uint16 * 3)()
         if self.libc.syscall(self.seccomp_nr, _SECCOMP_GET_NOTIF_SIZES, 0, ctypes.byref(sizes)) == 0:
             self.notif_size = max(80, int(sizes[0]))
@@ -442,7 +480,7 @@ class Worker:
 
         for name in _DENY_EPERM:
             rule(eperm, name)
-        for name in _NOTIFY_PROCESS + _NOTIFY_SIGNAL:
+        for name in _NOTIFY_PROCESS + _NOTIFY_SIGNAL + ("getrandom",):
             rule(sc.NOTIFY, name)
         # clone: threads (CLONE_THREAD set) are allowed, a new process goes to the server; clone3 -> ENOSYS so
         # libc falls back to clone.
@@ -657,26 +695,64 @@ class Worker:
         """Decide and answer one received notification (see :meth:`_on_notification`)."""
         nid, pid, _flags = struct.unpack_from("=QII", buf, 0)
         nr = struct.unpack_from("=i", buf, 16)[0]
-        arg0 = struct.unpack_from("=q", buf, 32)[0]
-        kinds = self.notify_nrs
-        allow = False
-        if pid == self.zpid:
-            if nr in kinds["exec"] and self.expect == "exec":
-                allow, self.expect = True, None
-            elif nr in kinds["fork"] and self.expect == "fork":
-                allow, self.expect = True, None
-            elif nr in kinds["sigaction"]:
-                allow = True  # the zygote's own interpreter (it never runs job code)
-        elif nr in kinds["signal"] and self.job_pid and arg0 == self.job_pid:
-            allow = True
-            if self.probe_facts is not None and not self.probe_facts:
-                self.probe_facts.update(_process_facts(self.job_pid))
+        args = struct.unpack_from("=6q", buf, 32)
+        allow = self._zygote_may(nr) if pid == self.zpid else self._job_may(nr, args)
         resp = struct.pack("=QqiI", nid, 0, 0 if allow else -errno.EPERM,
                            _SECCOMP_USER_NOTIF_FLAG_CONTINUE if allow else 0)
         try:
             fcntl.ioctl(self.listener, _SECCOMP_IOCTL_NOTIF_SEND, bytearray(resp))
         except OSError:
             pass  # it died meanwhile
+
+    def _zygote_may(self, nr: int) -> bool:
+        """The zygote (which never runs job code): its one ``execve``, one fork per job asked for, its own
+        interpreter's signal handlers and entropy."""
+        kinds = self.notify_nrs
+        if nr in kinds["exec"] and self.expect == "exec":
+            self.expect = None
+            return True
+        if nr in kinds["fork"] and self.expect == "fork":
+            self.expect = None
+            return True
+        return nr in kinds["sigaction"] or nr in kinds["getrandom"]
+
+    def _job_may(self, nr: int, args: tuple[int, ...]) -> bool:
+        """A job child (any of its threads): entropy is allowed and counted; a signal only to itself; its audit
+        hook's marks, other signals, signal handlers, forks and programs are refused, each marked."""
+        kinds = self.notify_nrs
+        if nr in kinds["getrandom"]:
+            if self.entropy_allowance:
+                self.entropy_allowance -= 1  # the interpreter's own reseed of `random` after the fork
+            else:
+                self.entropy = True
+            return True
+        if nr in kinds["signal"]:
+            target, sig = args[0], args[self.sig_arg.get(nr, 1)]
+            low = (target & 0xFFFFFFFF) - ((target & 0x80000000) << 1)  # pid_t: the low 32 bits, signed
+            if nr in kinds["kill"] and sig == 0 and -(_MARK_BASE + _TAMPER_CODES) <= low <= -_MARK_BASE:
+                if low == -_MARK_BASE:
+                    self.entropy = True  # a clock wrapper: the job read the clock
+                else:
+                    self._mark(-low - _MARK_BASE)  # the audit hook's mark
+                return False
+            if self.job_pid and target == self.job_pid:
+                self.self_signals.add(sig)
+                if self.probe_facts is not None and not self.probe_facts:
+                    self.probe_facts.update(_process_facts(self.job_pid))
+                return True
+            self._mark(_SIGNAL)
+            return False
+        if nr in kinds["sigaction"]:
+            if args[0] not in _LIBC_SIGNALS:  # glibc sets its own up as a job's first thread starts
+                self._mark(_SIGNAL)  # a Python handler is handed the interrupted frame
+        elif nr in kinds["fork"] or nr in kinds["exec"]:
+            self._mark(_PROCESS)
+        return False
+
+    def _mark(self, code: int) -> None:
+        """Record tampering class ``code`` for the running job (once)."""
+        if code not in self.marks:
+            self.marks.append(code)
 
     # ------------------------------------------------------------------ per job
     def serve(self, rep_fd: int) -> None:
@@ -739,7 +815,9 @@ class Worker:
         cpu = int(-(-float(lim["cpu_s"]) // 1))
         nproc = int(lim["max_threads"]) + 4
         token = os.urandom(_TOKEN_BYTES)
-        req = {"token": token.hex(), "jobdir": jobdir, "max_output_chars": cap,
+        self.marks, self.entropy, self.self_signals = [], False, set()
+        self.entropy_allowance = self.fork_entropy
+        req = {"token": token.hex(), "seed": os.urandom(8).hex(), "jobdir": jobdir, "max_output_chars": cap,
                "uid": self.uid if self.drop_uid else None, "gid": self.gid,
                "as_bytes": [as_bytes, as_bytes], "cpu": [cpu, cpu + 1], "nproc": [nproc, nproc],
                "fsize": [int(lim["max_file_mb"]) * mb] * 2, "nofile": [int(lim["max_open_files"])] * 2,
@@ -796,110 +874,130 @@ class Worker:
 
         Returns the result's metadata; the raw reply and output stay in the sinks (never decoded here).
         """
-        deadline = t0 + timeout
-        backstop = t0 + float(ctl_backstop[0])
-        rep, out = self.rep_sink, self.out_sink
-        rep_cap = cap * 6 + _REPLY_SLACK  # the harness's reply: at most 4 bytes a char of its capped value, its
-        # error text (4,000 chars at most), framing
-        out_cap = cap * 4 + 4  # UTF-8: cap chars are at most 4 * cap bytes
-        open_fds = [r_rep, r_out]
-        for fd in open_fds:
+        w = _Watch(t0, timeout, t0 + float(ctl_backstop[0]), ctl_backstop[1], cap, token, r_rep, r_out)
+        for fd in w.open_fds:
             os.set_blocking(fd, False)
-        timed_out = out_over = forged = False
-        infra: str | None = None
-        ended = None  # the zygote's report, when the child ended before its reply was complete
-        reply = 0  # length of the first complete reply frame (seal and header included), 0 while there is none
-        head = _MAC_BYTES + _HEADER.size
-        while (open_fds or ended is None) and not reply:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                verdict, more = self._past_deadline(t0, timeout, backstop, ctl_backstop[1])
-                if verdict == "timeout":
-                    timed_out = True
-                    break
-                if verdict != "more":
-                    infra = verdict
-                    break
-                deadline = time.monotonic() + more
-                continue
-            watch = open_fds + [self.zsock] + ([self.listener] if self.listener >= 0 else [])
-            ready, _, _ = select.select(watch, [], [], remaining)
-            if self.listener in ready:
-                self._on_notification()
-            if self.zsock in ready:
-                ended = self._ended()
-            for fd in ready:
-                if fd not in open_fds:
-                    continue
-                sink = out if fd == r_out else rep
-                try:
-                    got = sink.read_from(fd)
-                except BlockingIOError:
-                    continue
-                if not got:
-                    open_fds.remove(fd)
-                    continue
-                if fd == r_out:
-                    out_over = out.n > out_cap
-                    continue
-                # the harness's own reply is never over rep_cap (its text is capped): anything longer is the job's
-                if rep.n > rep_cap:
-                    forged = True
-                elif rep.n >= head:
-                    (size,) = _HEADER.unpack_from(rep.chunks[0], _MAC_BYTES)
-                    if size > rep_cap:
-                        forged = True
-                    elif rep.n >= head + size:
-                        reply = head + size  # first frame only
-                        forged = not self._sealed(token, reply)
-            if out_over or forged:
-                reply = 0 if forged else reply
-                break
+        while (w.open_fds or w.ended is None) and not w.reply and not w.stop:
+            self._watch_once(w)
         seconds = time.monotonic() - t0
-        if reply and not out_over:
+        if w.reply and not w.out_over:
             # The child flushed stdout before replying: whatever it printed is already in the pipe.
-            while out.n <= out_cap:
+            while self.out_sink.n <= w.out_cap:
                 try:
-                    if not out.read_from(r_out):
+                    if not self.out_sink.read_from(r_out):
                         break
                 except BlockingIOError:
                     break
-            out_over = out.n > out_cap
-        if ended is None:
+            w.out_over = self.out_sink.n > w.out_cap
+        if w.ended is None:
+            self._drain_notifications()  # what its threads tripped while the reply was read
             try:  # kill the job child, even after a normal reply (threads, stragglers); its zygote reaps it
                 os.kill(self.job_pid, signal.SIGKILL)
             except OSError:
                 pass
-            ended = self._ended(wait=True)
-        wstatus, cpu_used = ended
-        base = {"status": None, "error": None, "seconds": seconds, "reply": 0, "stdout": 0}
-        if out_over:
+            w.ended = self._ended(wait=True)
+        meta = self._job_meta(w, lim)
+        meta.update(seconds=seconds, tamper=list(self.marks), entropy=self.entropy)
+        return meta
+
+    def _watch_once(self, w: _Watch) -> None:
+        """One wait of :meth:`_supervise`: the deadline, a seccomp notification, the zygote's report of the
+        child's end, its reply and output as they come."""
+        remaining = w.deadline - time.monotonic()
+        if remaining <= 0:
+            verdict, more = self._past_deadline(w.t0, w.timeout, w.backstop, w.batch)
+            if verdict == "timeout":
+                w.timed_out = w.stop = True
+            elif verdict != "more":
+                w.infra, w.stop = verdict, True
+            else:
+                w.deadline = time.monotonic() + more
+            return
+        watch = w.open_fds + [self.zsock] + ([self.listener] if self.listener >= 0 else [])
+        ready, _, _ = select.select(watch, [], [], remaining)
+        if self.listener in ready:
+            self._on_notification()
+        if self.zsock in ready:
+            w.ended = self._ended()
+        for fd in ready:
+            if fd not in w.open_fds:
+                continue
+            sink = self.out_sink if fd == w.r_out else self.rep_sink
+            try:
+                got = sink.read_from(fd)
+            except BlockingIOError:
+                continue
+            if not got:
+                w.open_fds.remove(fd)
+            elif fd == w.r_out:
+                w.out_over = self.out_sink.n > w.out_cap
+            else:
+                self._check_reply(w)
+        if w.out_over or w.forged:
+            w.reply = 0 if w.forged else w.reply
+            w.stop = True
+
+    def _check_reply(self, w: _Watch) -> None:
+        """After reading reply bytes: the first complete frame, if its seal is right; anything else is the job's
+        own writing on its reply channel (tampering: ``reply_forgery``)."""
+        rep, head = self.rep_sink, _MAC_BYTES + _HEADER.size
+        # the harness's own reply is never over rep_cap (its text is capped): anything longer is the job's
+        if rep.n > w.rep_cap:
+            w.forged = True
+        elif rep.n >= head:
+            (size,) = _HEADER.unpack_from(rep.chunks[0], _MAC_BYTES)
+            if size > w.rep_cap:
+                w.forged = True
+            elif rep.n >= head + size:
+                w.reply = head + size  # first frame only
+                w.forged = not self._sealed(w.token, w.reply)
+        if w.forged:
+            self._mark(_REPLY_FORGERY)
+
+    def _job_meta(self, w: _Watch, lim: dict) -> dict:
+        """The result's metadata from what :meth:`_supervise` saw (its verdict on limits, forgeries and crashes,
+        or the length of the harness's reply, which the host parses)."""
+        wstatus, cpu_used = w.ended
+        base = {"status": None, "error": None, "reply": 0, "stdout": 0}
+        if w.out_over:
             return {**base, "status": "output_limit",
-                    "error": f"stdout exceeded max_output_chars={cap} (output is never truncated)"}
-        base["stdout"] = out.n
-        if timed_out:
+                    "error": f"stdout exceeded max_output_chars={w.cap} (output is never truncated)"}
+        base["stdout"] = self.out_sink.n
+        if w.timed_out:
             return {**base, "status": "timeout",
-                    "error": f"time limit of {timeout:g} s exceeded; the job was killed"}
-        if infra:
-            return {**base, "stdout": 0, "status": "infra", "error": infra}
-        if forged:
+                    "error": f"time limit of {w.timeout:g} s exceeded; the job was killed"}
+        if w.infra:
+            return {**base, "stdout": 0, "status": "infra", "error": w.infra}
+        if w.forged:
             return {**base, "status": "crashed",
                     "error": "the job wrote to its reply channel itself (only the sandbox's harness may)"}
-        if reply:
-            return {**base, "reply": reply - _MAC_BYTES}  # the host parses it (the seal is not relayed)
+        if w.reply:
+            return {**base, "reply": w.reply - _MAC_BYTES}  # the host parses it (the seal is not relayed)
         # No reply: the child died.
         if os.WIFSIGNALED(wstatus):
             sig = os.WTERMSIG(wstatus)
             if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_used >= float(lim["cpu_s"]) - 0.05):
                 return {**base, "status": "timeout", "error": f"CPU time limit of {lim['cpu_s']:g} s exceeded"}
+            if sig in self.self_signals and sig != signal.SIGABRT:  # (CPython's own fatal errors abort too)
+                self._mark(_EXIT)
             try:
                 name = signal.Signals(sig).name
             except ValueError:
                 name = str(sig)
             return {**base, "status": "crashed", "error": f"the job process was killed by {name}"}
         code = os.WEXITSTATUS(wstatus) if os.WIFEXITED(wstatus) else -1
+        if os.WIFEXITED(wstatus) and code not in _HARNESS_EXITS:
+            self._mark(_EXIT)  # only the job's own code ends the process without the harness's reply
         return {**base, "status": "crashed",
                 "error": f"the job process exited with code {code} without a result (os._exit?)"}
+
+    def _drain_notifications(self, most: int = 64) -> None:
+        """Answer the seccomp notifications already waiting (at most ``most``), so that what the job's threads
+        tripped while its reply was read is recorded before the job is killed."""
+        for _ in range(most):
+            if self.listener < 0 or not select.select([self.listener], [], [], 0)[0]:
+                return
+            self._on_notification()
 
     def _sealed(self, token: bytes, end: int) -> bool:
         """Whether the reply's first ``end`` bytes are a frame sealed with ``token`` (HMAC-SHA256 of the frame,

@@ -17,6 +17,14 @@ from populora_env.literals import literal_value
 Status = Literal["ok", "error", "timeout", "memory_limit", "output_limit", "crashed", "infra"]
 STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "memory_limit", "output_limit", "crashed", "infra")
 
+#: Every class :attr:`ExecResult.tamper` can name, in code order (``docs/sandbox.md`` section 7.2): frames, the
+#: garbage collector's walks, trace hooks (``introspection``); ``ctypes``, ``marshal``, code objects
+#: (``native``); a builtin type's dictionary written (``type_dict``); a signal handler or a signal to another
+#: process (``signal``); a fork or a program (``process``); bytes on the reply channel not sealed by the harness
+#: (``reply_forgery``); the process ended without the harness's reply (``exit``).
+TAMPER_CLASSES: tuple[str, ...] = ("introspection", "native", "type_dict", "signal", "process", "reply_forgery",
+                                   "exit")
+
 
 #: Upper bounds of every limit (a limit is finite and at most this): a job's wall clock, its CPU seconds, its
 #: address space, its reply and the rest. A larger value is refused when the :class:`Limits` or
@@ -171,6 +179,14 @@ class ExecResult:
         plain: ``value`` is the ``repr`` of plain data (exact builtin types only), checked and printed by the
             sandbox's harness after the call had returned, with no other thread of the job alive: what the
             call really returned. ``False``: the text came from the job's own code (a ``__repr__``), a claim.
+        tamper: the first sandbox defence the job tripped, by class (:data:`TAMPER_CLASSES`), whatever its status
+            and even if the job caught the refusal and went on; ``None`` when it tripped none. Recorded by the
+            fork server as it happened (outside the job's process) and by the harness in the sealed reply, so the
+            job can neither forge nor clear it.
+        entropy: the job drew randomness from the sandbox: it moved the interpreter's global ``random``
+            generator (seeded by the harness for each job), or read the OS's entropy (``os.urandom``,
+            ``random.SystemRandom``, an unseeded ``random.Random()``...). Such a run is not a function of its
+            input (``docs/sandbox.md`` section 7.3).
     """
 
     status: Status
@@ -180,6 +196,8 @@ class ExecResult:
     error: str | None = None
     seconds: float = 0.0
     plain: bool = False
+    tamper: str | None = None
+    entropy: bool = False
 
     @property
     def ok(self) -> bool:

@@ -37,6 +37,7 @@ from populora_env.sandbox._worker import wipe_tree
 from populora_env.sandbox.api import (
     MAX_TIMEOUT_S,
     STATUSES,
+    TAMPER_CLASSES,
     ExecJob,
     ExecResult,
     Limits,
@@ -109,6 +110,20 @@ def _probe():
     out["home_visible"] = os.path.exists(os.path.expanduser("~root"))
     return out
 '''
+
+
+#: The seccomp layer as :attr:`Sandbox.isolation` reports it.
+_SECCOMP_LAYER = ("seccomp: one filter for the zygote and its jobs: fork/vfork/non-thread clone/exec, signals and "
+                  "reads of the OS's entropy go to the worker (a job may signal only itself, may not install a "
+                  "signal handler, never fork or exec; its entropy reads are counted); refused are clone3, sockets, "
+                  "ptrace, process_vm_*, mount, unshare/setns, bpf, perf_event_open, keyctl, "
+                  "kexec/modules/reboot, capset and set*id but setuid/setgid/setgroups, setsid/setpgid, "
+                  "prctl(PR_SET_PDEATHSIG), io_uring, ioprio_set; "
+                  "setpriority only (PRIO_PROCESS, 0); sched_setscheduler/setparam/setattr/"
+                  "setaffinity, prlimit64, migrate/move_pages only for pid 0; fcntl F_SETOWN/F_SETOWN_EX/"
+                  "F_SETSIG, ioctl FIOSETOWN/SIOCSPGRP (signal ownership); memfd_create, SysV shm/msg/sem, "
+                  "POSIX mqueues, inotify/fanotify, byte-range locks, F_SETPIPE_SZ (memory outside "
+                  "RLIMIT_AS); no_new_privs")
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -493,7 +508,6 @@ class Sandbox:
         probes = self._run_jobs([ExecJob(code=_PROBE_CODE, call="_probe()")] * self.n_workers, None,
                                 pinned=True)
         readies = [w.ready for w in self._workers if w is not None and w.ready]
-        first = readies[0] if readies else {}
         facts = []
         for i, r in enumerate(probes):
             if r.status != "ok" or r.value is None:
@@ -506,9 +520,30 @@ class Sandbox:
                          "ns": kernel.get("ns") or {}, "worker_uid": readies[i]["uid"],
                          "zygote_uid": readies[i].get("zygote", {}).get("uid")})
             facts.append(fact)
-        lim = self.limits
         layers: list[str] = []
         missing: list[str] = []
+        self._process_layers(facts, layers, missing)
+        filtered = all(f["seccomp"] == "2" and f["socket"] != "allowed" and f["fork"] != "allowed"
+                       and f["prio_worker"] != "allowed" and f["memfd"] != "allowed" for f in facts)
+        if filtered:
+            layers.append(_SECCOMP_LAYER)
+        else:
+            err = (readies[0] if readies else {}).get("seccomp_error")
+            missing.append(f"seccomp ({err or 'filter not in force'})")
+        layers.append("rlimits: " + ", ".join(f"{k}={v[0]}" for k, v in facts[0]["rlimits"].items()))
+        self._memory_layers(facts, readies, filtered, layers, missing)
+        self._integrity_layers(facts, readies, filtered, layers, missing)
+        self.isolation = layers
+        self.missing = missing
+        if missing:
+            _warn_once("missing:" + "|".join(missing),
+                       "populora sandbox: weaker isolation on this host; missing layers: " + "; ".join(missing))
+        if require == "strong" and any(m.startswith(("namespaces", "seccomp")) for m in missing):
+            raise SandboxUnavailable("Sandbox(require='strong') needs namespaces and seccomp; missing: "
+                                     + "; ".join(missing))
+
+    def _process_layers(self, facts: list[dict], layers: list[str], missing: list[str]) -> None:
+        """The namespaces and the uid drop, from the probe jobs' facts (:meth:`_verify`)."""
         ns_kinds = [k for k in ("pid", "net", "mnt", "ipc", "uts")
                     if all(f["ns"].get(k) != self._host_ns.get(k) for f in facts)]
         if {"pid", "net", "mnt"} <= set(ns_kinds):
@@ -527,42 +562,28 @@ class Sandbox:
         uids = sorted({f["uid"] for f in facts})
         no_caps = all(f[k] is not None and int(f[k], 16) == 0 for f in facts for k in ("capeff", "capprm", "capamb"))
         no_bounding = all(f["capbnd"] is not None and int(f["capbnd"], 16) == 0 for f in facts)
-        if all(f["uid"] != 0 and f["euid"] != 0 for f in facts) and no_caps:
-            distinct = ", a distinct uid per worker" if len(facts) > 1 and len(uids) == len(facts) else ""
-            caps = "no capabilities" + (" (effective, permitted, ambient and bounding sets empty)" if no_bounding
-                                        else " (effective, permitted and ambient sets empty)")
-            worker_uids = sorted({f["worker_uid"] for f in facts})
-            zygote_uids = sorted({f["zygote_uid"] for f in facts})
-            if all(f["worker_uid"] != f["uid"] and f["zygote_uid"] != f["uid"] for f in facts):
-                layers.append(f"separate job uid: jobs run as unprivileged uid(s) {uids}{distinct}, their worker and "
-                              f"zygote as uid {sorted(set(worker_uids + zygote_uids))}: the kernel refuses a job's "
-                              f"changes to either (priority, scheduling, affinity, I/O priority, rlimits, signals "
-                              f"incl. F_SETOWN delivery, their memory); {caps}, no supplementary groups")
-            else:
-                layers.append(f"uid drop: jobs run as unprivileged uid(s) {uids}{distinct}, the same uid as their "
-                              f"worker or zygote (user namespace or non-root host: the seccomp argument filters and "
-                              f"Landlock alone keep jobs off them); {caps}, no supplementary groups")
-        else:
+        if not (all(f["uid"] != 0 and f["euid"] != 0 for f in facts) and no_caps):
             missing.append("uid drop (jobs keep uid 0 or capabilities, or the capabilities could not be read)")
-        filtered = all(f["seccomp"] == "2" and f["socket"] != "allowed" and f["fork"] != "allowed"
-                       and f["prio_worker"] != "allowed" and f["memfd"] != "allowed" for f in facts)
-        if filtered:
-            layers.append("seccomp: one filter for the zygote and its jobs: fork/vfork/non-thread clone/exec and "
-                          "signals go to the worker (a job may signal only itself, may not install a signal "
-                          "handler, never fork or exec); refused are clone3, sockets, "
-                          "ptrace, process_vm_*, mount, unshare/setns, bpf, perf_event_open, keyctl, "
-                          "kexec/modules/reboot, capset and set*id but setuid/setgid/setgroups, setsid/setpgid, "
-                          "prctl(PR_SET_PDEATHSIG), io_uring, ioprio_set; "
-                          "setpriority only (PRIO_PROCESS, 0); sched_setscheduler/setparam/setattr/"
-                          "setaffinity, prlimit64, migrate/move_pages only for pid 0; fcntl F_SETOWN/F_SETOWN_EX/"
-                          "F_SETSIG, ioctl FIOSETOWN/SIOCSPGRP (signal ownership); memfd_create, SysV shm/msg/sem, "
-                          "POSIX mqueues, inotify/fanotify, byte-range locks, F_SETPIPE_SZ (memory outside "
-                          "RLIMIT_AS); no_new_privs")
+            return
+        distinct = ", a distinct uid per worker" if len(facts) > 1 and len(uids) == len(facts) else ""
+        caps = "no capabilities" + (" (effective, permitted, ambient and bounding sets empty)" if no_bounding
+                                    else " (effective, permitted and ambient sets empty)")
+        worker_uids = sorted({f["worker_uid"] for f in facts})
+        zygote_uids = sorted({f["zygote_uid"] for f in facts})
+        if all(f["worker_uid"] != f["uid"] and f["zygote_uid"] != f["uid"] for f in facts):
+            layers.append(f"separate job uid: jobs run as unprivileged uid(s) {uids}{distinct}, their worker and "
+                          f"zygote as uid {sorted(set(worker_uids + zygote_uids))}: the kernel refuses a job's "
+                          f"changes to either (priority, scheduling, affinity, I/O priority, rlimits, signals "
+                          f"incl. F_SETOWN delivery, their memory); {caps}, no supplementary groups")
         else:
-            err = (first or {}).get("seccomp_error")
-            missing.append(f"seccomp ({err or 'filter not in force'})")
-        rl = facts[0]["rlimits"]
-        layers.append("rlimits: " + ", ".join(f"{k}={v[0]}" for k, v in rl.items()))
+            layers.append(f"uid drop: jobs run as unprivileged uid(s) {uids}{distinct}, the same uid as their "
+                          f"worker or zygote (user namespace or non-root host: the seccomp argument filters and "
+                          f"Landlock alone keep jobs off them); {caps}, no supplementary groups")
+
+    def _memory_layers(self, facts: list[dict], readies: list[dict], filtered: bool, layers: list[str],
+                       missing: list[str]) -> None:
+        """The job area, the memory bound and the time limit (:meth:`_verify`)."""
+        lim = self.limits
         want_area = {"files": lim.max_files + 1, "bytes": lim.tmp_mb * 1024 * 1024}
         fresh_tmpfs = all(r.get("area") == "mount" for r in readies) and all(
             f["area"] == want_area and f["tmp"] == errno.EROFS for f in facts)
@@ -590,6 +611,11 @@ class Sandbox:
         layers.append("fork per job: fresh interpreter state and a fresh private cwd for every job, forked from "
                       "a zygote: an interpreter the worker executes once, under the job's seccomp filter, that "
                       "never imports ctypes")
+
+    @staticmethod
+    def _integrity_layers(facts: list[dict], readies: list[dict], filtered: bool, layers: list[str],
+                          missing: list[str]) -> None:
+        """Landlock, the reply's integrity and the worker's self-check (:meth:`_verify`)."""
         landlock_errors = sorted({r.get("landlock_error") for r in readies if r.get("landlock_error")})
         if all(f["proc"] in (errno.EACCES, errno.EPERM) for f in facts) and not landlock_errors:
             layers.append("landlock: the zygote and its jobs cannot open anything under /proc (their own memory, "
@@ -601,23 +627,18 @@ class Sandbox:
         if filtered:
             layers.append("reply integrity: each job's reply is sealed (HMAC-SHA256) with a per-job secret held "
                           "only by the harness's locals (an audit hook refuses frames, gc walks, trace hooks, "
-                          "ctypes, code replacement; seccomp refuses signal handlers); the value is printed by the "
-                          "harness after the call returned, from copies of its containers whose items must be "
-                          "exact builtin data, with no other thread alive and the garbage collector stopped")
+                          "ctypes, code replacement; seccomp refuses signal handlers); after the job's code "
+                          "started the harness reads only its own locals (nothing a job can rebind, builtin "
+                          "types' dicts included); the value is printed by the harness after the call returned, "
+                          "from copies of its containers whose items must be exact builtin data, with no other "
+                          "thread alive and the garbage collector stopped; every refusal is recorded as tampering "
+                          "by the worker before the job sees it")
         else:
             missing.append("reply integrity (no seccomp: a job can install a signal handler, which is handed the "
                            "harness's frame)")
         layers.append("worker self-check: after every job the worker compares its nice, scheduling policy and "
                       "priority, affinity, I/O priority, rlimits and autogroup nice with their start-up values "
                       "and retires (is restarted) on any difference or on a job area it cannot restore")
-        self.isolation = layers
-        self.missing = missing
-        if missing:
-            _warn_once("missing:" + "|".join(missing),
-                       "populora sandbox: weaker isolation on this host; missing layers: " + "; ".join(missing))
-        if require == "strong" and any(m.startswith(("namespaces", "seccomp")) for m in missing):
-            raise SandboxUnavailable("Sandbox(require='strong') needs namespaces and seccomp; missing: "
-                                     + "; ".join(missing))
 
     # ------------------------------------------------------------------ public API
     @property
@@ -924,26 +945,35 @@ class Sandbox:
     def _to_result(frame: dict, job: ExecJob, cap: int) -> ExecResult:
         """The result of ``job`` from the worker's result frame: its own verdict on limits and crashes, else the
         child's raw reply (parsed here, strings only, never evaluated) and raw stdout; ``match`` is decided
-        here, from ``job.compare_to``, which the job never saw."""
+        here, from ``job.compare_to``, which the job never saw. The tampering marks are the fork server's (in the
+        order they happened) and the harness's (in the sealed reply); the first one names the class."""
         seconds = frame.get("seconds")
         seconds = float(seconds) if isinstance(seconds, int | float) and math.isfinite(seconds) else 0.0
         raw_out = frame.get("stdout")
         stdout = raw_out.decode("utf-8", "replace") if isinstance(raw_out, bytes) else ""
         status = frame.get("status")
         no_match = False if job.compare_to is not None else None  # (no value: nothing equals the expected one)
+        codes = [c for c in frame.get("tamper") or () if isinstance(c, int)]
+        entropy = frame.get("entropy") is True
+        if status is None and len(stdout) <= cap:
+            reply = _parse_reply(frame.get("reply"), cap)
+            codes += [c for c in range(1, len(TAMPER_CLASSES) + 1) if reply["marks"] & (1 << (c - 1))]
+            entropy = entropy or reply["entropy"]
+        tamper = next((TAMPER_CLASSES[c - 1] for c in codes if 1 <= c <= len(TAMPER_CLASSES)), None)
         if status is not None:  # the worker's verdict (timeout, limits, crash): no reply is used
             if status not in STATUSES:
-                return ExecResult(status="crashed", error=f"malformed worker reply (status={status!r})")
+                return ExecResult(status="crashed", error=f"malformed worker reply (status={status!r})",
+                                  tamper=tamper, entropy=entropy)
             if len(stdout) > cap:
-                return ExecResult(status="output_limit", seconds=seconds, match=no_match,
+                return ExecResult(status="output_limit", seconds=seconds, match=no_match, tamper=tamper,
+                                  entropy=entropy,
                                   error=f"stdout exceeded max_output_chars={cap} (output is never truncated)")
             error = frame.get("error")
-            return ExecResult(status=status, stdout=stdout, seconds=seconds, match=no_match,
-                              error=error if isinstance(error, str) else None)
+            return ExecResult(status=status, stdout=stdout, seconds=seconds, match=no_match, tamper=tamper,
+                              entropy=entropy, error=error if isinstance(error, str) else None)
         if len(stdout) > cap:  # the unit the docs state: characters (the worker could only bound bytes)
-            return ExecResult(status="output_limit", seconds=seconds, match=no_match,
+            return ExecResult(status="output_limit", seconds=seconds, match=no_match, tamper=tamper, entropy=entropy,
                               error=f"stdout exceeded max_output_chars={cap} (output is never truncated)")
-        reply = _parse_reply(frame.get("reply"), cap)
         if reply["status"] == "not_plain":
             reply = {**reply, "status": "error", "value": None,
                      "error": f"{NOT_LITERAL_MARKER}: {reply['error'] or 'not plain data'}"}
@@ -952,7 +982,7 @@ class Sandbox:
             match = reply["status"] == "ok" and reply["value"] is not None and literal_matches(reply["value"],
                                                                                                 job.compare_to)
         return ExecResult(status=reply["status"], value=reply["value"], match=match, stdout=stdout,
-                          error=reply["error"], seconds=seconds, plain=reply["plain"])
+                          error=reply["error"], seconds=seconds, plain=reply["plain"], tamper=tamper, entropy=entropy)
 
 
 #: The job child's reply status codes (``_zygote.py``), by number.
@@ -963,37 +993,41 @@ def _parse_reply(raw: object, cap: int) -> dict:
     """The job child's reply frame, checked field by field; anything else is a crash.
 
     Layout (the fork server has checked and removed the per-job token that precedes it): a 4-byte big-endian
-    length, then the body: status (1 byte), plain flag (1 byte), the value's ``repr`` (4-byte length, UTF-8),
-    the error text (4-byte length, UTF-8). Plain means the harness checked the value to be built only from
-    exact builtin types and printed it itself, after the call had returned; otherwise the text is the job's
-    own (its ``__repr__``). Nothing here is evaluated: callers compare values on the host.
+    length, then the body: status, plain flag, tampering marks (bit ``c - 1`` for class code ``c``) and entropy
+    flag (1 byte each), the value's ``repr`` (4-byte length, UTF-8), the error text (4-byte length, UTF-8). Plain
+    means the harness checked the value to be built only from exact builtin types and printed it itself, after
+    the call had returned; otherwise the text is the job's own (its ``__repr__``). Nothing here is evaluated:
+    callers compare values on the host.
     """
-    bad = {"status": "crashed", "value": None, "error": "malformed reply from the job", "plain": False}
-    if not isinstance(raw, bytes) or len(raw) < _HEADER.size + 10:
+    bad = {"status": "crashed", "value": None, "error": "malformed reply from the job", "plain": False,
+           "marks": 0, "entropy": False}
+    if not isinstance(raw, bytes) or len(raw) < _HEADER.size + 12:
         return bad
     (size,) = _HEADER.unpack_from(raw)
     body = raw[_HEADER.size:]
-    if size != len(body) or body[0] >= len(_REPLY_STATUS) or body[1] > 1:
+    if size != len(body) or body[0] >= len(_REPLY_STATUS) or body[1] > 1 or body[3] > 1:
         return bad
-    status, plain = _REPLY_STATUS[body[0]], body[1] == 1
-    (n_value,) = _HEADER.unpack_from(body, 2)
-    if 6 + n_value + 4 > len(body):
+    status, plain, marks, entropy = _REPLY_STATUS[body[0]], body[1] == 1, body[2], body[3] == 1
+    (n_value,) = _HEADER.unpack_from(body, 4)
+    if 8 + n_value + 4 > len(body):
         return bad
-    (n_error,) = _HEADER.unpack_from(body, 6 + n_value)
-    if 10 + n_value + n_error != len(body):
+    (n_error,) = _HEADER.unpack_from(body, 8 + n_value)
+    if 12 + n_value + n_error != len(body):
         return bad
     try:
-        value = body[6:6 + n_value].decode("utf-8", "surrogatepass") if n_value else None
-        error = body[10 + n_value:].decode("utf-8", "surrogatepass") if n_error else None
+        value = body[8:8 + n_value].decode("utf-8", "surrogatepass") if n_value else None
+        error = body[12 + n_value:].decode("utf-8", "surrogatepass") if n_error else None
     except UnicodeDecodeError:
         return bad
     if status == "ok" and value is None and plain:
         return bad
     if value is not None and len(value) > cap:
-        return {**bad, "status": "output_limit", "error": f"value repr exceeds max_output_chars={cap}"}
+        return {**bad, "status": "output_limit", "error": f"value repr exceeds max_output_chars={cap}",
+                "marks": marks, "entropy": entropy}
     if status != "ok":
         value, plain = None, False
-    return {"status": status, "value": value, "error": None if error is None else _short(error), "plain": plain}
+    return {"status": status, "value": value, "error": None if error is None else _short(error), "plain": plain,
+            "marks": marks, "entropy": entropy}
 
 
 def _short(text: str, limit: int = 4000) -> str:

@@ -41,6 +41,7 @@ from populora_env.validation import (
     check_program,
     check_program_azr,
 )
+from tests.sandbox.tampering import climb
 
 # Reaches sys, os, json and __import__ through names no policy bans (both profiles).
 PRELUDE = """
@@ -152,7 +153,8 @@ CORPUS = [
     Forgery("own_memory", "", "getattr(_b, 'op' + 'en')('/proc/self/mem', 'rb')\nreturn x + 1", "invalid"),
     Forgery("ctypes", "", "_imp('ctypes')\nreturn x + 1", "invalid"),
     Forgery("crafted_bytecode", "", "_imp('marshal').loads(b'c')\nreturn x + 1", "invalid"),
-    Forgery("own_audit_hook", "_s.addaudithook(print)", "return x + 1", "true"),
+    # its own audit hook is skipped silently, and (issue 52) counted as tampering: invalid, reason tamper
+    Forgery("own_audit_hook", "_s.addaudithook(print)", "return x + 1", "invalid"),
     Forgery("frame_walk_caught_then_a_frame", "", """
         try:
             fr = _s._getframe(2)
@@ -185,20 +187,12 @@ STRICT_ONLY = [
     # an exception class whose __traceback__ is a property: the harness read it while describing the error,
     # in its own thread with frame reads allowed, so the property walked up to the harness's locals, took the
     # token and sealed a forged "ok" reply for a program that raises (a valid task with gold 3007 before)
-    Forgery("exception_whose_traceback_property_forges_the_reply", """
-        _hmac = _imp('hmac')
-        def grab(self):
-            real = getattr(getattr(BaseException, '__trace' + 'back__'), '__g' + 'et__')(self)
-            fr = getattr(real, 'tb_fr' + 'ame')
-            while fr is not None:
-                loc = getattr(fr, 'f_lo' + 'cals')
-                if 'token' in loc:
-                    _os.write(3, _hmac.new(loc['token'], _frame2, 'sha256').digest() + _frame2)
-                    _os._exit(0)
-                fr = getattr(fr, 'f_ba' + 'ck')
-            return real
-        E = type('E', (Exception,), {'__trace' + 'back__': property(grab)})
-        """, "raise E('no value')", "invalid", ("strict",)),
+    Forgery("exception_whose_traceback_property_forges_the_reply",
+            "_hmac = _imp('hmac')\ndef grab(self):\n"
+            "    real = getattr(getattr(BaseException, '__trace' + 'back__'), '__g' + 'et__')(self)\n"
+            + textwrap.indent(climb("getattr(real, 'tb_fr' + 'ame')", "_frame2"), "    ")
+            + "\n    return real\nE = type('E', (Exception,), {'__trace' + 'back__': property(grab)})\n",
+            "raise E('no value')", "invalid", ("strict",)),
     Forgery("lying_repr_class", """
         class L:
             def __repr__(self):

@@ -93,14 +93,15 @@ def test_list_refuses_an_unknown_kind(cli) -> None:
 
 
 def test_the_scripted_rounds_reach_every_branch() -> None:
-    """The rounds hold what a scheme must handle: p̂ of 1, 0.5, 0 and None; valid, invalid and badly formatted
-    proposals; correct, wrong and badly formatted attempts, filler attempts; a student with no task."""
+    """The rounds hold what a scheme must handle: p̂ of 1, 0.5, 0 and None; valid, invalid, badly formatted and
+    tampering proposals; correct, wrong and badly formatted attempts, filler attempts; a student with no task."""
     rounds = scheme_rounds()
     proposals = [p for r in rounds for p in r.results.proposals]
     attempts = [a for r in rounds for a in r.results.attempts]
     p_hats = {r.results.solve_rate(p.task_id) for r in rounds for p in r.results.proposals if p.valid}
     assert p_hats == {1.0, 0.5, 0.0, None}
     assert {(p.valid, p.format_ok) for p in proposals} == {(True, True), (False, True), (False, False)}
+    assert [(p.reason, p.tamper) for p in proposals if p.tamper is not None] == [("tamper", "introspection")]
     assert {(a.correct, a.format_ok, a.matched) for a in attempts} >= {
         (True, True, True), (False, True, True), (False, False, True), (True, True, False), (False, True, False)}
     assert any(r.results.n_completions("student_0") == 0 and r.results.match_of("teacher_0") is None
@@ -118,6 +119,8 @@ def test_the_populora_scheme_per_branch() -> None:
     assert rows[("solved and unsolved tasks", "teacher_0", "valid task, never solved (p̂ = 0)")] == 0.0
     assert rows[("solved and unsolved tasks", "student_0", "format error")] == -1.0
     assert rows[("invalid proposals and filler attempts", "teacher_0", "invalid proposal (fails validation)")] == -1.0
+    assert rows[("invalid proposals and filler attempts", "teacher_0",
+                 "tampering proposal (reason tamper)")] == -1.0
     assert rows[("invalid proposals and filler attempts", "student_0", "filler task, wrong")] == -0.5
     assert rows[("no student", "teacher_0", "valid task, no matched student (p̂ None)")] == 0.0
     assert math.isnan(rows[("no student", "student_0", "no task this round (no completion)")])
@@ -127,7 +130,7 @@ def test_test_scheme_prints_every_branch_for_a_builtin_and_a_plugin(cli, capsys:
                                                                     plugin: str) -> None:
     out = _out(cli, capsys, "test-scheme", "populora")
     for branch in ("p̂ = 1", "p̂ = 0.5", "p̂ = 0)", "invalid proposal", "badly formatted proposal",
-                   "format error", "filler task", "no matched student", "no task this round"):
+                   "tampering proposal", "format error", "filler task", "no matched student", "no task this round"):
         assert branch in out, branch
     out = _out(cli, capsys, "test-scheme", "azr", "--kwargs", '{"extreme_reward": -0.5}')
     assert "valid task, never solved (p̂ = 0)             -0.500" in out
