@@ -11,7 +11,8 @@ run after its samples of step 2 were written but before checkpoint 2 and resumes
 tamper tags equal the uninterrupted run's (only those: the script's ordinary texts restart with the resumed
 process, the tampering one is fixed).
 
-These tests need the env's half of issue 52 (branch ``verdicts``: the sandbox names the defence a job tripped).
+The marking is the env's half of issue 52 (the sandbox names the defence a job tripped; ``tests/sandbox/test_tamper.py``
+pins each class); here only its run-layer consequences are checked, so the class is read from the run, not assumed.
 """
 
 from __future__ import annotations
