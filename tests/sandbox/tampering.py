@@ -104,7 +104,7 @@ def answer(task_type: str, text: str) -> str:
 TRIPS = {
     "introspection": "try:\n    _s._getframe()\nexcept ValueError:\n    pass",
     "native": "try:\n    _imp('mar' + 'shal').loads(b'\\xe3')\nexcept ImportError:\n    pass",
-    "type_dict": "int.__dict__ == _G()\n_got[-1]['populora_probe'] = 1",
+    "type_dict": "list.__dict__ == _G()\n_got[-1]['populora_probe'] = 1",
     "signal": "try:\n    _imp('sig' + 'nal').signal(14, print)\nexcept OSError:\n    pass",
     "process": "try:\n    _os.fork()\nexcept OSError:\n    pass",
     "reply_forgery": "_os.write(3, b'3007')",

@@ -298,7 +298,7 @@ BODIES = ["return x * {k} + 1", "return sorted([x, {k}, -x])", "return [1, 2, 3,
 #: The perturbations: ordinary (none), tampering (kind ``tamper``) and random or time-dependent (``random``).
 PERTURBATIONS = {
     "none": ("ordinary", "", ""),
-    "junk_type_dict_entry": ("tamper", "int.__dict__ == _G()\n_got[-1]['populora_probe'] = 1\n", ""),
+    "junk_type_dict_entry": ("tamper", "list.__dict__ == _G()\n_got[-1]['populora_probe'] = 1\n", ""),
     "caught_frame_probe": ("tamper", "", "try:\n    _s._getframe()\nexcept ValueError:\n    pass\n"),
     "random_decides": ("random", "_random = _imp('ran' + 'dom')\n", "if _random.random() < 0.5:\n    return -1\n"),
     "random_off_its_input": ("random", "_random = _imp('ran' + 'dom')\n",
