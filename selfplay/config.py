@@ -217,6 +217,9 @@ class TrainConfig:
     """Checkpoints kept on disk (newest)."""
     log_samples: int = 2
     """Prompt/completion pairs per role logged as TensorBoard text each step."""
+    tamper_samples: int = 5
+    """Completions per member whose run tripped a sandbox defence (reason 'tamper') saved, the first ones, with
+    their step and class, to tamper_samples.jsonl (data, never run; 0: none)."""
     progress: bool = True
     """Show a progress bar."""
     seeding_cache: Path | None = None
@@ -259,6 +262,7 @@ class TrainConfig:
         check_int("checkpoint_every", self.checkpoint_every, 1)
         check_int("keep_checkpoints", self.keep_checkpoints, 0)
         check_int("log_samples", self.log_samples, 0)
+        check_int("tamper_samples", self.tamper_samples, 0, MAX_TAMPER_SAMPLES)
         check_choice("backend", self.backend, ("local", "ray"))
         check_section("env.", self.env)
         check_section("generation.", self.generation)
@@ -547,6 +551,9 @@ def _model_problem(model: str) -> str | None:
     return None  # a hub id: checked by load_base (fails with a clear message when offline)
 
 
+MAX_TAMPER_SAMPLES = 1000
+"""Most ``tamper_samples`` per member (whatever it is, the file stops growing at what its readers read,
+:data:`selfplay.rundir.MAX_TAMPER_BYTES`)."""
 MAX_SEED = (1 << 63) - 1
 """Largest run / PBT seed: every RNG of a run takes it (torch, numpy's Generator, Python's ``random``; numpy's
 legacy global seed gets its low 32 bits)."""

@@ -13,7 +13,7 @@ run's writer (``purge_step``) drops the replayed steps of every diagnostic alike
 from __future__ import annotations
 
 import secrets
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -23,6 +23,7 @@ from torch.utils.tensorboard import SummaryWriter
 from populora_env.results import RoundResults
 from selfplay import tags
 from selfplay.loop import StepRecord
+from selfplay.tamper import tampering
 
 
 def _mean(xs: Iterable[float | None]) -> float | None:
@@ -55,6 +56,7 @@ def step_scalars(record: StepRecord) -> dict[str, float]:
     out.update(_rating_scalars(record.outcome.ratings))
     out.update(_program_scalars(record.outcome.summary.get("metrics") or {}))
     out.update(_update_scalars(record.member_metrics))
+    out.update(tamper_scalars(record))
     for phase, seconds in record.times.items():
         out[tags.STEP_SECONDS if phase == "step" else tags.time(phase)] = float(seconds)
     out[tags.REPLACEMENTS] = float(len(record.evolution))
@@ -128,6 +130,18 @@ def _teacher_scalars(results: RoundResults) -> dict[str, float]:
         out[tags.valid_rate(task_type)] = sum(vs) / len(vs)
     for reason, n in reasons.items():
         out[tags.validity(reason)] = float(n)
+    return out
+
+
+def tamper_scalars(record: StepRecord) -> dict[str, float]:
+    """Tampering (:func:`selfplay.tamper.tampering`): per member its completions that tripped a sandbox defence (every
+    member, 0 included), per role and defence class those that did (only classes that occurred), and their total."""
+    found = tampering(record)
+    per_member = Counter(t.member for t in found)
+    out = {tags.tamper(m): float(per_member.get(m, 0)) for m in (*record.mapping.members, *per_member)}
+    for (role, cls), n in Counter((t.role, t.cls) for t in found).items():
+        out[tags.tamper_class(role, cls)] = float(n)
+    out[tags.TAMPER_TOTAL] = float(len(found))
     return out
 
 

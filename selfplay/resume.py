@@ -15,8 +15,8 @@ loads:
   value by value, every tensor file through a loader that runs no code; none intact:
   :class:`~selfplay.checkpoint.NoIntactCheckpoint`); accepted config
   changes are recorded at its step; the damaged newer checkpoints are moved to ``checkpoints/damaged/``; the
-  lineage lines written after it are dropped (a run killed before its first checkpoint restarts from step 0 and
-  drops them all).
+  lineage lines and tamper samples written after it are dropped (a run killed before its first checkpoint
+  restarts from step 0 and drops them all).
 
 It holds the directory's lock (:func:`selfplay.rundir.run_lock`) until the ``with`` block ends.
 
@@ -62,6 +62,7 @@ from selfplay.config_changes import HISTORY_NAME, ResumePlan, plan_resume, recor
 from selfplay.rundir import (
     CONFIG,
     LINEAGE,
+    TAMPER_SAMPLES,
     RunDir,
     RunFileError,
     check_resume_dir,
@@ -154,23 +155,31 @@ def _continue(cfg: TrainConfig, run_dir: Path, plan: ResumePlan) -> ResumePoint:
     else:
         set_aside(run_dir, [e.checkpoint for e in chosen.skipped])
     truncate_lineage(plan.saved.run, step)
+    truncate_tamper_samples(plan.saved.run, step)
     return ResumePoint(run_dir, resuming=True, checkpoint=chosen)
 
 
+def _truncate_lines(run: RunDir, name: str, lines: list[tuple[str, Any]], step: int, what: str) -> None:
+    """Rewrite the JSON-lines entry ``name`` (its ``lines``, raw and decoded) without the lines of a step after
+    ``step`` or without a step (a line cut short by a kill included: it was being written after the checkpoint);
+    not rewritten when there is none."""
+    keep = [ln for ln, rec in lines if valid_step(rec.get("step") if isinstance(rec, dict) else None, step)]
+    if len(keep) < len(lines):
+        log.info("%s: dropped %d line(s) written after checkpoint step %d", what, len(lines) - len(keep), step)
+        write_text_atomic(run.entry(name), "".join(ln + "\n" for ln in keep))
+
+
 def truncate_lineage(run: RunDir | Path, step: int) -> None:
-    """Drop the lineage lines written after checkpoint ``step`` by a run that was killed later (a line cut short
-    by the kill included: it was being written after the checkpoint)."""
+    """Drop the lineage lines written after checkpoint ``step`` by a run that was killed later."""
     run = run if isinstance(run, RunDir) else RunDir(run)
-    keep, dropped = [], 0
-    for ln, rec in run.lineage_lines():
-        line_step = rec.get("step") if isinstance(rec, dict) else None
-        if valid_step(line_step, step):
-            keep.append(ln)
-        else:
-            dropped += 1
-    if dropped:
-        log.info("lineage: dropped %d line(s) written after checkpoint step %d", dropped, step)
-        write_text_atomic(run.entry(LINEAGE), "".join(ln + "\n" for ln in keep))
+    _truncate_lines(run, LINEAGE, run.lineage_lines(), step, "lineage")
+
+
+def truncate_tamper_samples(run: RunDir | Path, step: int) -> None:
+    """Drop the tamper samples written after checkpoint ``step`` (:mod:`selfplay.tamper`): the resumed run writes
+    those steps' samples again."""
+    run = run if isinstance(run, RunDir) else RunDir(run)
+    _truncate_lines(run, TAMPER_SAMPLES, run.tamper_sample_lines(), step, "tamper samples")
 
 
 # ------------------------------------------------------------------------------------ the checkpoint's state
@@ -398,4 +407,5 @@ def _np_state_from_json(s: list) -> tuple:
 
 
 __all__ = ["LoopState", "Progress", "ResumePoint", "check_checkpoint", "load_checkpoint", "read_loop_state",
-           "resume_point", "save_checkpoint", "truncate_lineage"]
+           "resume_point", "save_checkpoint", "truncate_lineage",
+           "truncate_tamper_samples"]

@@ -24,6 +24,7 @@ from selfplay.loop import SelfPlayLoop
 from selfplay.pipeline import make_loop
 from selfplay.resume import Progress, ResumePoint, load_checkpoint, resume_point, save_checkpoint
 from selfplay.rundir import ADAPTERS, CONFIG, SUMMARY
+from selfplay.tamper import TamperSampler
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ HISTORY_KEYS = {
     "teacher_reward": tags.TEACHER_REWARD,
     "student_reward": tags.STUDENT_REWARD,
     "step_seconds": tags.STEP_SECONDS,
+    "tamper": tags.TAMPER_TOTAL,
 }
 """``run_summary.json`` history field -> the TensorBoard tag it copies (``solve_rate``: matched tasks only)."""
 
@@ -110,6 +112,7 @@ def train_from(point: ResumePoint, cfg: TrainConfig, assignment: Mapping[str, st
                                              "rank": cfg.rank, "alpha": cfg.alpha,
                                              "mapping": loop.mapping.to_dict(), "config": to_dict(cfg)})
     progress = load_checkpoint(point, loop)
+    sampler = TamperSampler(run_dir, cfg.tamper_samples)  # after resume dropped the samples past the checkpoint
     # a resumed writer drops what the interrupted session logged after the checkpoint (steps > loop.step, all of
     # them without a checkpoint); the checkpoint's own step was logged before it was written and stays
     tb = TensorBoardLogger(str(run_dir), purge_step=loop.step + 1 if point.resuming else None)
@@ -120,7 +123,7 @@ def train_from(point: ResumePoint, cfg: TrainConfig, assignment: Mapping[str, st
     peaks: dict[str, float] = {}  # GiB per phase, the largest of this session's steps (CUDA runs)
     try:
         while loop.step < cfg.steps:
-            line = _run_step(loop, progress, tb, cfg, peaks)
+            line = _run_step(loop, progress, tb, cfg, peaks, sampler)
             bar.update(1)
             tqdm.write(line) if cfg.progress else log.info(line)
     finally:
@@ -141,9 +144,10 @@ def train_from(point: ResumePoint, cfg: TrainConfig, assignment: Mapping[str, st
 
 
 def _run_step(loop: SelfPlayLoop, progress: Progress, tb: TensorBoardLogger, cfg: TrainConfig,
-              peaks: dict[str, float]) -> str:
-    """One step, its logs, its history row and (when due) its checkpoint, in the order a resume relies on;
-    returns the step's summary line. ``peaks``: the largest GPU memory per phase so far (GiB), updated."""
+              peaks: dict[str, float], sampler: TamperSampler) -> str:
+    """One step, its logs, its history row, its tamper samples and (when due) its checkpoint, in the order a resume
+    relies on; returns the step's summary line. ``peaks``: the largest GPU memory per phase so far (GiB),
+    updated."""
     record = loop.train_step()
     for k, v in record.times.items():  # before the checkpoint, so a resumed run keeps the sums
         if k != "step":
@@ -151,6 +155,7 @@ def _run_step(loop: SelfPlayLoop, progress: Progress, tb: TensorBoardLogger, cfg
     scalars = tb.log_step(record)  # before the checkpoint: the history goes into it
     progress.history.append({"step": loop.step, **{k: scalars.get(tag) for k, tag in HISTORY_KEYS.items()}})
     tb.log_samples(record, cfg.log_samples)  # flushed before the checkpoint, like the scalars
+    sampler.write(record)  # fsynced before the checkpoint: a checkpoint never lacks its steps' samples
     ckpt_s = 0.0
     if cfg.checkpoint_due(loop.step):
         t0 = time.perf_counter()

@@ -2,7 +2,8 @@
 work starts.
 
 **Layout.** A run directory holds ``config.json``, ``checkpoints/``, TensorBoard event files, ``lineage.jsonl``,
-``config_history.jsonl``, ``seeding.json``, ``adapters/``, ``run_summary.json``, ``report/`` and ``eval/``. The
+``config_history.jsonl``, ``tamper_samples.jsonl``, ``seeding.json``, ``adapters/``, ``run_summary.json``,
+``report/`` and ``eval/``. The
 names are defined here and nowhere else in the library (a test scans for them): every reader and writer of a run
 (the run itself, resume, ``populora report``, ``populora eval``, ``populora compare``, the command line) takes
 them from this module, and every reader reads them through :class:`RunDir`.
@@ -61,6 +62,12 @@ LINEAGE = "lineage.jsonl"
 """One JSON object per evolution replacement, appended by the PBT controller."""
 CONFIG_HISTORY = "config_history.jsonl"
 """One JSON object per configuration change a resume accepted (:mod:`selfplay.config_changes`)."""
+TAMPER_SAMPLES = "tamper_samples.jsonl"
+"""The first ``tamper_samples`` completions per member whose run tripped a sandbox defence, one JSON object per
+line (:mod:`selfplay.tamper`): data to read, never code to run (the model's text is a JSON string in it)."""
+MAX_TAMPER_BYTES = 64 << 20
+"""Largest ``tamper_samples.jsonl`` a reader reads (a run writes at most ``tamper_samples`` lines per member, each
+with a capped text); a larger one is a :class:`RunFileError` the report notes."""
 CHECKPOINTS = "checkpoints"
 """The folder of the run's checkpoints (:mod:`selfplay.checkpoint`)."""
 STEP_DIR_RE = re.compile(r"^step_(\d+)$")
@@ -84,7 +91,7 @@ LOCK_NAME = ".lock"
 holder's pid, host and start time (JSON) for the message a second process gets."""
 EVENTS_PREFIX = "events.out.tfevents."
 
-RUN_ENTRIES = (CONFIG, SUMMARY, LINEAGE, CONFIG_HISTORY, SEEDING, CHECKPOINTS, ADAPTERS, REPORT)
+RUN_ENTRIES = (CONFIG, SUMMARY, LINEAGE, CONFIG_HISTORY, TAMPER_SAMPLES, SEEDING, CHECKPOINTS, ADAPTERS, REPORT)
 """Names whose presence marks a directory as holding a run (besides TensorBoard event files)."""
 
 MAX_JSON_DEPTH = 100
@@ -389,14 +396,15 @@ class RunDir:
         rows = (self.summary() or {}).get("history")
         return [h for h in rows if isinstance(h, dict)] if isinstance(rows, list) else []
 
-    def _lines(self, name: str) -> list[tuple[str, Any]]:
+    def _lines(self, name: str, max_bytes: int | None = None) -> list[tuple[str, Any]]:
         """Every non-blank line of a JSON-lines entry with its decoded value (``None`` where it does not parse);
-        empty when the file does not exist. A line nested too deep is :class:`UnsafeRunFile`."""
+        empty when the file does not exist. A line nested too deep is :class:`UnsafeRunFile`; a file over
+        ``max_bytes`` a :class:`RunFileError`."""
         p = self.entry(name)
         if not p.exists() and not p.is_symlink():
             return []
         out = []
-        for i, ln in enumerate(read_text(p).splitlines(), 1):
+        for i, ln in enumerate(read_text(p, max_bytes).splitlines(), 1):
             if not ln.strip():
                 continue
             try:
@@ -441,6 +449,28 @@ class RunDir:
         not an object with ``step`` and ``field`` is skipped."""
         return [rec for _ln, rec in self._lines(CONFIG_HISTORY)
                 if isinstance(rec, dict) and "step" in rec and "field" in rec]
+
+    def tamper_sample_lines(self) -> list[tuple[str, Any]]:
+        """The raw lines of ``tamper_samples.jsonl`` with their decoded values (for resume's truncation); a file
+        over :data:`MAX_TAMPER_BYTES` is a :class:`RunFileError`."""
+        return self._lines(TAMPER_SAMPLES, MAX_TAMPER_BYTES)
+
+    def tamper_samples(self) -> list[dict[str, Any]]:
+        """The samples of ``tamper_samples.jsonl`` (``[]`` without it) that have the shape a run writes
+        (:func:`tamper_sample_ok`, a step in ``0..steps``), in file order, read once; the other lines are skipped
+        with a note (:attr:`notes`). The texts are returned as strings and never run."""
+        return self._tamper_samples
+
+    @functools.cached_property
+    def _tamper_samples(self) -> list[dict[str, Any]]:
+        bound = self.steps_total()
+        bound = MAX_STEP if bound is None else bound
+        lines = self.tamper_sample_lines()
+        out = [rec for _ln, rec in lines if tamper_sample_ok(rec, bound)]
+        if len(out) < len(lines):
+            self.notes.append(f"{len(lines) - len(out)} line(s) of {TAMPER_SAMPLES} that are not a sample with a step "
+                              f"in 0..{bound} skipped.")
+        return out
 
     def checkpoints(self) -> list[tuple[int, Path]]:
         """The complete checkpoints as ``(step, path)``, oldest first (:func:`list_checkpoints`)."""
@@ -490,6 +520,28 @@ def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
 def valid_step(step: Any, bound: int = MAX_STEP) -> bool:
     """Whether ``step`` is an integer (not a bool) in ``0..bound``."""
     return isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= bound
+
+
+TAMPER_SAMPLE_FIELDS = {"step": int, "member": str, "agent": str, "role": str, "index": int, "task_type": str,
+                        "task_id": str, "class": str, "text": str, "truncated": bool}
+"""The fields of a line of ``tamper_samples.jsonl`` and their JSON types (:mod:`selfplay.tamper` writes them)."""
+MAX_TAMPER_NAME = 256
+"""Longest member, agent, role, task type, task id or class a reader accepts in a tamper sample."""
+
+
+def tamper_sample_ok(rec: Any, bound: int = MAX_STEP) -> bool:
+    """Whether ``rec`` is a tamper sample as a run writes it: an object with exactly
+    :data:`TAMPER_SAMPLE_FIELDS`, each of its type (an integer is not a bool), the step in ``0..bound``, the index
+    non-negative and every name at most :data:`MAX_TAMPER_NAME` characters."""
+    if not isinstance(rec, dict) or rec.keys() != TAMPER_SAMPLE_FIELDS.keys():
+        return False
+    for key, kind in TAMPER_SAMPLE_FIELDS.items():
+        v = rec[key]
+        if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+            return False
+        if kind is str and key != "text" and len(v) > MAX_TAMPER_NAME:
+            return False
+    return valid_step(rec["step"], bound) and rec["index"] >= 0
 
 
 def finite_number(x: Any) -> bool:
@@ -580,7 +632,8 @@ def prepare_new_run_dir(path: Path) -> Path:
     return path
 
 
-WRITTEN_ON_RESUME = (CONFIG, SUMMARY, LINEAGE, CONFIG_HISTORY, SEEDING, CHECKPOINTS, ADAPTERS, REPORT, LOCK_NAME)
+WRITTEN_ON_RESUME = (CONFIG, SUMMARY, LINEAGE, CONFIG_HISTORY, TAMPER_SAMPLES, SEEDING, CHECKPOINTS, ADAPTERS, REPORT,
+                     LOCK_NAME)
 """The entries a resumed run writes, removes or renames: none of them may be a symbolic link."""
 
 

@@ -14,6 +14,8 @@ Scalars are logged at ``global_step`` = training step. Families (CleanRL/TRL sty
 - ``generation/dropped_prompts/<role>``: prompts over the length limit dropped before generation this step;
 - ``pairs/<teacher>/<student>/{attempts,correct}``: the matched pair's attempts and correct ones this step
   (the teacher × student solve-rate matrix of the report);
+- ``tamper/<member>`` and ``tamper/<role>/<class>``: completions whose run tripped a sandbox defence this step,
+  per member and per role and defence class (``charts/tamper``: all of them);
 - text: ``samples/<role>`` and ``hyperparameters``.
 
 Every family has a builder (``member(name, key)``) and, where the report discovers names from the logged tags,
@@ -44,6 +46,9 @@ FRAC_REWARD_ZERO_STD = "charts/frac_reward_zero_std"
 """Mean over updated members of the fraction of groups whose rewards are all equal."""
 STEP_SECONDS = "charts/step_seconds"
 """Wall time of the step (generation, sandbox, update, evolution)."""
+TAMPER_TOTAL = "charts/tamper"
+"""Completions of the step (proposals and attempts, every member) whose run tripped a sandbox defence: the sum of
+the :func:`tamper` counts (``run_summary.json``'s ``tamper``, what ``populora compare`` carries)."""
 
 
 def valid_rate(task_type: str) -> str:
@@ -212,6 +217,35 @@ def parse_pair(tag: str) -> tuple[str, str, str] | None:
     rest = _suffix(tag, PAIRS_PREFIX)
     parts = rest.split("/") if rest is not None else []
     return (parts[0], parts[1], parts[2]) if len(parts) == 3 and parts[2] in PAIR_KEYS else None
+
+
+TAMPER_PREFIX = "tamper/"
+
+
+def tamper(member: str) -> str:
+    """``tamper/<member>``: the member's completions this step (its proposals and attempts, both roles of a member
+    that plays two) whose run tripped a sandbox defence (result field ``tamper`` set); logged every step for every
+    member, 0 included."""
+    return f"{TAMPER_PREFIX}{member}"
+
+
+def tamper_class(role: str, cls: str) -> str:
+    """``tamper/<role>/<class>``: the role's completions this step that tripped the defence of class ``cls``
+    (``introspection``, ``signal``, ...); logged at the steps where there were some."""
+    return f"{TAMPER_PREFIX}{role}/{cls}"
+
+
+def parse_tamper(tag: str) -> str | None:
+    """The member of a :func:`tamper` tag, else ``None`` (a member's name holds no ``/``)."""
+    rest = _suffix(tag, TAMPER_PREFIX)
+    return rest if rest is not None and "/" not in rest else None
+
+
+def parse_tamper_class(tag: str) -> tuple[str, str] | None:
+    """``(role, class)`` of a :func:`tamper_class` tag, else ``None``."""
+    rest = _suffix(tag, TAMPER_PREFIX)
+    role, sep, cls = (rest or "").partition("/")
+    return (role, cls) if sep and role in ROLES and cls and "/" not in cls else None
 
 
 def pipeline(key: str) -> str:

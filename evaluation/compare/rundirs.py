@@ -18,14 +18,16 @@ from typing import Any
 
 from selfplay.rundir import CONFIG, EVAL, EVAL_RESULTS, SUMMARY, RunDir, RunFileError, UnsafeRunFile
 
-HISTORY_METRICS = ("valid_rate", "solve_rate", "student_format_rate", "teacher_reward", "student_reward")
-"""The ``run_summary.json`` history fields compared (``step_seconds`` is a cost, not a result)."""
+HISTORY_METRICS = ("valid_rate", "solve_rate", "student_format_rate", "teacher_reward", "student_reward", "tamper")
+"""The ``run_summary.json`` history fields compared (``step_seconds`` is a cost, not a result; ``tamper``, the
+step's completions that tripped a sandbox defence, is logged by runs since the telemetry: older runs have none)."""
 METRIC_LABELS = {
     "valid_rate": "teachers' valid rate",
     "solve_rate": "solve rate (matched tasks)",
     "student_format_rate": "students' format rate",
     "teacher_reward": "teacher reward",
     "student_reward": "student reward",
+    "tamper": "tampering completions per step",
 }
 EVAL_SCORES = ("population_mean", "best", "weakest")
 """Which number of a run's ``eval/results.json`` record stands for the run: the mean over its members (the

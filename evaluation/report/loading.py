@@ -1,6 +1,6 @@
 """Reading a run directory for the report: TensorBoard scalars here, everything else through the run layer's
 one reader (:class:`selfplay.rundir.RunDir`: ``config.json``, ``lineage.jsonl``, ``config_history.jsonl``,
-``eval/results.json``).
+``tamper_samples.jsonl``, ``eval/results.json``).
 
 Only the event files are required; a missing or damaged side file becomes a note in the report, so a partial or
 still running run can always be reported. What this project never writes (JSON nested beyond the run
@@ -43,6 +43,8 @@ class RunData:
         eval_results: ``eval/results.json`` when it has a ``benchmarks`` mapping.
         notes: what could not be read, for the report's notes.
         config_history: the changes resumes recorded (``config_history.jsonl``).
+        tamper_samples: the samples of ``tamper_samples.jsonl`` that have a sample's shape (data only: the
+            report counts them and never runs their text).
     """
 
     path: Path
@@ -53,6 +55,7 @@ class RunData:
     eval_results: dict[str, Any] | None
     notes: list[str] = field(default_factory=list)
     config_history: list[dict[str, Any]] = field(default_factory=list)
+    tamper_samples: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def arm(self) -> str:
@@ -172,8 +175,8 @@ def _side_file(read: Any, what: str, notes: list[str], name: str) -> Any:
 
 
 def load_run(run_dir: str | os.PathLike[str]) -> RunData:
-    """Load a run directory: scalars, config.json, lineage.jsonl, config_history.jsonl and eval/results.json
-    (all optional except the event files). A damaged side file becomes a note; see the module docstring.
+    """Load a run directory: scalars, config.json, lineage.jsonl, tamper_samples.jsonl, config_history.jsonl and
+    eval/results.json (all optional except the event files). A damaged side file becomes a note; see the module docstring.
 
     Raises:
         NoEventsError: ``run_dir`` does not exist or holds no event files.
@@ -187,10 +190,11 @@ def load_run(run_dir: str | os.PathLike[str]) -> RunData:
         notes.append(f"{run.name}: no {CONFIG}; the run is named after its directory.")
     name = str(config.get("name") or run.name)
     lineage = _side_file(run.lineage, "the lineage", notes, name) or []
-    notes += [f"{name}: {n}" for n in run.notes]  # what the lineage reader skipped
+    samples = _side_file(run.tamper_samples, "the tamper samples", notes, name) or []
+    notes += [f"{name}: {n}" for n in run.notes]  # what the lineage and sample readers skipped
     history = _side_file(run.config_history, "the configuration history", notes, name) or []
     eval_results = _side_file(run.eval_results, f"{EVAL}/{EVAL_RESULTS}", notes, name)
     if eval_results is not None and not isinstance(eval_results.get("benchmarks"), dict):
         notes.append(f'{name}: {EVAL}/{EVAL_RESULTS} has no "benchmarks" mapping; ignored.')
         eval_results = None
-    return RunData(run.path, name, config, scalars, lineage, eval_results, notes, history)
+    return RunData(run.path, name, config, scalars, lineage, eval_results, notes, history, samples)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from evaluation.report import numerics as nx
+from evaluation.report import tamper
 from evaluation.report.loading import load_run
 from evaluation.report.plots import Plotter
 from evaluation.report.summary import summary_markdown, unique_names
@@ -113,6 +114,13 @@ def make_report(
             "",
         ),
         ("Validity reasons", plot.validity(notes), ""),
+        (
+            "Tampering",
+            tamper.draw(plot, notes),
+            f"Per member, its completions (proposals and attempts) whose run tripped a sandbox defence at each step "
+            f"(reason `tamper`, `{tags.tamper('<member>')}`; dashed: students); 0 everywhere: no attempt on the "
+            "verifier's machinery was seen.",
+        ),
         (
             "Program complexity",
             plot.lines(

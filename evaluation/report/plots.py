@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +190,19 @@ class Plotter:
     def _grid(self, n: int, max_cols: int) -> tuple[int, int]:
         ncols = min(max_cols, n)
         return math.ceil(n / ncols), ncols
+
+    def run_panels(self, key: str, title: str, runs: Sequence[RunData], height: float,
+                   draw: Callable[[Any, RunData], dict[str, Any]]) -> str:
+        """One panel per run (two columns, ``height`` inches a row), each drawn by ``draw(ax, run)``, which returns
+        the panel's manifest entry; the figure titled ``title`` and saved as ``key``."""
+        nrows, ncols = self._grid(len(runs), 2)
+        with self.mpl.rc_context(self.rc):
+            fig, axes = self.figure(nrows, ncols, (6.2 * ncols, height * nrows + 0.6))
+            drawn = [draw(ax, r) for ax, r in zip(axes, runs, strict=False)]
+            for ax in axes[len(runs):]:
+                ax.set_visible(False)
+            fig.suptitle(title)
+            return self.save(fig, key, title, drawn)
 
     # -- figure kinds ------------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """The text of ``summary.md``: headline numbers per run, evaluation, evolution and retention tables, the
-teacher × student matrices, links to the figures and the notes on what could not be drawn."""
+teacher × student matrices, tampering (when any), links to the figures and the notes on what could not be drawn."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import numpy as np
 
 from evaluation.report import numerics as nx
 from evaluation.report.loading import RunData
+from evaluation.report.tamper import tamper_section
 from selfplay import tags
 from selfplay.rundir import CONFIG_HISTORY, LINEAGE
 
@@ -336,6 +337,7 @@ def summary_markdown(
         "",
         *config_changes_section(runs),
         *pipeline_section(runs),
+        *tamper_section(runs),
         "## Evaluation",
         "",
         *eval_section(runs, entries),

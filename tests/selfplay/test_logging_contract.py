@@ -7,8 +7,8 @@ Two layers, every tag name taken from ``selfplay.tags`` (never retyped, so a ren
    per-role rewards and lengths, and per-role entropy from the trainer's ``entropy/<role>`` (for the baseline's
    single member, not its mixed ``entropy``);
 2. real ``tiny-random`` runs through the CLI (``populora train`` and ``populora baseline``, 3 steps, PBT at
-   step 2): every tag the README and the report rely on (and every member's rollout/trainer mismatch) is
-   written at every step with plausible values and
+   step 2): every tag the README and the report rely on (and every member's rollout/trainer mismatch and
+   tamper count) is written at every step with plausible values and
    counts that match the round (proposals = proposing teachers × tasks_per_teacher; matched attempts = valid
    tasks × samples_per_task), and ``populora report`` on both runs draws the teacher × student matrix, the
    retention figure and, for the baseline, proposer and solver entropy as two curves.
@@ -34,6 +34,7 @@ from selfplay.logger import step_scalars
 from selfplay.loop import StepRecord
 from selfplay.mapping import AgentMapping
 from selfplay.run import HISTORY_KEYS
+from selfplay.rundir import TAMPER_SAMPLES
 from tests.selfplay.conftest import ARM_STEPS
 
 STEPS = ARM_STEPS
@@ -174,7 +175,12 @@ def test_run_writes_every_tag_with_plausible_values(runs: dict[str, Path], arm: 
     # the rollout/trainer mismatch of every member's update (the HF engine's sampling log-probs against the
     # trainer's: float rounding on CPU)
     always += [tags.member(m, k) for m in members for k in tags.MISMATCH_KEYS]
+    # reward-hacking telemetry: every member's count and the total at every step (a random model writes no program
+    # that runs, so none tampers: all zero, and no per-class tag)
+    always += [tags.tamper(m) for m in members] + [tags.TAMPER_TOTAL]
     series = {t: _every_step(sc, t) for t in always}
+    assert all(v == 0.0 for m in members for v in series[tags.tamper(m)].values())
+    assert not [t for t in sc if tags.parse_tamper_class(t)] and not (run / TAMPER_SAMPLES).exists()
     for m in members:
         assert all(0 <= v < 1e-3 for v in series[tags.member(m, tags.MISMATCH_ABS_MAX)].values())
     for t in RATE_TAGS + tuple(t for t in sc if tags.parse_valid_rate(t)):
@@ -249,7 +255,7 @@ def test_baseline_entropy_is_split_by_role(runs: dict[str, Path]) -> None:
 def test_report_draws_the_matrix_retention_and_roles(runs: dict[str, Path]) -> None:
     out = runs["report"]
     figures = {f["key"]: f for f in json.loads((out / "figures.json").read_text())["figures"]}
-    for key in ("pairs", "retention", "roles", "solve_rate", "entropy"):
+    for key in ("pairs", "retention", "roles", "solve_rate", "entropy", "tamper"):
         assert (out / f"{key}.png").is_file(), key
     names = {arm: load_run(runs[arm]).name for arm in ("population", "baseline")}
 

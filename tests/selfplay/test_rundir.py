@@ -116,7 +116,8 @@ def test_os_error_line() -> None:
 # ------------------------------------------------------------------------------------ one module names the files
 
 LIBRARY = ("agents", "baselines", "evaluation", "evolution", "populora_cli", "populora_env", "selfplay")
-RUN_FILES = re.compile(r"(?<![\w.-])(run_summary\.json|lineage\.jsonl|config\.json|config_history\.jsonl)(?!\w)"
+RUN_FILES = re.compile(r"(?<![\w.-])(run_summary\.json|lineage\.jsonl|config\.json|config_history\.jsonl"
+                       r"|tamper_samples\.jsonl)(?!\w)"
                        r"|(?<![\w.-])checkpoints/|^checkpoints$")
 
 
@@ -131,14 +132,15 @@ def _named_run_files(path: Path) -> list[tuple[int, str]]:
 
 
 def test_the_run_files_are_named_in_one_library_module() -> None:
-    """``run_summary.json``, ``lineage.jsonl``, ``config.json``, ``config_history.jsonl`` and ``checkpoints/`` appear
-    as string literals in ``selfplay/rundir.py`` only (every reader and writer takes the names from there; messages
-    too). One other literal is a different file of the same name: a Hugging Face model directory's
+    """``run_summary.json``, ``lineage.jsonl``, ``config.json``, ``config_history.jsonl``, ``tamper_samples.jsonl`` and
+    ``checkpoints/`` appear as string literals in ``selfplay/rundir.py`` only (every reader and writer takes the
+    names from there; messages too). One other literal is a different file of the same name: a Hugging Face model directory's
     ``config.json``, named once, as ``agents.model_names.HF_CONFIG`` (torch-free: the run config checks model directories)."""
     found = {str(f.relative_to(REPO)): hits for pkg in LIBRARY for f in sorted((REPO / pkg).rglob("*.py"))
              if (hits := _named_run_files(f))}
     assert sorted(v for _, v in found.pop("selfplay/rundir.py")) == sorted(
-        ["config.json", "run_summary.json", "lineage.jsonl", "config_history.jsonl", "checkpoints"])
+        ["config.json", "run_summary.json", "lineage.jsonl", "config_history.jsonl", "tamper_samples.jsonl",
+         "checkpoints"])
     models = found.pop("agents/model_names.py", [])
     assert [v for _, v in models] == ["config.json"]
     assert "HF_CONFIG = \"config.json\"" in (REPO / "agents/model_names.py").read_text().splitlines()[models[0][0] - 1]
