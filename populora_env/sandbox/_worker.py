@@ -883,6 +883,11 @@ class Worker:
             os.set_blocking(fd, False)
         while (w.open_fds or w.ended is None) and not w.reply and not w.stop:
             self._watch_once(w)
+        if not (w.reply or w.stop) and self.rep_sink.n and os.WIFEXITED(w.ended[0]):
+            # The channel closed on bytes that are no complete frame, and the process exited (the harness writes
+            # its whole frame, then exits): a frame the job began, whose length the harness's reply never filled.
+            w.forged = True
+            self._mark(_REPLY_FORGERY)
         seconds = time.monotonic() - t0
         if w.reply and not w.out_over:
             # The child flushed stdout before replying: whatever it printed is already in the pipe.

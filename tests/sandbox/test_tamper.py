@@ -75,6 +75,21 @@ def test_a_job_cannot_clear_or_replace_its_mark(after: str, box: Sandbox) -> Non
     assert r.tamper == "introspection", r
 
 
+@pytest.mark.parametrize("then", ["return x + 1", "_os._exit(0)"])
+def test_a_frame_the_job_begins_is_a_reply_forgery_whatever_follows(then: str, box: Sandbox) -> None:
+    """A job writes a seal's worth of bytes and a frame length the harness's reply never fills, then returns
+    (the harness's sealed reply follows its bytes) or exits: the channel closes on an incomplete frame, which is
+    the job's writing (``reply_forgery``), not an exit without a reply. (The CI run of 2026-12-07 met the
+    returning case by chance: ``b'3007'`` followed by the harness's seal read as a length under the cap.)"""
+    code = PRELUDE + textwrap.dedent(f"""
+        def f(x):
+            _os.write(3, bytes(32) + (1000).to_bytes(4, 'big'))
+            {then}
+        """)
+    r = box.run([ExecJob(code, "f(3)", plain=True)])[0]
+    assert (r.status, r.tamper) == ("crashed", "reply_forgery"), r
+
+
 def test_a_refusal_in_a_thread_is_named(box: Sandbox) -> None:
     code = PRELUDE + textwrap.dedent("""
         import threading
