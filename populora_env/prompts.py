@@ -376,6 +376,80 @@ def _azr_proposer(goal: str, difficulty: str) -> str:
     )
 
 
+_AZR_PROPOSE_INDUCTION = (
+    "## Task: give {n_inputs} inputs for the code snippet below that produce varied outputs, and a "
+    "message about the snippet\n\n"
+    "Using the code snippet below, design {n_inputs} inputs that can be plugged into it to produce a "
+    "diverse set of outputs. Some of your inputs, with the outputs they produce, will be shown to a test "
+    "subject who must deduce the code; you may also leave them a message to help. Think of it as an I.Q. "
+    "test.\n\n"
+    "### Requirements for the inputs\n"
+    "- {n_inputs} valid inputs for the snippet\n"
+    "- In each input, separate several arguments with commas\n"
+    "- Put quotes around string arguments\n"
+    "- Wrap every input in its own ```input block\n"
+    "- {induction_value_rule}\n"
+    "- The snippet must run on each input in well under {time_limit}\n"
+    "### Requirements for the message\n"
+    "- Wrap the message in a ```message block\n"
+    "- It can take any form: a coding question, or a plain-language instruction saying what the snippet "
+    "does\n"
+    "- It must not contain the snippet\n"
+    "### Format\n"
+    "```input\n'Mira', {{'math': 17, 'art': 12}}\n```\n"
+    "```input\n'Tom', {{'math': 9, 'art': 20}}\n```\n"
+    "```message\nwhat the snippet does\n```\n"
+    "### How your submission is judged\n"
+    "- It runs: the snippet must execute on every one of your inputs\n"
+    "- Coverage: together the inputs and outputs span the snippet's behaviour, enough to deduce the code\n"
+    "- Creativity: the inputs are clearly different from one another\n"
+    "- Together, the inputs and the message should challenge the test subject without being impossible\n\n"
+    "First make a careful plan: understand the snippet, then say how your inputs cover it well and why they "
+    "are challenging and varied. Then write the inputs, each in an ```input block, and the message in a "
+    "```message block.\n\n"
+    "### Code snippet\n```python\n{program}f(<your input is plugged in here>)\n```\n"
+)
+
+_AZR_SOLVE_DEDUCTION = (
+    "# Task: deduce the output of a Python code snippet from the code and an input\n"
+    "Given the code snippet and the input below, think step by step, then give the output that the snippet "
+    "produces when the input is plugged in, inside ```output tags. If the output is a string, put it in "
+    "quotes; if the function returns several values, wrap them in a tuple.\n\n"
+    "# Code snippet\n```python\n{program}```\n\n"
+    "# Input\n```input\n{input}\n```\n\n"
+    "# Example answer\n```output\n{{'math': 17, 'art': 12}}\n```\n"
+)
+
+_AZR_SOLVE_ABDUCTION = (
+    "# Task: give one possible input of a Python code snippet from the code and its output\n"
+    "Given the code snippet and the output below, think step by step, then give one input that produces "
+    "this output, inside ```input tags. Put string arguments in quotes and separate several arguments with "
+    "commas.\n\n"
+    "# Code snippet\n```python\n{program}```\n\n"
+    "# Output\n```output\n{output}\n```\n\n"
+    "# Answer format\n```input\narg1, arg2, ...\n```\n"
+    "# Example answer\n```input\n'Mira', {{'math': 17, 'art': 12}}\n```\n"
+)
+
+_AZR_SOLVE_INDUCTION = (
+    "# Task: deduce the function that produced the outputs from the inputs\n"
+    "Given a set of input/output pairs and a message describing the function, think step by step and work "
+    "out a general code snippet that produces the hidden outputs from the hidden inputs, like the code that "
+    "generated these pairs. Check your function against each pair in turn and revise it until it fits. "
+    "Your final code snippet, in ```python tags, is what gets evaluated.\n\n"
+    "# Requirements for the code\n"
+    "- Call the entry function `f` (`def f(...): ...`); nested definitions inside `f` are fine\n"
+    "- `f` takes at least one parameter, returns a value and is deterministic\n"
+    "- Stay away from: random functions or values, dates and times, input/output, printing or logging, any "
+    "outside state\n"
+    "- Put every import and class definition at the very top; the snippet ends with the `return` of `f`\n\n"
+    "# Input and output pairs\n{pairs}\n\n"
+    "# Message\n```message\n{message}\n```\n\n"
+    "# Example answer\n```python\ndef f(a):\n    return a\n```\n\n"
+    "Call your entry function `f`!"
+)
+
+
 def _azr() -> PromptTemplates:
     """AZR's prompts (docs/azr.md §2–§3) in this project's words, inside the R1 wrapper, for base models.
 
@@ -398,85 +472,16 @@ def _azr() -> PromptTemplates:
         "Think of it as an I.Q. test.",
         "finding an input from your code and the output it produces should be hard.",
     )
-    propose_induction = (
-        "## Task: give {n_inputs} inputs for the code snippet below that produce varied outputs, and a "
-        "message about the snippet\n\n"
-        "Using the code snippet below, design {n_inputs} inputs that can be plugged into it to produce a "
-        "diverse set of outputs. Some of your inputs, with the outputs they produce, will be shown to a test "
-        "subject who must deduce the code; you may also leave them a message to help. Think of it as an I.Q. "
-        "test.\n\n"
-        "### Requirements for the inputs\n"
-        "- {n_inputs} valid inputs for the snippet\n"
-        "- In each input, separate several arguments with commas\n"
-        "- Put quotes around string arguments\n"
-        "- Wrap every input in its own ```input block\n"
-        "- {induction_value_rule}\n"
-        "- The snippet must run on each input in well under {time_limit}\n"
-        "### Requirements for the message\n"
-        "- Wrap the message in a ```message block\n"
-        "- It can take any form: a coding question, or a plain-language instruction saying what the snippet "
-        "does\n"
-        "- It must not contain the snippet\n"
-        "### Format\n"
-        "```input\n'Mira', {{'math': 17, 'art': 12}}\n```\n"
-        "```input\n'Tom', {{'math': 9, 'art': 20}}\n```\n"
-        "```message\nwhat the snippet does\n```\n"
-        "### How your submission is judged\n"
-        "- It runs: the snippet must execute on every one of your inputs\n"
-        "- Coverage: together the inputs and outputs span the snippet's behaviour, enough to deduce the code\n"
-        "- Creativity: the inputs are clearly different from one another\n"
-        "- Together, the inputs and the message should challenge the test subject without being impossible\n\n"
-        "First make a careful plan: understand the snippet, then say how your inputs cover it well and why they "
-        "are challenging and varied. Then write the inputs, each in an ```input block, and the message in a "
-        "```message block.\n\n"
-        "### Code snippet\n```python\n{program}f(<your input is plugged in here>)\n```\n"
-    )
-    solve_deduction = (
-        "# Task: deduce the output of a Python code snippet from the code and an input\n"
-        "Given the code snippet and the input below, think step by step, then give the output that the snippet "
-        "produces when the input is plugged in, inside ```output tags. If the output is a string, put it in "
-        "quotes; if the function returns several values, wrap them in a tuple.\n\n"
-        "# Code snippet\n```python\n{program}```\n\n"
-        "# Input\n```input\n{input}\n```\n\n"
-        "# Example answer\n```output\n{{'math': 17, 'art': 12}}\n```\n"
-    )
-    solve_abduction = (
-        "# Task: give one possible input of a Python code snippet from the code and its output\n"
-        "Given the code snippet and the output below, think step by step, then give one input that produces "
-        "this output, inside ```input tags. Put string arguments in quotes and separate several arguments with "
-        "commas.\n\n"
-        "# Code snippet\n```python\n{program}```\n\n"
-        "# Output\n```output\n{output}\n```\n\n"
-        "# Answer format\n```input\narg1, arg2, ...\n```\n"
-        "# Example answer\n```input\n'Mira', {{'math': 17, 'art': 12}}\n```\n"
-    )
-    solve_induction = (
-        "# Task: deduce the function that produced the outputs from the inputs\n"
-        "Given a set of input/output pairs and a message describing the function, think step by step and work "
-        "out a general code snippet that produces the hidden outputs from the hidden inputs, like the code that "
-        "generated these pairs. Check your function against each pair in turn and revise it until it fits. "
-        "Your final code snippet, in ```python tags, is what gets evaluated.\n\n"
-        "# Requirements for the code\n"
-        "- Call the entry function `f` (`def f(...): ...`); nested definitions inside `f` are fine\n"
-        "- `f` takes at least one parameter, returns a value and is deterministic\n"
-        "- Stay away from: random functions or values, dates and times, input/output, printing or logging, any "
-        "outside state\n"
-        "- Put every import and class definition at the very top; the snippet ends with the `return` of `f`\n\n"
-        "# Input and output pairs\n{pairs}\n\n"
-        "# Message\n```message\n{message}\n```\n\n"
-        "# Example answer\n```python\ndef f(a):\n    return a\n```\n\n"
-        "Call your entry function `f`!"
-    )
     return PromptTemplates(
         wrapper=_R1_WRAPPER,
         chat_template=False,
         response_prefix="<think>",
         propose_deduction=propose_deduction,
         propose_abduction=propose_abduction,
-        propose_induction=propose_induction,
-        solve_deduction=solve_deduction,
-        solve_abduction=solve_abduction,
-        solve_induction=solve_induction,
+        propose_induction=_AZR_PROPOSE_INDUCTION,
+        solve_deduction=_AZR_SOLVE_DEDUCTION,
+        solve_abduction=_AZR_SOLVE_ABDUCTION,
+        solve_induction=_AZR_SOLVE_INDUCTION,
     )
 
 
