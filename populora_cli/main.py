@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import tyro
 
-from populora_cli import gpu_memory
+from populora_cli import gpu_memory, interrupt
 from populora_cli.api import ARM_NAME
 from populora_cli.errors import config_error as _config_error
 from populora_cli.errors import fail as _fail
@@ -308,18 +308,31 @@ def _eval(argv: list[str]) -> int:
 
 # --------------------------------------------------------------------------------------------- main
 
+_RESUME_HINT = {
+    "train": "the last checkpoint is kept: continue with populora train --resume RUN_DIR",
+    "baseline": "the last checkpoint is kept: continue with populora baseline --resume RUN_DIR",
+    "eval": "the answers scored so far are kept: run the same command again to resume",
+    "compare": "run the same command again to resume the runs",
+}
+"""What a Ctrl-C'd command keeps, and how to go on (its line after ``interrupted; ``)."""
+
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``populora`` console script. A command line that cannot be parsed is one line on
-    stderr and exit 2; output cut off by a closed pipe (``populora train --help | head``) ends quietly."""
+    stderr and exit 2; Ctrl-C is one line and exit 130 (:mod:`populora_cli.interrupt`); output cut off by a
+    closed pipe (``populora train --help | head``) ends quietly."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    cmd = argv[0] if argv else ""
+    cmd = next((a for a in argv if a not in ("--verbose", "--quiet")), "")
+    previous = interrupt.install()
     try:
         try:
             return _dispatch(argv)
         except UsageError as e:
             return _fail(cmd, str(e))
+        except KeyboardInterrupt:  # Ctrl-C: one line, 130; what was being written is atomic or cleaned up
+            return interrupt.line(cmd, _RESUME_HINT.get(cmd, ""))
         finally:
+            interrupt.restore(previous)
             sys.stdout.flush()
     except BrokenPipeError:  # the reader went away: nothing more can be shown, and no traceback should be
         devnull = os.open(os.devnull, os.O_WRONLY)
