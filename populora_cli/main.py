@@ -37,10 +37,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import tyro
 
-from populora_cli import gpu_memory, interrupt
+from populora_cli import gpu_memory
 from populora_cli.api import ARM_NAME
 from populora_cli.errors import config_error as _config_error
 from populora_cli.errors import fail as _fail
+from populora_cli.errors import interrupted as _interrupted
 from populora_cli.logs import DEFAULT, configure, program, summary, take_verbosity
 from populora_cli.parsing import ArgumentParser, UsageError, json_dict_rule, parse
 
@@ -319,10 +320,12 @@ _RESUME_HINT = {
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``populora`` console script. A command line that cannot be parsed is one line on
-    stderr and exit 2; Ctrl-C is one line and exit 130 (:mod:`populora_cli.interrupt`); output cut off by a
+    stderr and exit 2; Ctrl-C is one line and exit 130 (:mod:`selfplay.interrupt`); output cut off by a
     closed pipe (``populora train --help | head``) ends quietly."""
     argv = list(sys.argv[1:] if argv is None else argv)
     cmd = next((a for a in argv if a not in ("--verbose", "--quiet")), "")
+    from selfplay import interrupt
+
     previous = interrupt.install()
     try:
         try:
@@ -330,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         except UsageError as e:
             return _fail(cmd, str(e))
         except KeyboardInterrupt:  # Ctrl-C: one line, 130; what was being written is atomic or cleaned up
-            return interrupt.line(cmd, _RESUME_HINT.get(cmd, ""))
+            return _interrupted(cmd, _RESUME_HINT.get(cmd, ""))
         finally:
             interrupt.restore(previous)
             sys.stdout.flush()

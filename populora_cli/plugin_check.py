@@ -34,8 +34,8 @@ from typing import Annotated, Any
 
 import tyro
 
-from populora_cli import interrupt
 from populora_env.results import AttemptResult, MatchResult, ProposalResult, RoundResults
+from selfplay import interrupt
 
 __all__ = ["CheckArgs", "PluginBug", "check_main", "estimator_batch", "scheme_rounds", "scheme_table"]
 
@@ -127,7 +127,7 @@ def scheme_rounds() -> list[Labelled]:
 PLUGIN_EXITS = (Exception, SystemExit, KeyboardInterrupt)
 """What a scheme or estimator may raise that is its failure: any exception, ``sys.exit(N)`` (which would end the
 command with the plugin's status, 0 included) and a ``KeyboardInterrupt`` it raised itself (a real Ctrl-C is
-told apart by :mod:`populora_cli.interrupt` and ends the command with status 130)."""
+told apart by :mod:`selfplay.interrupt` and ends the command with status 130)."""
 
 
 def _plugin_failure(exc: BaseException) -> str:

@@ -1,18 +1,17 @@
-"""Ctrl-C: every ``populora`` sub-command ends with one line on stderr and exit status 130 (128 + SIGINT, the
-shells' convention), never a traceback.
+"""Ctrl-C told apart from a ``KeyboardInterrupt`` that plugin code raises itself.
 
-:func:`install` replaces the interpreter's SIGINT handler with one that notes the signal, then raises
-``KeyboardInterrupt`` as the default handler does: the command unwinds as before (``finally`` blocks, a
-checkpoint's clean-up of its temporary directory, the run lock), and :func:`line` is its last word. Noting the
-signal tells a real Ctrl-C apart from a ``KeyboardInterrupt`` that plugin code raised itself, which
-``populora test-scheme`` / ``test-estimator`` report as the plugin's failure (exit 2;
-:func:`reraise_if_interrupted`).
+``populora`` (:func:`populora_cli.main.main`) calls :func:`install`: the interpreter's SIGINT handler is replaced
+by one that notes the signal, then raises ``KeyboardInterrupt`` as the default handler does, so the command
+unwinds as before (``finally`` blocks, a checkpoint's clean-up of its temporary directory, the run lock) and
+ends with one line and exit status 130 (:data:`EXIT_INTERRUPTED`, 128 + SIGINT, the shells' convention). Where
+plugin code runs (a plugin's import, ``populora test-scheme`` / ``test-estimator``), a ``KeyboardInterrupt``
+or ``sys.exit`` is the plugin's failure (exit 2), unless a real SIGINT arrived: :func:`reraise_if_interrupted`.
+Here, below the command line, so that :mod:`selfplay.plugins` can ask too.
 """
 
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 from typing import Any
 
@@ -59,9 +58,3 @@ def reraise_if_interrupted(exc: BaseException) -> None:
     reports it as a failure of the code it ran)."""
     if isinstance(exc, KeyboardInterrupt) and _received:
         raise exc
-
-
-def line(cmd: str, hint: str = "") -> int:
-    """Print ``populora CMD: interrupted[; HINT]`` on stderr; return 130."""
-    print(f"populora {cmd}: interrupted{'; ' + hint if hint else ''}", file=sys.stderr, flush=True)
-    return EXIT_INTERRUPTED
