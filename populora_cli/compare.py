@@ -435,9 +435,14 @@ def compare_main(argv: list[str]) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         return fail("compare", f"--out: {out} exists and is not a directory")
+    from selfplay.rundir import RunDirError, check_output_dir
+
+    try:  # a folder on a read-only file system: one line before any work
+        check_output_dir(out, "the comparison", "--out")
+    except RunDirError as e:
+        return fail("compare", str(e))
     common = {"tail": args.tail, "reps": args.reps, "seed": args.bootstrap_seed, "eval_score": args.eval_score}
     from evaluation.compare import compare_runs
-    from selfplay.rundir import RunDirError
 
     if args.from_dirs is not None:
         if args.preset or args.seeds is not None or extra:

@@ -247,12 +247,18 @@ def _report(argv: list[str]) -> int:
         if not Path(r).is_dir():
             return _fail("report", f"RUNS: run directory {r} does not exist")
     from evaluation.report import make_report
-    from selfplay.rundir import RunDirError
+    from selfplay.rundir import REPORT, RunDirError, check_output_dir, os_error_line
 
+    try:  # a run on a read-only file system: one line before any work (the default out is inside the run)
+        check_output_dir(args.out or Path(args.runs[0]) / REPORT, "the report", "--out")
+    except RunDirError as e:
+        return _fail("report", str(e))
     try:
         out = make_report(args.runs, out=args.out, smoothing=args.smoothing)
     except (FileNotFoundError, ValueError, RunDirError) as e:
         return _fail("report", f"RUNS: {e}")
+    except OSError as e:  # the file system changed under the report (full, unmounted, made read-only)
+        return _fail("report", f"cannot write the report: {os_error_line(e)}")
     print(f"report written to {out}")
     return 0
 
