@@ -236,7 +236,7 @@ class PBTController:
         chosen, _ = self.select(step, role, members, ratings)
         return list(chosen.culled), list(chosen.pool), list(chosen.skipped)
 
-    def _parents(self, chosen: SelectionPlan, slot: str, arity: int, fitness: Mapping[str, float],
+    def parents(self, chosen: SelectionPlan, slot: str, arity: int, fitness: Mapping[str, float],
                  gen: torch.Generator) -> list[str]:
         """The parents of ``slot``: the rule's draw, or ``arity`` distinct members uniformly from the pool;
         a crossover's ordered so that parent 2 is the fitter one."""
@@ -290,7 +290,7 @@ class PBTController:
             # parents, operator and params reproduces the child); the choices use a separately derived stream
             gen = torch.Generator().manual_seed(event_seed(self.config.seed, step, role, slot + "#choice"))
             op = _draw(choices, gen)
-            parents = self._parents(chosen, slot, op.arity, fitness, gen)
+            parents = self.parents(chosen, slot, op.arity, fitness, gen)
             explore = self._explore(role, parents, gen)
             for p in parents:
                 if p not in states:

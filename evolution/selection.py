@@ -123,7 +123,9 @@ class Fitness:
 
     def __call__(self, rating: tuple[float, float], history: Sequence[RoundStat], **params: Any) -> float:
         """The member's fitness (a finite float, else ValueError naming the fitness)."""
-        value = float(self.fn((float(rating[0]), float(rating[1])), tuple(history), **self.resolve_params(params)))
+        value = float(
+            self.fn((float(rating[0]), float(rating[1])), tuple(history), **self.resolve_params(params))
+        )
         if not math.isfinite(value):
             raise ValueError(f"fitness {self.name!r} returned {value!r} (must be finite)")
         return value
@@ -132,7 +134,9 @@ class Fitness:
 _FITNESS: Registry[Fitness] = Registry("fitness")
 
 
-def register_fitness(name: str, *, defaults: Mapping[str, Any] | None = None) -> Callable[[Callable], Callable]:
+def register_fitness(
+    name: str, *, defaults: Mapping[str, Any] | None = None
+) -> Callable[[Callable], Callable]:
     """Decorator registering ``fn(rating, history, **params) -> float`` as the fitness ``name``."""
 
     def deco(fn: Callable[..., float]) -> Callable[..., float]:
@@ -181,7 +185,9 @@ def win_rate(rating: tuple[float, float], history: Sequence[RoundStat], window: 
 
 
 @register_fitness("mean_reward", defaults={"window": 5, "prior": 0.0})
-def mean_reward(rating: tuple[float, float], history: Sequence[RoundStat], window: int, prior: float) -> float:
+def mean_reward(
+    rating: tuple[float, float], history: Sequence[RoundStat], window: int, prior: float
+) -> float:
     """Mean per-round reward over the last `window` rounds; `prior` without a completion."""
     return _window_mean([h.reward for h in history], window, prior)
 
@@ -261,20 +267,31 @@ class Selection:
         """The rule's plan, checked: culled slots are distinct members, the pool is non-empty survivors."""
         plan = self.fn(ctx, **self.resolve_params(params))
         if not isinstance(plan, SelectionPlan):
-            raise TypeError(f"selection {self.name!r} returned {type(plan).__name__}, expected a SelectionPlan")
+            raise TypeError(
+                f"selection {self.name!r} returned {type(plan).__name__}, expected a SelectionPlan"
+            )
         culled = set(plan.culled)
         bad = [m for m in [*plan.culled, *plan.pool] if m not in ctx.members]
-        if bad or len(culled) != len(plan.culled) or culled & set(plan.pool) or (plan.culled and not plan.pool):
-            raise ValueError(f"selection {self.name!r} returned an inconsistent plan (culled {plan.culled}, "
-                             f"pool {plan.pool}, members {list(ctx.members)}): culled slots must be distinct "
-                             "members, and the pool non-empty members that are not culled")
+        if (
+            bad
+            or len(culled) != len(plan.culled)
+            or culled & set(plan.pool)
+            or (plan.culled and not plan.pool)
+        ):
+            raise ValueError(
+                f"selection {self.name!r} returned an inconsistent plan (culled {plan.culled}, "
+                f"pool {plan.pool}, members {list(ctx.members)}): culled slots must be distinct "
+                "members, and the pool non-empty members that are not culled"
+            )
         return plan
 
 
 _SELECTIONS: Registry[Selection] = Registry("selection rule")
 
 
-def register_selection(name: str, *, defaults: Mapping[str, Any] | None = None) -> Callable[[Callable], Callable]:
+def register_selection(
+    name: str, *, defaults: Mapping[str, Any] | None = None
+) -> Callable[[Callable], Callable]:
     """Decorator registering ``fn(ctx: SelectionContext, **params) -> SelectionPlan`` as the rule ``name``."""
 
     def deco(fn: Callable[..., SelectionPlan]) -> Callable[..., SelectionPlan]:
@@ -382,7 +399,9 @@ def ttest(ctx: SelectionContext, elites: int, alpha: float, metric: str, window:
         if len(a) < 2 or len(b) < 2 or sum(a) / len(a) <= sum(b) / len(b):
             return None
         p = welch_p(a, b)
-        return f"{other}'s {metric} is higher by Welch's t-test (p = {p:.3g} < {alpha})" if p < alpha else None
+        return (
+            f"{other}'s {metric} is higher by Welch's t-test (p = {p:.3g} < {alpha})" if p < alpha else None
+        )
 
     return _pairwise(ctx, elites, beats)
 

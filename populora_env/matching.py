@@ -85,7 +85,9 @@ class Matching:
         """``f(p)`` floored at :data:`PFSP_FLOOR`; ValueError naming the weighting if it is not a finite real."""
         w = self.fn(p, **params)
         if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w < 0:
-            raise ValueError(f"matching {self.name!r} returned {w!r} for p = {p!r} (must be a finite real >= 0)")
+            raise ValueError(
+                f"matching {self.name!r} returned {w!r} for p = {p!r} (must be a finite real >= 0)"
+            )
         w = float(w)
         return w if w > PFSP_FLOOR else PFSP_FLOOR
 
@@ -93,7 +95,9 @@ class Matching:
 _MATCHINGS: Registry[Matching] = Registry("matching")
 
 
-def register_matching(name: str, *, defaults: Mapping[str, Any] | None = None) -> Callable[[Callable], Callable]:
+def register_matching(
+    name: str, *, defaults: Mapping[str, Any] | None = None
+) -> Callable[[Callable], Callable]:
     """Decorator registering ``fn(p, **params) -> weight`` as the PFSP weighting ``name``."""
 
     def deco(fn: Callable[..., float]) -> Callable[..., float]:
@@ -247,8 +251,13 @@ class Pairing:
 
 
 def pfsp_match(
-    teachers: Sequence[str], students: Sequence[str], ratings: Ratings, rng: np.random.Generator,
-    matching: str = "variance", params: Mapping[str, Any] | None = None, random_share: float = 0.0,
+    teachers: Sequence[str],
+    students: Sequence[str],
+    ratings: Ratings,
+    rng: np.random.Generator,
+    matching: str = "variance",
+    params: Mapping[str, Any] | None = None,
+    random_share: float = 0.0,
 ) -> list[Pairing]:
     """PFSP pairing (see the module docstring) with the weighting ``matching`` (its ``params``) mixed with a
     ``random_share`` of uniform pairing. Returns one pairing per teacher, in ``teachers`` order."""

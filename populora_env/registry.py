@@ -123,7 +123,9 @@ class Registry(Generic[T]):
         return f"Registry({self.kind!r}: {', '.join(self.names())})"
 
 
-def resolve_params(kind: str, name: str, defaults: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+def resolve_params(
+    kind: str, name: str, defaults: Mapping[str, Any], params: Mapping[str, Any]
+) -> dict[str, Any]:
     """``defaults`` overridden by ``params`` (a registered entry's keyword arguments): each value must have its
     default's JSON type (an int is accepted for a float and becomes one; a ``None`` default takes anything);
     ValueError naming the entry and what it accepts on an unknown name or a wrong type."""
@@ -134,10 +136,15 @@ def resolve_params(kind: str, name: str, defaults: Mapping[str, Any], params: Ma
     out = dict(defaults)
     for key, value in params.items():
         default = defaults[key]
-        ok = default is None or isinstance(value, type(default)) or (isinstance(default, float)
-                                                                    and isinstance(value, int))
+        ok = (
+            default is None
+            or isinstance(value, type(default))
+            or (isinstance(default, float) and isinstance(value, int))
+        )
         if (default is not None and isinstance(value, bool) is not isinstance(default, bool)) or not ok:
-            raise ValueError(f"{kind} {name!r}: parameter {key}={value!r} is not a valid {type(default).__name__}"
-                             f"; accepted: {accepted}")
+            raise ValueError(
+                f"{kind} {name!r}: parameter {key}={value!r} is not a valid {type(default).__name__}"
+                f"; accepted: {accepted}"
+            )
         out[key] = float(value) if isinstance(default, float) else value
     return out
