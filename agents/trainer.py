@@ -207,6 +207,7 @@ class PolicyGradientTrainer:
         ``tokens/<role>`` over that role's rollouts, and ``entropy/<role>`` = sum of H_t over the role's
         completion tokens / their count, accumulated over every micro-batch of every step like ``entropy``
         (same forward pass, no extra one). ``entropy`` is the token-weighted mean of the ``entropy/<role>``.
+        ``advantage_abs_max/<role>``: max |A| over the role's completion tokens (0: no signal for that role).
         """
         t0 = time.perf_counter()
         cfg = self.config
@@ -254,7 +255,8 @@ class PolicyGradientTrainer:
             for start in range(0, batch.size, mini):
                 rows = list(range(start, min(batch.size, start + mini)))
                 self._optimizer_step(batch, rows, targets, params, opt, tally)
-        return self._metrics(batch, targets.adv, tally, n_steps, lr)
+        metrics = self._metrics(batch, targets.adv, tally, n_steps, lr)
+        return metrics | _role_advantages(rollouts, targets.adv, batch.mask)
 
     @property
     def _loss_coefs(self) -> dict[str, float]:
@@ -512,6 +514,18 @@ def _role_rows(rollouts: Sequence[Rollout]) -> dict[str, Tensor]:
         str(role): torch.tensor([x == role for x in roles], dtype=torch.float32)
         for role in sorted({x for x in roles if x is not None}, key=str)
     }
+
+
+def _role_advantages(rollouts: Sequence[Rollout], adv: Tensor, mask: Tensor) -> dict[str, float]:
+    """``advantage_abs_max/<role>``: the largest |advantage| over the completion tokens of the role's rows
+    (0 when they have none): 0 means the role got no learning signal in this update."""
+    out: dict[str, float] = {}
+    valid = mask.bool()
+    for role, sel in _role_rows(rollouts).items():
+        rows = sel.bool().to(adv.device)
+        values = adv[rows][valid[rows].to(adv.device)]
+        out[f"advantage_abs_max/{role}"] = float(values.abs().max().item()) if values.numel() else 0.0
+    return out
 
 
 def _role_metrics(rollouts: Sequence[Rollout], rewards: Tensor, mask: Tensor) -> dict[str, float]:

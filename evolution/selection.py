@@ -19,8 +19,9 @@ event: the same seed, step and role give the same plan, across a resume too):
 * ``truncation`` (default): cull the ``n`` lowest-fitness members of the bottom half (``n`` and the parent pool
   as :mod:`evolution.pbt` states them), parents uniformly from the top ``max(2, ⌈γN⌉)`` survivors;
 * ``tournament``: the PBT paper's binary tournament: each member, in a random order, meets one other member
-  drawn uniformly; if the other's fitness is strictly higher the member is culled and the other is its parent
-  (a crossover's second parent: the fitter of two survivors drawn uniformly);
+  drawn uniformly; if the other ranks higher (fitness, ties by name as in every ranking here) the member is
+  culled and the other is its parent (a crossover's second parent: the fitter of two survivors drawn
+  uniformly);
 * ``ttest``: the PBT paper's t-test rule: as ``tournament``, but the member is culled only when the other's
   last ``window`` per-round values of ``metric`` (``reward`` or ``win_rate``) have a higher mean and Welch's
   t-test gives ``p < alpha`` (each needs at least two values).
@@ -374,11 +375,13 @@ def _pairwise(ctx: SelectionContext, elites: int, beats: Callable[[str, str], st
 
 @register_selection("tournament", defaults={"elites": 0})
 def tournament(ctx: SelectionContext, elites: int) -> SelectionPlan:
-    """PBT's binary tournament: each member meets a random other; a strictly fitter other replaces it."""
+    """PBT's binary tournament: each member meets a random other; a fitter other (ties by name) replaces it."""
 
     def beats(other: str, m: str) -> str | None:
         fo, fm = ctx.fitness[other], ctx.fitness[m]
-        return f"lost a binary tournament to {other} ({fm:.4g} < {fo:.4g})" if fo > fm else None
+        if (fo, other) <= (fm, m):
+            return None
+        return f"lost a binary tournament to {other} (fitness {fm:.4g} {'<' if fo > fm else '= (tie: by name)'} {fo:.4g})"
 
     return _pairwise(ctx, elites, beats)
 

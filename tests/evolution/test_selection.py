@@ -78,7 +78,7 @@ def test_tournament_culls_only_members_a_fitter_one_beats_and_repeats_itself(tmp
         assert r["selection"]["name"] == "tournament" and r["selection"]["why"].startswith(
             "lost a binary tournament"
         )
-        assert r["fitness"]["parents"][0] > r["fitness"]["culled"]
+        assert (r["fitness"]["parents"][0], r["parents"][0]) > (r["fitness"]["culled"], r["culled"])
         assert r["fitness"]["name"] == "mu_minus_3sigma"
     assert len(recs) == 1  # at most n = round(0.25 * 4) = 1; at step 1 t2 (the least fit) lost its tournament
     plans = {tuple(a.plan("teacher", ROLES["teacher"], RATINGS, step)[0]) for step in range(1, 40)}
