@@ -222,3 +222,19 @@ def test_recorded_rounds_are_checkpointed_capped_and_dropped_with_the_culled_slo
     assert other.history == {} and other.lr_scale == {}
     recs, _ = run(ctrl, 1, FakePopulation(ROLES["teacher"]), roles=TEACHERS)
     assert recs and all(r["culled"] not in ctrl.history for r in recs)
+
+
+def test_welch_p_is_scipys_without_scipy() -> None:
+    """The t-test rule's p-value equals scipy's Welch test (scipy comes with the test extra's rliable; the rule
+    itself does not need it)."""
+    import random
+
+    from evolution.selection import welch_p
+
+    stats = pytest.importorskip("scipy.stats")
+    rng = random.Random(0)
+    for _ in range(300):
+        a = [rng.gauss(0.0, 1.0) for _ in range(rng.randint(2, 10))]
+        b = [rng.gauss(rng.uniform(-2, 2), rng.uniform(0.1, 3)) for _ in range(rng.randint(2, 10))]
+        assert welch_p(a, b) == pytest.approx(float(stats.ttest_ind(a, b, equal_var=False).pvalue), abs=1e-12)
+    assert welch_p([1.0, 1.0], [1.0, 1.0]) == 1.0 and welch_p([1.0, 1.0], [2.0, 2.0]) == 0.0
