@@ -324,25 +324,42 @@ def _tensor_files(d: Path) -> dict[Path, Any]:
 
 def _check_pbt_state(path: Path, names: list[str], step: int) -> None:
     """``pbt_state.json`` (when the run evolves) as :meth:`evolution.pbt.PBTController.load_state_dict` reads
-    it: version 1, ``protected`` role -> the run's members, counts, ``last_step`` a step up to the checkpoint's."""
+    it: version 1 or 2, ``protected`` role -> the run's members, ``history`` member -> ``[step, win rate,
+    reward]`` rows (a step up to the checkpoint's, finite numbers or null), ``lr_scale`` member -> a finite
+    positive number, counts, ``last_step`` a step up to the checkpoint's."""
     if not path.is_file():
         return
     try:
         st = read_json(path)
     except RunFileError as exc:
         raise CheckpointError(path, exc.reason) from None
-    if not isinstance(st, dict) or st.get("version") != 1:
-        raise CheckpointError(path, "is not a PBT controller state of version 1")
+    if not isinstance(st, dict) or st.get("version") not in (1, 2):
+        raise CheckpointError(path, "is not a PBT controller state of version 1 or 2")
+
+    def bad(field: str, why: str) -> CheckpointError:
+        return CheckpointError(path, f"field {field!r}: {why}")
+
     protected = st.get("protected")
     if not isinstance(protected, dict) or not all(
             isinstance(v, list) and all(isinstance(n, str) and n in names for n in v) for v in protected.values()):
-        raise CheckpointError(path, f"field 'protected': not an object of lists of the run's members {names}")
+        raise bad("protected", f"not an object of lists of the run's members {names}")
+
+    def row_ok(row: Any) -> bool:
+        return (isinstance(row, list) and len(row) == 3 and valid_step(row[0], step)
+                and all(v is None or finite_number(v) for v in row[1:]))
+
+    history = st.get("history", {})
+    if not isinstance(history, dict) or not all(isinstance(v, list) and all(map(row_ok, v)) for v in history.values()):
+        raise bad("history", f"not an object of [step in 0..{step}, win rate, reward] rows per member")
+    scales = st.get("lr_scale", {})
+    if not isinstance(scales, dict) or not all(finite_number(v) and v > 0 for v in scales.values()):
+        raise bad("lr_scale", "not an object of finite positive numbers")
     for key in ("n_events", "n_replacements"):
         if not valid_step(st.get(key)):
-            raise CheckpointError(path, f"field {key!r}: not a count, got {st.get(key)!r}")
+            raise bad(key, f"not a count, got {st.get(key)!r}")
     last = st.get("last_step")
     if last is not None and not (valid_step(last) and last <= step):
-        raise CheckpointError(path, f"field 'last_step': not a step in 0..{step}, got {last!r}")
+        raise bad("last_step", f"not a step in 0..{step}, got {last!r}")
 
 
 def _check_env_state(path: Path, cfg: TrainConfig) -> None:
