@@ -208,6 +208,25 @@ def exits_3(rewards, response_mask, group_ids, **kw):
 @register_advantage("test_only_interrupts")
 def interrupts_too(rewards, response_mask, group_ids, **kw):
     raise KeyboardInterrupt
+
+
+from evolution.selection import register_fitness, register_selection
+from populora_env.matching import register_matching
+
+
+@register_selection("test_only_exits")
+def selection_exits(ctx):
+    sys.exit(0)
+
+
+@register_fitness("test_only_exits_4")
+def fitness_exits(rating, history):
+    sys.exit(4)
+
+
+@register_matching("test_only_interrupts")
+def matching_interrupts(p):
+    raise KeyboardInterrupt
 '''
 
 
@@ -225,6 +244,14 @@ def exiting_plugin(tmp_path: Path):
     for name in ("test_only_exits_3", "test_only_interrupts"):
         if name in list_advantages():
             unregister_advantage(name)
+    from evolution.selection import list_fitness, list_selections, unregister_fitness, unregister_selection
+    from populora_env.matching import list_matchings, unregister_matching
+
+    for listed, unregister, name in ((list_selections, unregister_selection, "test_only_exits"),
+                                     (list_fitness, unregister_fitness, "test_only_exits_4"),
+                                     (list_matchings, unregister_matching, "test_only_interrupts")):
+        if name in [x.name for x in listed()]:
+            unregister(name)
 
 
 @pytest.mark.parametrize("cmd, name, what", [
@@ -233,14 +260,18 @@ def exiting_plugin(tmp_path: Path):
     ("test-scheme", "test_only_interrupts", "round 'solved and unsolved tasks': KeyboardInterrupt: "),
     ("test-estimator", "test_only_exits_3", "SystemExit: called sys.exit(3) at "),
     ("test-estimator", "test_only_interrupts", "KeyboardInterrupt:  at "),
+    ("test-selection", "test_only_exits", "event 1: SystemExit: called sys.exit(0) at "),
+    ("test-selection", "truncation --fitness test_only_exits_4",
+     "fitness 'test_only_exits_4': SystemExit: called sys.exit(4) at "),
+    ("test-matching", "test_only_interrupts", "KeyboardInterrupt:  at "),
 ])
 def test_a_plugin_that_exits_or_interrupts_is_a_plugin_failure(cli, exiting_plugin: str, cmd: str, name: str,
                                                               what: str) -> None:
     """``sys.exit(0)`` in a scheme exited 0 silently (issue 48): any exit, and a ``KeyboardInterrupt`` the
     plugin raised itself (no SIGINT arrived), is the plugin's failure: one line, exit 2."""
-    rc, err = cli(cmd, "--plugins", exiting_plugin, name)
+    rc, err = cli(cmd, *name.split(), "--plugins", exiting_plugin)
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
-    assert err.startswith(f"populora {cmd}: error: {name}: {what}"), err
+    assert err.startswith(f"populora {cmd}: error: {name.split()[0]}: {what}"), err
 
 
 def test_a_scheme_s_exit_in_a_run_is_a_reward_scheme_error() -> None:

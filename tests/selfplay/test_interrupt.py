@@ -67,6 +67,24 @@ def loops_too(rewards, response_mask, group_ids, **kw):
     open(os.environ["GATE_MARKER"], "w").close()
     while True:
         time.sleep(0.01)
+
+
+from evolution.selection import register_selection
+from populora_env.matching import register_matching
+
+
+@register_selection("test_only_loops")
+def selection_loops(ctx):
+    open(os.environ["GATE_MARKER"], "w").close()
+    while True:
+        pass
+
+
+@register_matching("test_only_loops")
+def matching_loops(p):
+    open(os.environ["GATE_MARKER"], "w").close()
+    while True:
+        pass
 """
 
 
@@ -127,7 +145,7 @@ def looping_plugin(tmp_path: Path):
         unregister_advantage("test_only_loops")
 
 
-@pytest.mark.parametrize("cmd", ["test-scheme", "test-estimator"])
+@pytest.mark.parametrize("cmd", ["test-scheme", "test-estimator", "test-selection", "test-matching"])
 def test_ctrl_c_in_a_looping_plugin_is_an_interrupt_not_a_plugin_failure(tmp_path: Path, looping_plugin: str,
                                                                           cmd: str) -> None:
     """The issue's case: Ctrl-C during ``test-scheme`` on a looping scheme printed a 23-line traceback. The
