@@ -180,7 +180,7 @@ def _train(cmd: str, argv: list[str]) -> int:
     except PluginError as e:
         return _fail(cmd, f"--plugins: {e}")
     except ConfigError as e:
-        return _config_error(cmd, e)
+        return _refused_value(cmd, e, saved, cfg)
     if gpu_gib is not None:  # the GPU memory plan: printed with --dry-run, a gate without
         members = len(set(assignment.values())) if assignment else cfg.env.num_teachers + cfg.env.num_students
         status = gpu_memory.check(cmd, [(arm, cfg, members)], gpu_gib, known.dry_run)
@@ -199,6 +199,26 @@ def _train(cmd: str, argv: list[str]) -> int:
         return _fail(cmd, str(e))
     except ConfigError as e:
         return _config_error(cmd, e)
+
+
+def _refused_value(cmd: str, exc: Any, saved: Any, cfg: Any) -> int:
+    """The line of a refused setting: ``--field: reason``; on resume, when the value is the one the run's
+    ``config.json`` holds (not a flag of this command line), the line names that file (a crafted or foreign
+    ``config.json``: ``--resume: runs/x/config.json: --trainer.advantage: unknown ...``)."""
+    from selfplay.config import to_dict
+    from selfplay.rundir import CONFIG
+
+    missing = object()
+
+    def value(config: Any) -> Any:
+        node: Any = to_dict(config)
+        for part in exc.field.split("."):
+            node = node.get(part, missing) if isinstance(node, dict) else missing
+        return node
+
+    if saved is not None and value(saved.config) is not missing and value(saved.config) == value(cfg):
+        return _fail(cmd, f"--resume: {saved.run.entry(CONFIG)}: {exc.field}: {exc.reason}")
+    return _config_error(cmd, exc)
 
 
 def _train_locked(cmd: str, cfg: Any, assignment: dict[str, str] | None, arm: str, point: ResumePoint

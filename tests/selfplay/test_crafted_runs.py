@@ -25,7 +25,9 @@ the digests, must catch it. The readers, per command (:data:`READERS`)::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import shutil
 from collections.abc import Iterator
@@ -39,7 +41,6 @@ from hypothesis import strategies as st
 
 from evaluation.progress import ResultLog, SettingsMismatch
 from selfplay.checkpoint import CheckpointError, find_resumable, write_manifest
-from selfplay.config import ConfigError
 from selfplay.rundir import RunDir, RunDirError
 
 UNICODE_DIGITS = ["²", "٣", "𝟘", "Ⅻ", "¼", "৪"]
@@ -115,14 +116,23 @@ def _mutate(doc: Any, data: st.DataObject) -> Any:
 # ------------------------------------------------------------------------------------------ the readers
 
 
+class Refused(Exception):
+    """The command line's one line (exit 2) for a run it refuses before any work."""
+
+
 def _resume(run: Path) -> None:
+    from populora_cli.main import main
     from selfplay.config_changes import read_saved_run
     from selfplay.resume import check_checkpoint, truncate_lineage, truncate_tamper_samples
 
-    saved = read_saved_run(run)  # config.json, as the command line reads it
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(["train", "--resume", str(run), "--dry-run"])  # config.json: read, compared, validated
+    if rc != 0:
+        assert rc == 2 and "Traceback" not in err.getvalue(), err.getvalue()
+        raise Refused(err.getvalue().strip().splitlines()[-1])
+    saved = read_saved_run(run)
     cfg = dataclasses.replace(saved.config, resume=run, plugins=())
-    cfg.validate()
-    saved.assignment  # noqa: B018 - read as the command line reads it
     chosen = find_resumable(run, check=lambda d: check_checkpoint(d, cfg))
     for damaged in chosen.skipped if chosen else ():  # the fallback names the damaged file
         assert damaged.checkpoint is not None and str(damaged.checkpoint) in str(damaged)
@@ -176,7 +186,7 @@ def _evolve(run: Path) -> None:
 
 
 ONE_LINE = {  # what each command turns into its one line (exit 2)
-    "resume": (RunDirError, ConfigError, CheckpointError),
+    "resume": (Refused, CheckpointError),
     "report": (FileNotFoundError, ValueError, RunDirError),
     "eval": (FileNotFoundError, ValueError, RunDirError, SettingsMismatch),
     "compare": (RunDirError,),
@@ -346,6 +356,15 @@ def test_the_command_line_says_one_line_naming_the_crafted_file(crafted_base: Pa
         line = err.strip().splitlines()[-1]  # after a warning per damaged checkpoint
         assert rc == 2 and line.startswith("populora train: error: ") and "Traceback" not in err, err
         assert "step_4/pipeline_state.json" in line and "step_3/loop_state.json" in line, line
+    def advantage(d: dict) -> dict:
+        d["config"]["trainer"]["advantage"] = "²"
+        return d
+
+    with _crafted(crafted_base, "config.json", advantage) as run:  # a value the flag's check refuses
+        rc, err = cli("train", "--resume", str(run))
+        assert rc == 2 and err.strip().splitlines()[-1] == (
+            f"populora train: error: --resume: {run}/config.json: trainer.advantage: unknown advantage estimator "
+            "'²' (known: dr_grpo, grpo, reinforce_pp, reinforce_pp_baseline, rloo)"), err
     with _crafted(crafted_base, "adapters/student_0/adapter_config.json", lambda d: {**d, "r": "²"}) as run:
         rc, err = cli("eval", str(run), "--benchmarks", "gsm8k", "--limit", "1")
         assert rc == 2 and err.strip() == (f"populora eval: error: {run}/adapters/student_0/adapter_config.json: r "
