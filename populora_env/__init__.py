@@ -21,9 +21,17 @@ from populora_env.prompts import (
     register_prompt_set,
     unregister_prompt_set,
 )
-from populora_env.results import AttemptResult, MatchResult, ProposalResult, RoundOutcome, RoundResults
+from populora_env.results import (
+    AttemptResult,
+    CompletionText,
+    MatchResult,
+    ProposalResult,
+    RoundOutcome,
+    RoundResults,
+)
 from populora_env.rewards import (
     RewardScheme,
+    SchemeRewards,
     get_reward_scheme,
     list_reward_schemes,
     register_reward_scheme,
@@ -60,6 +68,7 @@ __all__ = [
     "RewardScheme",
     "RoundOutcome",
     "RoundResults",
+    "CompletionText",
     "SeedTeacher",
     "Task",
     "TaskType",
@@ -76,6 +85,7 @@ __all__ = [
     "raw_env",
     "register_prompt_set",
     "register_reward_scheme",
+    "SchemeRewards",
     "student_reward",
     "unregister_prompt_set",
     "unregister_reward_scheme",

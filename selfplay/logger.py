@@ -57,6 +57,9 @@ def step_scalars(record: StepRecord) -> dict[str, float]:
     out.update(_program_scalars(record.outcome.summary.get("metrics") or {}))
     out.update(_update_scalars(record.member_metrics))
     out.update(tamper_scalars(record))
+    for name, by_role in (record.outcome.summary.get("reward_terms") or {}).items():
+        for role, value in by_role.items():
+            out[tags.reward_term(role, name)] = float(value)
     for phase, seconds in record.times.items():
         out[tags.STEP_SECONDS if phase == "step" else tags.time(phase)] = float(seconds)
     out[tags.REPLACEMENTS] = float(len(record.evolution))

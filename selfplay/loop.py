@@ -31,7 +31,7 @@ import numpy as np
 from agents.generation import Completion, GenerationRequest
 from agents.generation.limit import dropped
 from agents.generation.threads import generation_threads
-from populora_env.results import RoundOutcome
+from populora_env.results import CompletionText, RoundOutcome
 from selfplay.config import TrainConfig
 from selfplay.finite import NonFiniteGuard, check_rewards
 from selfplay.mapping import AgentMapping
@@ -251,12 +251,13 @@ class SelfPlayLoop:
     @staticmethod
     def _actions(completions: Mapping[CompletionId, Completion], agents: Sequence[str]
                  ) -> dict[str, tuple[str | None, ...]]:
-        """Each agent's completion texts in observation order (the env's action format); ``None`` for a prompt
-        the length rule dropped: the env scores a non-string as a format error whatever the prompt set (an empty
-        text can parse under a pre-filled answer opening)."""
+        """Each agent's completion texts in observation order (the env's action format), each a
+        :class:`~populora_env.results.CompletionText` carrying its generated token count (what reward schemes
+        read as ``num_tokens``); ``None`` for a prompt the length rule dropped: the env scores a non-string as a
+        format error whatever the prompt set (an empty text can parse under a pre-filled answer opening)."""
         by_agent: dict[str, dict[int, str | None]] = defaultdict(dict)
         for (agent, index), c in completions.items():
-            by_agent[agent][index] = None if dropped(c) else c.text
+            by_agent[agent][index] = None if dropped(c) else CompletionText(c.text, len(c.token_ids))
         return {a: tuple(by_agent[a][k] for k in sorted(by_agent[a])) for a in agents}
 
     # ------------------------------------------------------------------------------------ a step

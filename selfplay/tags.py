@@ -16,6 +16,8 @@ Scalars are logged at ``global_step`` = training step. Families (CleanRL/TRL sty
   (the teacher × student solve-rate matrix of the report);
 - ``tamper/<member>`` and ``tamper/<role>/<class>``: completions whose run tripped a sandbox defence this step,
   per member and per role and defence class (``charts/tamper``: all of them);
+- ``rewards/<role>/<term>``: the mean per role of a named term of the reward scheme
+  (:class:`populora_env.rewards.SchemeRewards`; only for a scheme that names its terms);
 - text: ``samples/<role>`` and ``hyperparameters``.
 
 Every family has a builder (``member(name, key)``) and, where the report discovers names from the logged tags,
@@ -260,3 +262,11 @@ def samples(role: str) -> str:
 
 def _suffix(tag: str, prefix: str) -> str | None:
     return tag[len(prefix):] if tag.startswith(prefix) and len(tag) > len(prefix) else None
+
+
+REWARD_TERM_PREFIX = "rewards/"
+
+
+def reward_term(role: str, name: str) -> str:
+    """The mean over a role's completions of the reward scheme's term ``name`` this step."""
+    return f"{REWARD_TERM_PREFIX}{role}/{name}"
