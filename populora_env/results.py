@@ -12,8 +12,9 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from populora_env.complexity import ProgramMetrics, program_metrics
+
 if TYPE_CHECKING:
-    from populora_env.metrics import ProgramMetrics
     from populora_env.tasks import Task
 
 
@@ -82,10 +83,8 @@ class ProposalResult:
     @cached_property
     def metrics(self) -> ProgramMetrics | None:
         """Complexity of the task's program (AST depth, cyclomatic complexity, lines, variables:
-        :func:`populora_env.metrics.program_metrics`, the diagnostics' own), ``None`` without a task. For an
+        :func:`populora_env.complexity.program_metrics`, the diagnostics' own), ``None`` without a task. For an
         induction task the program is the buffer program the teacher was shown."""
-        from populora_env.metrics import program_metrics
-
         return None if self.task is None else program_metrics(self.task.program)
 
 
