@@ -13,7 +13,7 @@ from populora_env.config import ConfigError, EnvConfig
 from populora_env.env import PopuLoRAParallelEnv, agent_names, env, parallel_env, raw_env
 from populora_env.matching import Ratings, TrueSkillConfig
 from populora_env.metrics import CoverageTracker, program_fingerprint, program_metrics
-from populora_env.policies import OracleStudent, RandomPolicy, SeedTeacher
+from populora_env.policies import NoisyStudent, OracleStudent, RandomPolicy, SeedTeacher
 from populora_env.prompts import (
     PromptTemplates,
     get_prompt_set,
@@ -59,6 +59,7 @@ __all__ = [
     "CoverageTracker",
     "MatchResult",
     "OracleStudent",
+    "NoisyStudent",
     "PopuLoRAParallelEnv",
     "PromptTemplates",
     "ProposalResult",

@@ -48,6 +48,9 @@ FRAC_REWARD_ZERO_STD = "charts/frac_reward_zero_std"
 """Mean over updated members of the fraction of groups whose rewards are all equal."""
 STEP_SECONDS = "charts/step_seconds"
 """Wall time of the step (generation, sandbox, update, evolution)."""
+P_HAT_COUNTS = {"zero": "charts/tasks_p_hat_0", "partial": "charts/tasks_p_hat_partial", "one": "charts/tasks_p_hat_1"}
+"""The step's valid tasks attempted by their matched student, by p̂: never solved (p̂ = 0), solved at some
+attempts (0 < p̂ < 1: the learnable ones), at every attempt (p̂ = 1); only logged when there was one."""
 TAMPER_TOTAL = "charts/tamper"
 """Completions of the step (proposals and attempts, every member) whose run tripped a sandbox defence: the sum of
 the :func:`tamper` counts (``run_summary.json``'s ``tamper``, what ``populora compare`` carries)."""
