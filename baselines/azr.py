@@ -44,9 +44,13 @@ exactly as a PopuLoRA student's are, so the two arms differ only in who proposes
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from populora_env.checks import ConfigError
 from selfplay.config import TrainConfig
+from selfplay.scripted import ScriptedConfig
+
+log = logging.getLogger(__name__)
 
 MEMBER = "azr"
 
@@ -60,7 +64,8 @@ def azr_config(cfg: TrainConfig) -> TrainConfig:
     """The baseline's configuration derived from a run configuration: one teacher and one student (one adapter,
     see :func:`azr_mapping`), the ``azr`` reward scheme, no evolution; budgets, token limits and the trainer
     section (estimator included) unchanged; per-role trainer settings (``trainer.teacher.*``) apply to the
-    proposer rows, ``trainer.student.*`` to the solver rows.
+    proposer rows, ``trainer.student.*`` to the solver rows. Scripted opponents (``scripted``) are dropped: the
+    baseline's opponent is itself.
 
     Raises:
         ConfigError: a per-role learning rate (the one adapter has one optimizer and one learning rate), or
@@ -77,4 +82,6 @@ def azr_config(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError("trainer.role_weighting", "'tokens' is one token mean over the proposer and solver rows, "
                           "which cannot take two loss aggregations; use 'balanced' or one trainer.loss_agg_mode")
     env = dataclasses.replace(cfg.env, num_teachers=1, num_students=1, reward_scheme="azr")
-    return dataclasses.replace(cfg, env=env, evolution=False)
+    if cfg.scripted.active:
+        log.warning("the baseline plays itself (one adapter proposes and solves): the scripted section is not used")
+    return dataclasses.replace(cfg, env=env, evolution=False, scripted=ScriptedConfig())

@@ -9,7 +9,7 @@ and ``rewards/student/length_penalty`` (docs/swapping.md).
 
 Use it: ``.venv/bin/populora test-scheme --plugins examples/complexity_scheme.py complexity`` (every branch,
 scripted, no model), or in a seconds-long run against scripted opponents: ``.venv/bin/populora train --plugins
-examples/complexity_scheme.py --preset configs/scripted.json --env.reward-scheme complexity``.
+examples/complexity_scheme.py --preset scripted --env.reward-scheme complexity``.
 Run it: ``.venv/bin/python examples/complexity_scheme.py`` (the test-scheme table).
 """
 

@@ -1,7 +1,7 @@
 """What a reward scheme receives: everything that happened in one round, as plain read-only records.
 
 Every field is deterministic (a function of the round's seed, the actions and the env's state) and read-only;
-docs/env.md, "What a reward scheme receives", lists them all with their types.
+docs/swapping.md, "What a scheme receives", lists them all with their types.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Per-role trainer settings (``trainer.teacher.*``, ``trainer.student.*``; docs/swapping.md "Per-role trainer
-settings"): a population member trains with its role's learning rate and estimator; the baseline's mixed batch
-takes each row's advantage from its role's estimator and its loss term from its role's settings, and per-role
-values equal to the shared ones give the shared update's gradients."""
+"""Per-role trainer settings (``trainer.teacher.*``, ``trainer.student.*``;
+docs/swapping.md, "Per-role trainer settings"): a population member trains with its role's learning rate and
+estimator; the baseline's mixed batch takes each row's advantage from its role's estimator and its loss term from
+its role's settings, and per-role values equal to the shared ones give the shared update's gradients."""
 
 from __future__ import annotations
 
