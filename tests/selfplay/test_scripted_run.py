@@ -80,3 +80,44 @@ def test_scripted_settings_are_checked() -> None:
         TrainConfig(**{**cfg.__dict__, "scripted": ScriptedConfig(students=4)}).validate()
     with pytest.raises(ValueError, match=r"^scripted.correct: must be <= 1"):
         TrainConfig(**{**cfg.__dict__, "scripted": ScriptedConfig(correct=1.5)}).validate()
+
+
+def test_a_resumed_scripted_run_scripts_what_the_uninterrupted_one_did(
+    scripted_run: Path, tmp_path: Path
+) -> None:
+    """The scripted policies are drawn per round from the run's seed: stopped after step 2 and resumed, the run
+    gives the uninterrupted run's history and TensorBoard values."""
+    run = tmp_path / "run"
+    common = ["--plugins", "examples/complexity_scheme.py", "--no-progress"]
+    p = populora(
+        "train",
+        "--preset",
+        "scripted",
+        *common,
+        "--env.reward-scheme",
+        "complexity",
+        "--steps",
+        "2",
+        "--checkpoint-every",
+        "1",
+        "--run-dir",
+        str(run),
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    p = populora("train", "--resume", str(run), *common, "--steps", str(STEPS), timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+
+    def values(path: Path) -> list[dict]:
+        history = json.loads((path / "run_summary.json").read_text())["history"]
+        return [{k: v for k, v in h.items() if k != "step_seconds"} for h in history]
+
+    assert values(run) == values(scripted_run)
+    mine, theirs = load_scalars(run), load_scalars(scripted_run)
+    for tag in (
+        *tags.P_HAT_COUNTS.values(),
+        tags.reward_term("teacher", "complexity_bonus"),
+        tags.reward_term("student", "length_penalty"),
+        tags.member("teacher_1", "loss"),
+    ):
+        assert _series(mine, tag) == _series(theirs, tag), tag
