@@ -17,6 +17,11 @@ writes no parsable program — so a plugin "tested" on it only ever runs its inv
 3. no student: ``teacher_0``'s valid task with no matched student (p̂ is ``None``, ``match_of`` is ``None``),
    and a student with no task at all (no completion: its list of rewards is empty).
 
+Every record carries what a run gives a scheme (docs/swapping.md, "What a scheme receives"): valid proposals' tasks,
+whose programs rise in complexity, an induction task and its submitted programs, completion texts and token
+counts that grow with the index, answers, the ratings before the round and the buffers (a seed's program, and an
+earlier round's task from the second round on).
+
 Each round goes through the env's own check of a scheme's answer (one finite real per completion,
 :func:`populora_env.rewards.compute_rewards`). **Estimators** get one scripted batch (:func:`estimator_batch`):
 groups whose rewards differ, a group whose rewards are all equal, a group of one, completions of unequal
