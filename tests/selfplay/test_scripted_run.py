@@ -42,7 +42,7 @@ def _series(sc, tag: str) -> dict[int, float]:
     return dict(sc.get(tag, []))
 
 
-def test_a_scripted_run_reaches_every_solve_rate_in_seconds(scripted_run: Path) -> None:
+def test_a_scripted_run_reaches_every_solve_rate(scripted_run: Path) -> None:
     sc = load_scalars(scripted_run)
     counts = {k: sum(_series(sc, t).values()) for k, t in tags.P_HAT_COUNTS.items()}
     assert counts["zero"] > 0 and counts["partial"] > 0 and counts["one"] > 0, (
@@ -52,8 +52,7 @@ def test_a_scripted_run_reaches_every_solve_rate_in_seconds(scripted_run: Path) 
     correct = _series(sc, tags.STUDENT_CORRECT_RATE)
     assert len(correct) == STEPS and all(0.0 < v < 1.0 for v in correct.values())  # correct and wrong answers
     assert any(v < 1.0 for v in _series(sc, tags.STUDENT_FORMAT_RATE).values())  # and format errors
-    summary = json.loads((scripted_run / "run_summary.json").read_text())
-    assert sum(h["step_seconds"] for h in summary["history"]) <= 30.0  # the steps: seconds (startup apart)
+    # its time (seconds on 2 cores) is measured in docs/swapping.md, never asserted: timing decides no test
 
 
 def test_the_learners_train_and_the_scripted_agents_do_not(scripted_run: Path) -> None:
