@@ -385,7 +385,9 @@ def _check_members(population: Path, names: list[str], cfg: TrainConfig, tensors
     (``rank × d_in``) have that rank, and its optimizer state covers as many tensors as its adapter holds."""
     meta_file = population / "population.json"
     meta = read_json(meta_file)
-    if meta.get("rank") != cfg.rank or set(meta.get("target_modules") or ()) != set(cfg.target_modules):
+    targets = meta.get("target_modules")
+    if meta.get("rank") != cfg.rank or not isinstance(targets, list) or not all(isinstance(t, str) for t in targets) \
+            or set(targets) != set(cfg.target_modules):
         raise CheckpointError(meta_file, f"rank {meta.get('rank')!r} / targets {meta.get('target_modules')!r} are "
                                          f"not the run's ({cfg.rank} / {list(cfg.target_modules)})")
     for name in names:

@@ -100,18 +100,18 @@ def test_output_levels(level: int, expected: dict) -> None:
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: __import__("populora_cli").train(plugins="my_plugin.py"),
+    (lambda: __import__("populora_cli.api").api.train(plugins="my_plugin.py"),
      r"train\(\): plugins must be a list .*got str 'my_plugin.py' \(write plugins=\['my_plugin.py'\]\)"),
-    (lambda: __import__("populora_cli").baseline("tiny", plugins=[3]), r"baseline\(\): plugins .* an item int 3"),
-    (lambda: __import__("populora_cli").train(config=12), r"train\(\): config must be a preset name .* got int 12"),
-    (lambda: __import__("populora_cli").train("tiny", report="no"), r"train\(\): report must be True or False"),
+    (lambda: __import__("populora_cli.api").api.baseline("tiny", plugins=[3]), r"baseline\(\): plugins .* an item int 3"),
+    (lambda: __import__("populora_cli.api").api.train(config=12), r"train\(\): config must be a preset name .* got int 12"),
+    (lambda: __import__("populora_cli.api").api.train("tiny", report="no"), r"train\(\): report must be True or False"),
     (lambda: resolve_config(3.5), r"resolve_config\(\): config must be .* got float 3.5"),
     (lambda: resolve_config({1: 2}), r"resolve_config\(\): config: a dict's keys must be field names"),
-    (lambda: __import__("populora_cli").compare("runs/a", out="x"), r"compare\(\): runs must be a list .*write runs="),
-    (lambda: __import__("populora_cli").compare(["runs/a"], out=5), r"compare\(\): out must be a directory"),
-    (lambda: __import__("populora_cli").compare(["runs/a"], out="x", tail="3"), r"compare\(\): tail must be an int"),
-    (lambda: __import__("populora_cli").compare(["runs/a"], out="x", reps=0), r"compare\(\): reps must be >= 1, got 0"),
-    (lambda: __import__("populora_cli").compare(["runs/a"], out="x", eval_score="mean"),
+    (lambda: __import__("populora_cli.api").api.compare("runs/a", out="x"), r"compare\(\): runs must be a list .*write runs="),
+    (lambda: __import__("populora_cli.api").api.compare(["runs/a"], out=5), r"compare\(\): out must be a directory"),
+    (lambda: __import__("populora_cli.api").api.compare(["runs/a"], out="x", tail="3"), r"compare\(\): tail must be an int"),
+    (lambda: __import__("populora_cli.api").api.compare(["runs/a"], out="x", reps=0), r"compare\(\): reps must be >= 1, got 0"),
+    (lambda: __import__("populora_cli.api").api.compare(["runs/a"], out="x", eval_score="mean"),
      r"compare\(\): eval_score must be one of population_mean, best, weakest, got 'mean'"),
 ])
 def test_the_api_checks_its_arguments_at_the_door(call, match: str, tmp_path: Path, monkeypatch) -> None:
