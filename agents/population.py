@@ -438,6 +438,9 @@ class LoRAPopulation:
         config = copy.deepcopy(self.model.peft_config[name])
         config.inference_mode = True
         config.base_model_name_or_path = getattr(self.model.base_model.model.config, "_name_or_path", None)
+        for key, value in vars(config).items():  # a set (target_modules) is written in the hash order of this
+            if isinstance(value, set):  # process (PYTHONHASHSEED): sorted, the same bytes in every process
+                setattr(config, key, sorted(value))
         config.save_pretrained(str(directory))
         state = self.state(name) if state is None else dict(state)
         if dtype is not None:
