@@ -48,7 +48,16 @@ BASE_ADAPTER = "__base__"  # the row label PEFT uses for "adapters disabled" in 
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*$")
 
-__all__ = ["DEFAULT_TARGET_MODULES", "LoRAPopulation", "member_seed", "mixed_factors", "randomize_member"]
+__all__ = ["DEFAULT_TARGET_MODULES", "LoRAPopulation", "member_seed", "mixed_factors", "randomize_member",
+           "save_optimizer_state"]
+
+
+def save_optimizer_state(state: dict[str, object], path: str | Path) -> None:
+    """``torch.save(state)`` to ``path`` through an open file. Given a path, torch names the archive's inner folder
+    after the file when the path is ASCII (``optimizer/``) and ``archive/`` when it is not, so a run in a folder
+    named with non-ASCII characters wrote other bytes; through a file it is ``archive/`` wherever the run is."""
+    with open(path, "wb") as f:
+        torch.save(state, f)
 
 
 def member_seed(seed: int, name: str) -> int:
@@ -505,7 +514,7 @@ class LoRAPopulation:
             opt_file = member_dir / OPTIMIZER_FILE
             sd = self.optimizer_state_dict(name)
             if sd is not None:
-                torch.save(sd, opt_file)
+                save_optimizer_state(sd, opt_file)
             elif opt_file.exists():
                 opt_file.unlink()
         meta = {

@@ -416,3 +416,23 @@ def test_a_saved_adapter_config_is_the_same_bytes_in_every_process(tmp_path):
     assert texts[0] == texts[1]
     modules = json.loads(texts[0])["target_modules"]
     assert modules == sorted(modules) and len(modules) > 1
+
+
+def test_optimizer_state_bytes_do_not_depend_on_the_folder_name(tmp_path):
+    """``torch.save`` to an ASCII path names the archive's folder after the file, to a non-ASCII one ``archive``:
+    a run in ``run dir ü`` wrote other ``optimizer.pt`` bytes than the same run elsewhere (issue 48's resume
+    test). Saved through a file, the bytes are the same in both, and the state loads back."""
+    from agents.population import save_optimizer_state
+
+    state = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.arange(4.0)}},
+             "param_groups": [{"lr": 1e-3, "params": [0]}]}
+    paths = [tmp_path / "plain" / "optimizer.pt", tmp_path / "dir ü 日本" / "optimizer.pt"]
+    for p in paths:
+        p.parent.mkdir()
+        save_optimizer_state(state, p)
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+    loaded = torch.load(paths[1], weights_only=True)
+    assert torch.equal(loaded["state"][0]["exp_avg"], state["state"][0]["exp_avg"])
+    torch.save(state, paths[0])  # what checkpoints did before: the folder's name decides the bytes
+    torch.save(state, paths[1])
+    assert paths[0].read_bytes() != paths[1].read_bytes()
