@@ -143,3 +143,12 @@ def test_the_inputs_own_output_folders_and_a_layout_that_holds_its_inputs_are_al
         overlap(link, [run], **args)
         == f"--out {link} is RUNS {run}; nothing was written: choose another --out"
     )
+
+
+def test_the_python_api_compare_refuses_an_out_inside_a_run(inputs: Path) -> None:
+    from populora_cli.api import compare
+
+    before = _tree(inputs)
+    with pytest.raises(ValueError, match=r"^out .*/run1/cmp is inside run .*/run1; nothing was written"):
+        compare([inputs / "run1"], inputs / "run1" / "cmp")
+    assert _tree(inputs) == before
