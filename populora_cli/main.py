@@ -13,9 +13,12 @@ Sub-commands::
     populora evolve   --op ties --parents DIR_A DIR_B --out DIR_C [--param density=0.5]
     populora compare  --preset P --seeds N --out DIR [--backend local|ray] [--parallel K]  # arms over seeds
     populora compare  --from RUN_DIR [RUN_DIR ...] --out DIR
-    populora list     [schemes|estimators|operators|presets|models|benchmarks] [--plugins FILE.py ...]
+    populora list     [schemes|estimators|operators|fitness|selections|matchings|presets|models|benchmarks]
+                      [--plugins FILE.py ...]
     populora test-scheme    NAME [--plugins FILE.py ...] [--kwargs JSON]   # every branch, scripted, no model
     populora test-estimator NAME [--plugins FILE.py ...] [--kwargs JSON]
+    populora test-selection NAME [--plugins FILE.py ...] [--kwargs JSON] [--fitness NAME]  # scripted population
+    populora test-matching  NAME [--plugins FILE.py ...] [--kwargs JSON] [--random-share X]
 
 Any sub-command takes --verbose (every library's log lines and warnings) or --quiet (warnings only).
 A bad flag or config value exits with status 2 and one line naming the field, before any work starts
@@ -54,7 +57,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 USAGE = __doc__ or ""
 _VERBOSITY = DEFAULT
 """The output level of this invocation (``--verbose`` / ``--quiet``; :mod:`populora_cli.logs`)."""
-COMMANDS = ("train", "baseline", "report", "eval", "evolve", "compare", "list", "test-scheme", "test-estimator")
+COMMANDS = ("train", "baseline", "report", "eval", "evolve", "compare", "list", "test-scheme", "test-estimator",
+            "test-selection", "test-matching")
 
 
 # ----------------------------------------------------------------------------------- train/baseline
@@ -98,11 +102,30 @@ def _without_arm(argv: list[str]) -> list[str]:
     return out
 
 
+def _parse_train_config(cmd: str, argv: list[str], default: Any) -> Any:
+    """The run's ``TrainConfig``: ``default`` (a preset, or the resumed run's) with the command line's flags."""
+    from selfplay.config import TrainConfig, list_presets
+    from selfplay.rundir import CONFIG, CONFIG_HISTORY
+
+    presets = ", ".join(list_presets())
+    with json_dict_rule():
+        return parse(TrainConfig, argv, f"populora {cmd}", default=default,
+                     extra_flags=("--preset", "--resume", "--dry-run", "--override", gpu_memory.FLAG),
+                     description=(TrainConfig.__doc__ or "") + f" Shipped presets: {presets}. "
+                     "--dry-run prints the resolved configuration as JSON and exits; with --gpu-memory-gib N it prints "
+                     "the run's GPU memory plan instead and exits 2 when the run does not fit (without --dry-run "
+                     "the plan gates the run). With --resume RUN_DIR, "
+                     "--override FIELD [FIELD ...] allows the named settings (dotted, e.g. trainer.lr) to differ "
+                     f"from the run's {CONFIG}; the change is recorded in RUN_DIR/{CONFIG_HISTORY}. Any sub-command "
+                     "takes --verbose (every library's log lines, warnings and loading bars) or --quiet (warnings and "
+                     "the run's final lines only).")
+
+
 def _train(cmd: str, argv: list[str]) -> int:
-    from selfplay.config import ConfigError, TrainConfig, list_presets, load_preset, to_dict
+    from selfplay.config import ConfigError, load_preset, to_dict
     from selfplay.config_changes import SavedRun, plan_resume, read_saved_run
     from selfplay.plugins import PluginError, normalize_plugin
-    from selfplay.rundir import CONFIG, CONFIG_HISTORY, RunDirError
+    from selfplay.rundir import CONFIG, RunDirError
 
     pre = ArgumentParser(add_help=False)
     pre.add_argument("--preset", default=None)
@@ -136,18 +159,7 @@ def _train(cmd: str, argv: list[str]) -> int:
         return _config_error(cmd, e)
     except RunDirError as e:
         return _fail(cmd, f"--resume: {e}")
-    presets = ", ".join(list_presets())
-    with json_dict_rule():
-        cfg = parse(TrainConfig, argv, f"populora {cmd}", default=default,
-                    extra_flags=("--preset", "--resume", "--dry-run", "--override", gpu_memory.FLAG),
-                    description=(TrainConfig.__doc__ or "") + f" Shipped presets: {presets}. "
-                    "--dry-run prints the resolved configuration as JSON and exits; with --gpu-memory-gib N it prints "
-                    "the run's GPU memory plan instead and exits 2 when the run does not fit (without --dry-run "
-                    "the plan gates the run). With --resume RUN_DIR, "
-                    "--override FIELD [FIELD ...] allows the named settings (dotted, e.g. trainer.lr) to differ "
-                    f"from the run's {CONFIG}; the change is recorded in RUN_DIR/{CONFIG_HISTORY}. Any sub-command "
-                    "takes --verbose (every library's log lines, warnings and loading bars) or --quiet (warnings and "
-                    "the run's final lines only).")
+    cfg = _parse_train_config(cmd, argv, default)
     if known.resume:
         cfg = dataclasses.replace(cfg, resume=Path(known.resume))
     cfg = dataclasses.replace(cfg, plugins=tuple(normalize_plugin(p) for p in cfg.plugins))
@@ -363,6 +375,10 @@ def _dispatch(argv: list[str]) -> int:
         from populora_cli.plugin_check import check_main
 
         return check_main(cmd, rest)
+    if cmd in ("test-selection", "test-matching"):
+        from populora_cli.rule_check import rule_main
+
+        return rule_main(cmd, rest)
     close = difflib.get_close_matches(cmd, COMMANDS, n=1)
     return _fail(cmd, f"unknown command (choose one of: {', '.join(COMMANDS)})"
                       + (f"; did you mean {close[0]}?" if close else ""))
