@@ -32,12 +32,43 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["--model", "tiny-random", "--env.num-teachers", "2", "--env.num-students", "2", "--rank", "4", "--alpha", "8",
-        "--env.tasks-per-teacher", "2", "--env.samples-per-task", "2", "--env.sandbox-workers", "1",
-        "--generation.teacher-max-new-tokens", "12", "--generation.student-max-new-tokens", "8",
-        "--generation.temperature", "1.0", "--trainer.entropy-coef", "0.01", "--trainer.lr", "1e-3",
-        "--pbt.interval", "2", "--no-progress", "--pbt.min-final-age", "0", "--generation.batch-size", "4",
-        "--checkpoint-every", "1"]
+TINY = [
+    "--model",
+    "tiny-random",
+    "--env.num-teachers",
+    "2",
+    "--env.num-students",
+    "2",
+    "--rank",
+    "4",
+    "--alpha",
+    "8",
+    "--env.tasks-per-teacher",
+    "2",
+    "--env.samples-per-task",
+    "2",
+    "--env.sandbox-workers",
+    "1",
+    "--generation.teacher-max-new-tokens",
+    "12",
+    "--generation.student-max-new-tokens",
+    "8",
+    "--generation.temperature",
+    "1.0",
+    "--trainer.entropy-coef",
+    "0.01",
+    "--trainer.lr",
+    "1e-3",
+    "--pbt.interval",
+    "2",
+    "--no-progress",
+    "--pbt.min-final-age",
+    "0",
+    "--generation.batch-size",
+    "4",
+    "--checkpoint-every",
+    "1",
+]
 RAY = ["--backend", "ray", "--ray.sandbox-workers-per-node", "1", "--ray.placement-timeout-s", "600"]
 
 
@@ -49,8 +80,22 @@ def _env(threads: int) -> dict[str, str]:
 
 
 def _start(run: Path, steps: int, gen_threads: int, ray: bool, threads: int = 1) -> subprocess.Popen:
-    args = [sys.executable, "-m", "populora_cli.main", "baseline", *TINY, "--steps", str(steps), "--threads",
-            str(threads), "--generation.threads", str(gen_threads), *(RAY if ray else []), "--run-dir", str(run)]
+    args = [
+        sys.executable,
+        "-m",
+        "populora_cli.main",
+        "baseline",
+        *TINY,
+        "--steps",
+        str(steps),
+        "--threads",
+        str(threads),
+        "--generation.threads",
+        str(gen_threads),
+        *(RAY if ray else []),
+        "--run-dir",
+        str(run),
+    ]
     log = open(run.with_suffix(".log"), "w")  # noqa: SIM115 - closed with the process below
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=_env(threads), cwd=REPO)
     proc.log = log  # type: ignore[attr-defined]
@@ -72,7 +117,9 @@ def _digest(run: Path) -> dict[str, str]:
     out = {}
     for p in sorted((run / "adapters").rglob("*.safetensors")):
         t = load_file(str(p))
-        out[str(p.relative_to(run))] = hashlib.sha256(b"".join(t[k].numpy().tobytes() for k in sorted(t))).hexdigest()
+        out[str(p.relative_to(run))] = hashlib.sha256(
+            b"".join(t[k].numpy().tobytes() for k in sorted(t))
+        ).hexdigest()
     for p in sorted((run / "checkpoints").rglob("env_state.json")):
         out[str(p.relative_to(run))] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
@@ -88,7 +135,9 @@ def _weight_gap(a: Path, b: Path) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=1, help="rounds of two Ray runs and a local run beside busy loops")
+    ap.add_argument(
+        "--repeats", type=int, default=1, help="rounds of two Ray runs and a local run beside busy loops"
+    )
     ap.add_argument("--busy", type=int, default=2, help="busy loops running during those rounds")
     ap.add_argument("--generation-threads", type=int, default=2)
     ap.add_argument("--threads-too", action="store_true", help="also the local run with 2 torch threads")
@@ -98,8 +147,12 @@ def main() -> None:
     runs: list[str] = []
 
     def batch(specs: dict[str, tuple[bool, int]]) -> None:
-        _wait({n: _start(root / n, args.steps, args.generation_threads, ray, threads)
-               for n, (ray, threads) in specs.items()})
+        _wait(
+            {
+                n: _start(root / n, args.steps, args.generation_threads, ray, threads)
+                for n, (ray, threads) in specs.items()
+            }
+        )
         runs.extend(specs)
 
     batch({"local-alone": (False, 1)})
@@ -120,7 +173,11 @@ def main() -> None:
         got = _digest(root / name)
         diff = sorted(k for k in ref.keys() | got.keys() if ref.get(k) != got.get(k))
         gap = _weight_gap(root / "local-alone", root / name)
-        print(f"{name}: " + ("equal" if not diff else f"differs in {', '.join(diff)}") + f" (max |Δw| {gap:.3g})")
+        print(
+            f"{name}: "
+            + ("equal" if not diff else f"differs in {', '.join(diff)}")
+            + f" (max |Δw| {gap:.3g})"
+        )
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 
