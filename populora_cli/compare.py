@@ -441,55 +441,17 @@ def compare_main(argv: list[str]) -> int:
 
     if not stats.rliable_available():
         return fail("compare", f"statistics over seeds need rliable, which is not installed: {stats.INSTALL_HINT}")
-    if args.tail < 1:
-        return fail("compare", f"--tail: must be >= 1, got {args.tail}")
-    if args.reps < 1:
-        return fail("compare", f"--reps: must be >= 1, got {args.reps}")
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        return fail("compare", f"--out: {out} exists and is not a directory")
+    refused = _refused_numbers(args, out)
+    if refused:
+        return fail("compare", refused)
     common = {"tail": args.tail, "reps": args.reps, "seed": args.bootstrap_seed, "eval_score": args.eval_score}
-    from evaluation.compare import compare_runs
-    from selfplay.rundir import RunDirError
-
     if args.from_dirs is not None:
-        if args.preset or args.seeds is not None or extra:
-            return fail("compare", "--from: compares existing runs; it takes no --preset, --seeds or train flags")
-        missing = [d for d in args.from_dirs if not Path(d).is_dir()]
-        if missing:
-            return fail("compare", f"--from: {', '.join(missing)} is not a directory")
-        from populora_cli.api import compare
-
-        try:
-            result = compare(args.from_dirs, out, tail=args.tail, reps=args.reps, bootstrap_seed=args.bootstrap_seed,
-                             eval_score=args.eval_score)
-        except RunDirError as e:  # a file of a run this project never writes (a link out of it, nested too deep)
-            return fail("compare", str(e))
-        print(f"comparison written to {out / 'compare.md'} ({len(result.files)} files)")
-        return 0
-    if not args.preset:
-        return fail("compare", "--preset: required (or --from RUN_DIR ...)")
-    if args.seeds is None or args.seeds < 1:
-        return fail("compare", "--seeds: required, N >= 1")
-    if args.first_seed < 0:
-        return fail("compare", f"--first-seed: must be >= 0, got {args.first_seed}")
-    if args.parallel < 1:
-        return fail("compare", f"--parallel: must be >= 1, got {args.parallel}")
-    if args.arm is not None:
-        if args.arms is not None:
-            return fail("compare", "--arm: give either --arms or --arm (--arm names each arm with its kind)")
-        try:
-            arms = [parse_arm(spec) for spec in args.arm]
-        except CompareError as e:
-            return fail("compare", str(e))
-        if len({a.name for a in arms}) != len(arms):
-            return fail("compare", f"--arm: two arms share a name ({', '.join(a.name for a in arms)})")
-    else:
-        names = [a.strip() for a in (args.arms or "population,baseline").split(",") if a.strip()]
-        unknown = [a for a in names if a not in ARMS]
-        if not names or unknown or len(set(names)) != len(names):
-            return fail("compare", f"--arms: choose from {', '.join(ARMS)} (got {args.arms!r})")
-        arms = [Arm(a, a) for a in names]
+        return _compare_existing(args, out, extra)
+    try:
+        arms = _arms(args)
+    except CompareError as e:
+        return fail("compare", str(e))
     pair = (arms[0].name, arms[1].name) if args.arm is not None and len(arms) >= 2 else ("population", "baseline")
     common |= {"treatment": pair[0], "reference": pair[1]}
     if args.backend == "ray":
@@ -499,6 +461,71 @@ def compare_main(argv: list[str]) -> int:
             return fail("compare", f"--backend: ray needs Ray: {RAY_INSTALL_HINT}")
     elif args.ray_address:
         return fail("compare", "--ray-address: needs --backend ray")
+    return _launch_and_compare(args, out, extra, arms, common)
+
+
+def _refused_numbers(args: argparse.Namespace, out: Path) -> str | None:
+    """The first numeric flag or ``--out`` that cannot be used, as the one line that names it; None when all can."""
+    if args.tail < 1:
+        return f"--tail: must be >= 1, got {args.tail}"
+    if args.reps < 1:
+        return f"--reps: must be >= 1, got {args.reps}"
+    if out.exists() and not out.is_dir():
+        return f"--out: {out} exists and is not a directory"
+    if args.from_dirs is not None:
+        return None
+    if not args.preset:
+        return "--preset: required (or --from RUN_DIR ...)"
+    if args.seeds is None or args.seeds < 1:
+        return "--seeds: required, N >= 1"
+    if args.first_seed < 0:
+        return f"--first-seed: must be >= 0, got {args.first_seed}"
+    if args.parallel < 1:
+        return f"--parallel: must be >= 1, got {args.parallel}"
+    return None
+
+
+def _compare_existing(args: argparse.Namespace, out: Path, extra: list[str]) -> int:
+    """``--from``: compare finished runs, launching none."""
+    from selfplay.rundir import RunDirError
+
+    if args.preset or args.seeds is not None or extra:
+        return fail("compare", "--from: compares existing runs; it takes no --preset, --seeds or train flags")
+    missing = [d for d in args.from_dirs if not Path(d).is_dir()]
+    if missing:
+        return fail("compare", f"--from: {', '.join(missing)} is not a directory")
+    from populora_cli.api import compare
+
+    try:
+        result = compare(args.from_dirs, out, tail=args.tail, reps=args.reps, bootstrap_seed=args.bootstrap_seed,
+                         eval_score=args.eval_score)
+    except RunDirError as e:  # a file of a run this project never writes (a link out of it, nested too deep)
+        return fail("compare", str(e))
+    print(f"comparison written to {out / 'compare.md'} ({len(result.files)} files)")
+    return 0
+
+
+def _arms(args: argparse.Namespace) -> list[Arm]:
+    """The arms of ``--arm NAME=KIND...`` or ``--arms a,b``; raises :class:`CompareError` naming the flag."""
+    if args.arm is not None:
+        if args.arms is not None:
+            raise CompareError("--arm: give either --arms or --arm (--arm names each arm with its kind)")
+        arms = [parse_arm(spec) for spec in args.arm]
+        if len({a.name for a in arms}) != len(arms):
+            raise CompareError(f"--arm: two arms share a name ({', '.join(a.name for a in arms)})")
+        return arms
+    names = [a.strip() for a in (args.arms or "population,baseline").split(",") if a.strip()]
+    unknown = [a for a in names if a not in ARMS]
+    if not names or unknown or len(set(names)) != len(names):
+        raise CompareError(f"--arms: choose from {', '.join(ARMS)} (got {args.arms!r})")
+    return [Arm(a, a) for a in names]
+
+
+def _launch_and_compare(args: argparse.Namespace, out: Path, extra: list[str], arms: list[Arm],
+                        common: dict[str, Any]) -> int:
+    """Check every arm's configuration, launch the unfinished runs (resuming the interrupted ones), compare."""
+    from selfplay.rundir import RunDirError
+
     presets = {a.name: args.baseline_preset or args.preset if a.kind == "baseline" else args.preset for a in arms}
     by_name = {a.name: a for a in arms}
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
@@ -529,6 +556,28 @@ def compare_main(argv: list[str]) -> int:
         return fail("compare", f"--backend ray: cannot start or reach the Ray cluster: {type(e).__name__}: {e}")
     threads = max(1, cores // args.parallel)
     jobs, skipped = plan(out, arms, presets, seeds, extra, config_of, threads)
+    logs = _announce(out, jobs, skipped, threads, args)
+    status: dict[str, int] = {}
+    try:
+        if jobs and args.backend == "ray":
+            status = run_ray(jobs, logs, _child_env(threads), args.ray_address)
+        elif jobs:
+            status = run_local(jobs, args.parallel, logs, _child_env(threads))
+    except KeyboardInterrupt:  # the runs were stopped (run_local / run_ray kill them on the way out)
+        print(f"populora compare: interrupted; run the same command again to resume the runs in {out}",
+              file=sys.stderr)
+        return 130
+    finally:
+        if args.backend == "ray" and jobs:
+            import ray
+
+            ray.shutdown()
+    return _compare_launched(out, [out / f"{arm.name}-s{seed}" for arm in arms for seed in seeds], jobs, status,
+                             logs, common)
+
+
+def _announce(out: Path, jobs: list[Job], skipped: list[str], threads: int, args: argparse.Namespace) -> Path:
+    """Create ``out/logs``, set aside runs killed during set-up and print what will run; returns the logs dir."""
     out.mkdir(parents=True, exist_ok=True)
     logs = out / "logs"
     logs.mkdir(exist_ok=True)
@@ -540,25 +589,16 @@ def compare_main(argv: list[str]) -> int:
         print(f"  {job.name}: {'unfinished, resuming' if job.resume else 'new run'}")
     print(f"{len(jobs)} run(s) to launch, {len(skipped)} complete; {threads} thread(s) per run, "
           f"{args.parallel if args.backend == 'local' else 'Ray-scheduled'} at once; logs in {logs}", flush=True)
-    env = _child_env(threads)
-    status: dict[str, int] = {}
-    try:
-        if jobs and args.backend == "ray":
-            status = run_ray(jobs, logs, env, args.ray_address)
-        elif jobs:
-            status = run_local(jobs, args.parallel, logs, env)
-    except KeyboardInterrupt:  # the runs were stopped (run_local / run_ray kill them on the way out)
-        print(f"populora compare: interrupted; run the same command again to resume the runs in {out}",
-              file=sys.stderr)
-        return 130
-    finally:
-        if args.backend == "ray" and jobs:
-            import ray
+    return logs
 
-            ray.shutdown()
+
+def _compare_launched(out: Path, run_dirs: list[Path], jobs: list[Job], status: dict[str, int], logs: Path,
+                      common: dict[str, Any]) -> int:
+    """Write the comparison of ``run_dirs``; exit 1 naming each run that did not complete."""
+    from evaluation.compare import compare_runs
     from evaluation.compare.rundirs import read_run
+    from selfplay.rundir import RunDirError
 
-    run_dirs = [out / f"{arm.name}-s{seed}" for arm in arms for seed in seeds]
     try:
         failed = [d.name for d in run_dirs if not read_run(d).complete]
         files = compare_runs(run_dirs, out, launched=[j.name for j in jobs], **common)

@@ -98,11 +98,30 @@ def _without_arm(argv: list[str]) -> list[str]:
     return out
 
 
+def _parse_train_config(cmd: str, argv: list[str], default: Any) -> Any:
+    """The run's ``TrainConfig``: ``default`` (a preset, or the resumed run's) with the command line's flags."""
+    from selfplay.config import TrainConfig, list_presets
+    from selfplay.rundir import CONFIG, CONFIG_HISTORY
+
+    presets = ", ".join(list_presets())
+    with json_dict_rule():
+        return parse(TrainConfig, argv, f"populora {cmd}", default=default,
+                     extra_flags=("--preset", "--resume", "--dry-run", "--override", gpu_memory.FLAG),
+                     description=(TrainConfig.__doc__ or "") + f" Shipped presets: {presets}. "
+                     "--dry-run prints the resolved configuration as JSON and exits; with --gpu-memory-gib N it prints "
+                     "the run's GPU memory plan instead and exits 2 when the run does not fit (without --dry-run "
+                     "the plan gates the run). With --resume RUN_DIR, "
+                     "--override FIELD [FIELD ...] allows the named settings (dotted, e.g. trainer.lr) to differ "
+                     f"from the run's {CONFIG}; the change is recorded in RUN_DIR/{CONFIG_HISTORY}. Any sub-command "
+                     "takes --verbose (every library's log lines, warnings and loading bars) or --quiet (warnings and "
+                     "the run's final lines only).")
+
+
 def _train(cmd: str, argv: list[str]) -> int:
-    from selfplay.config import ConfigError, TrainConfig, list_presets, load_preset, to_dict
+    from selfplay.config import ConfigError, load_preset, to_dict
     from selfplay.config_changes import SavedRun, plan_resume, read_saved_run
     from selfplay.plugins import PluginError, normalize_plugin
-    from selfplay.rundir import CONFIG, CONFIG_HISTORY, RunDirError
+    from selfplay.rundir import CONFIG, RunDirError
 
     pre = ArgumentParser(add_help=False)
     pre.add_argument("--preset", default=None)
@@ -136,18 +155,7 @@ def _train(cmd: str, argv: list[str]) -> int:
         return _config_error(cmd, e)
     except RunDirError as e:
         return _fail(cmd, f"--resume: {e}")
-    presets = ", ".join(list_presets())
-    with json_dict_rule():
-        cfg = parse(TrainConfig, argv, f"populora {cmd}", default=default,
-                    extra_flags=("--preset", "--resume", "--dry-run", "--override", gpu_memory.FLAG),
-                    description=(TrainConfig.__doc__ or "") + f" Shipped presets: {presets}. "
-                    "--dry-run prints the resolved configuration as JSON and exits; with --gpu-memory-gib N it prints "
-                    "the run's GPU memory plan instead and exits 2 when the run does not fit (without --dry-run "
-                    "the plan gates the run). With --resume RUN_DIR, "
-                    "--override FIELD [FIELD ...] allows the named settings (dotted, e.g. trainer.lr) to differ "
-                    f"from the run's {CONFIG}; the change is recorded in RUN_DIR/{CONFIG_HISTORY}. Any sub-command "
-                    "takes --verbose (every library's log lines, warnings and loading bars) or --quiet (warnings and "
-                    "the run's final lines only).")
+    cfg = _parse_train_config(cmd, argv, default)
     if known.resume:
         cfg = dataclasses.replace(cfg, resume=Path(known.resume))
     cfg = dataclasses.replace(cfg, plugins=tuple(normalize_plugin(p) for p in cfg.plugins))

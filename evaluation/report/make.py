@@ -9,11 +9,14 @@ from pathlib import Path
 
 from evaluation.report import numerics as nx
 from evaluation.report import tamper
-from evaluation.report.loading import load_run
+from evaluation.report.loading import RunData, load_run
 from evaluation.report.plots import Plotter
 from evaluation.report.summary import summary_markdown, unique_names
 from selfplay import tags
 from selfplay.rundir import REPORT, RunDir, write_text_atomic
+
+Figure = tuple[str, str | None, str]
+"""A figure of the report: its title, the image's file stem (``None`` when nothing was drawn), its caption."""
 
 
 def make_report(
@@ -65,11 +68,26 @@ def make_report(
     kids = {r.name: nx.children(r) for r in data}
     windows = {r.name: nx.pair_windows(r) for r in data}
 
+    figures = _game_figures(plot, data, kids, windows, notes) + _update_figures(plot, data, entries, notes)
+    summary = summary_markdown(data, smoothing, entries, kids, windows, figures, notes)
+    write_text_atomic(out_dir / "summary.md", summary, sync=False)
+    write_text_atomic(out_dir / "figures.json", json.dumps({"figures": plot.manifest}, indent=1) + "\n", sync=False)
+    return out_dir
+
+
+def _game_figures(
+    plot: Plotter,
+    data: list[RunData],
+    kids: dict[str, list[nx.Child]],
+    windows: dict[str, list[nx.PairWindow]],
+    notes: list[str],
+) -> list[Figure]:
+    """The game's figures, in the summary's order: solve rates, rewards, pairs, ratings, evolution, validity."""
     solve_panels = [("matched tasks (fillers excluded)", tags.SOLVE_RATE)]
     if any(nx.has(r, tags.FILLER_SOLVE_RATE) for r in data):
         solve_panels.append(("filler tasks", tags.FILLER_SOLVE_RATE))
     solve_panels.append(("well-formatted attempts", tags.STUDENT_FORMAT_RATE))
-    figures: list[tuple[str, str | None, str]] = [
+    return [
         (
             "Student solve rate",
             plot.lines("solve_rate", "Student solve rate on matched tasks", solve_panels, 3, notes),
@@ -121,6 +139,14 @@ def make_report(
             f"(reason `tamper`, `{tags.tamper('<member>')}`; dashed: students); 0 everywhere: no attempt on the "
             "verifier's machinery was seen.",
         ),
+    ]
+
+
+def _update_figures(
+    plot: Plotter, data: list[RunData], entries: dict[str, dict[str, nx.EvalEntry]], notes: list[str]
+) -> list[Figure]:
+    """The programs' and the updates' figures, in the summary's order, then time per phase and evaluation."""
+    return [
         (
             "Program complexity",
             plot.lines(
@@ -193,8 +219,3 @@ def make_report(
         ("Time per phase", plot.timing(notes), ""),
         ("Evaluation", plot.evaluation(entries, notes), ""),
     ]
-    summary = summary_markdown(data, smoothing, entries, kids, windows, figures, notes)
-    write_text_atomic(out_dir / "summary.md", summary, sync=False)
-    write_text_atomic(out_dir / "figures.json", json.dumps({"figures": plot.manifest}, indent=1) + "\n", sync=False)
-    return out_dir
-
