@@ -176,8 +176,10 @@ def vllm_checks(args, out_dir: Path, timeout: float) -> dict:
     xml = out_dir / "vllm_checks.xml"
     env = dict(os.environ, POPULORA_VLLM_MODEL=args.check_model, POPULORA_VLLM_DTYPE="float32",
                HF_HUB_OFFLINE="1")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "vllm", "-n", "0", "-p", "no:cacheprovider", "-rs",
-           f"--junitxml={xml}", "tests/agents/test_vllm_engine.py"]  # -n 0: one engine at a time on the GPU
+    # one process, one engine at a time on the GPU; pyproject's addopts (-n 2: pytest-xdist, which a bare PyTorch
+    # image lacks) replaced, so the command runs with or without xdist
+    cmd = [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-m", "vllm", "-p", "no:cacheprovider", "-rs",
+           f"--junitxml={xml}", "tests/agents/test_vllm_engine.py"]
     rec = _run(cmd, timeout, env, out_dir / "vllm_checks.log") | {"model": args.check_model}
     tests = []
     if xml.is_file():
