@@ -33,6 +33,7 @@ the adapter directory):
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -303,3 +304,37 @@ def test_baseline_and_compare_on_vllm(sync: Path, root: Path) -> None:
     assert json.loads((baseline / "config.json").read_text())["config"]["generation"]["engine"] == "vllm"
     assert [row["step"] for row in _history(baseline)] == [1, 2, 3]
     assert (root / "cmp" / "compare.md").is_file() and (root / "cmp" / "compare.json").is_file()
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None and os.environ.get("POPULORA_REQUIRE_VLLM") != "1",
+    reason="needs ray in this venv (bash scripts/install.sh --vllm-cpu installs it)",
+)
+def test_ray_backend_with_a_vllm_engine_actor_equals_the_local_run(sync: Path, root: Path) -> None:
+    """One step of ``--backend ray`` (a private one-machine Ray instance, 1 trainer shard, 1 engine actor running
+    vLLM's CPU build): its final adapters are bitwise the local run's after step 1 (checkpoint 1 of ``sync``: the
+    same step, PBT included)."""
+    flags = [
+        "--steps",
+        "1",
+        "--backend",
+        "ray",
+        "--ray.trainers",
+        "1",
+        "--ray.engines",
+        "1",
+        "--ray.sandbox-workers-per-node",
+        "1",
+        "--ray.sandbox-require",
+        "any",
+        "--ray.placement-timeout-s",
+        "1500",
+        "--ray.init-timeout-s",
+        "600",
+    ]
+    run = _train(root / "ray", flags, root / "ray.log")
+    local = sync / "checkpoints" / "step_1" / "population"
+    for name in _members(sync):
+        wa = load_file(local / name / "adapter_model.safetensors")
+        wb = load_file(run / "adapters" / name / "adapter_model.safetensors")
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), name
