@@ -156,6 +156,9 @@ class PolicyGradientTrainer:
         self.config = config if config is not None else TrainerConfig()
         self.config.validate()  # registries looked up now: estimators registered after the config was made count
         self._advantage = get_advantage(self.config.advantage)
+        self.lr_scale: Mapping[str, float] = {}
+        """Member -> a factor on ``config.lr`` (PBT's ``lr_explore`` gives a child one; the run shares the
+        controller's dict): the member's AdamW runs at ``lr × scale``."""
         cfg = self.config
         self.forward = PolicyForward(population, packing=cfg.packing, packed_attention=cfg.packed_attention,
                                      micro_batch_size=cfg.micro_batch_size, logprob_chunk_size=cfg.logprob_chunk_size,
@@ -204,6 +207,7 @@ class PolicyGradientTrainer:
         ``tokens/<role>`` over that role's rollouts, and ``entropy/<role>`` = sum of H_t over the role's
         completion tokens / their count, accumulated over every micro-batch of every step like ``entropy``
         (same forward pass, no extra one). ``entropy`` is the token-weighted mean of the ``entropy/<role>``.
+        ``advantage_abs_max/<role>``: max |A| over the role's completion tokens (0: no signal for that role).
         """
         t0 = time.perf_counter()
         cfg = self.config
@@ -244,13 +248,15 @@ class PolicyGradientTrainer:
         n_steps = cfg.epochs * math.ceil(batch.size / mini)
         targets = self._targets(rollouts, batch, rewards, groups, n_steps, mini, stale)
         params = self.population.parameters(member)
-        opt = self.population.optimizer(member, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
+        lr = cfg.lr * self.lr_scale[member] if member in self.lr_scale else cfg.lr  # PBT's lr exploration
+        opt = self.population.optimizer(member, lr=lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
         tally = _Tally()
         for _epoch in range(cfg.epochs):
             for start in range(0, batch.size, mini):
                 rows = list(range(start, min(batch.size, start + mini)))
                 self._optimizer_step(batch, rows, targets, params, opt, tally)
-        return self._metrics(batch, targets.adv, tally, n_steps)
+        metrics = self._metrics(batch, targets.adv, tally, n_steps, lr)
+        return metrics | _role_advantages(rollouts, targets.adv, batch.mask)
 
     @property
     def _loss_coefs(self) -> dict[str, float]:
@@ -441,8 +447,10 @@ class PolicyGradientTrainer:
             return w.clamp(max=cfg.is_cap)
         return torch.where(capped, torch.zeros_like(w), w)
 
-    def _metrics(self, batch: RolloutBatch, adv: Tensor, tally: _Tally, n_steps: int) -> dict[str, float]:
-        """The update's metrics (``update``'s docstring) from its advantages and running sums."""
+    def _metrics(self, batch: RolloutBatch, adv: Tensor, tally: _Tally, n_steps: int, lr: float
+                 ) -> dict[str, float]:
+        """The update's metrics (``update``'s docstring) from its advantages and running sums; ``lr``: the
+        member's learning rate."""
         valid = batch.mask.bool()
         metrics = {
             "loss": _mean(tally.losses),
@@ -456,7 +464,7 @@ class PolicyGradientTrainer:
             "skipped_steps": float(tally.skipped),
             "zero_advantage_steps": float(tally.zero_steps),
             "zero_advantage_rows": float(tally.zero_rows),
-            "lr": float(self.config.lr),
+            "lr": float(lr),
         }
         for key, total in tally.sums.items():
             metrics[key] = total / max(tally.tokens, 1.0)
@@ -506,6 +514,18 @@ def _role_rows(rollouts: Sequence[Rollout]) -> dict[str, Tensor]:
         str(role): torch.tensor([x == role for x in roles], dtype=torch.float32)
         for role in sorted({x for x in roles if x is not None}, key=str)
     }
+
+
+def _role_advantages(rollouts: Sequence[Rollout], adv: Tensor, mask: Tensor) -> dict[str, float]:
+    """``advantage_abs_max/<role>``: the largest |advantage| over the completion tokens of the role's rows
+    (0 when they have none): 0 means the role got no learning signal in this update."""
+    out: dict[str, float] = {}
+    valid = mask.bool()
+    for role, sel in _role_rows(rollouts).items():
+        rows = sel.bool().to(adv.device)
+        values = adv[rows][valid[rows].to(adv.device)]
+        out[f"advantage_abs_max/{role}"] = float(values.abs().max().item()) if values.numel() else 0.0
+    return out
 
 
 def _role_metrics(rollouts: Sequence[Rollout], rewards: Tensor, mask: Tensor) -> dict[str, float]:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from evolution.families import FAMILIES, OPERATORS
-from populora_env.checks import ConfigError, check, check_bool, check_int, check_number
+from populora_env.checks import ConfigError, check, check_bool, check_choice, check_int, check_number
 
 __all__ = ["PBTConfig"]
 
@@ -39,6 +40,25 @@ class PBTConfig:
     """Exempt the children of an event from culling at the next event."""
     seed: int = 0
     """Seed of the per-replacement generators (combined with step, role and slot)."""
+    fitness: str = "mu_minus_3sigma"
+    """Registered fitness that ranks a role's members (evolution.selection; `populora list fitness`):
+    'mu_minus_3sigma' (TrueSkill's μ − 3σ), 'mu', 'win_rate' or 'mean_reward' (over a window), or a plugin's."""
+    fitness_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the fitness, as JSON (e.g. '{"window": 10}')."""
+    selection: str = "truncation"
+    """Registered selection rule that picks the culled members and their parents (`populora list selections`):
+    'truncation' (bottom culled, parents uniform from the top), 'tournament' (PBT's binary tournament),
+    'ttest' (PBT's t-test rule), or a plugin's."""
+    selection_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the selection rule, as JSON (e.g. '{"elites": 1}')."""
+    lr_explore: Literal["off", "perturb", "resample"] = "off"
+    """Learning-rate exploration of a child: 'off', 'perturb' (parent 1's lr scale times a factor of lr_factors,
+    drawn uniformly) or 'resample' (a scale log-uniform in lr_range); the child's optimizer runs at the
+    configured lr times its scale (recorded in lineage.jsonl)."""
+    lr_factors: tuple[float, ...] = (0.8, 1.2)
+    """The perturbation factors of lr_explore 'perturb'."""
+    lr_range: tuple[float, float] = (0.5, 2.0)
+    """The (low, high) scale range of lr_explore 'resample', as multiples of the configured lr."""
 
     def validate(self) -> None:
         """Check every setting; raise :class:`~populora_env.checks.ConfigError` naming the first bad field.
@@ -63,6 +83,30 @@ class PBTConfig:
         check_int("seed", self.seed, 0, (1 << 63) - 1)
         if self.operator_params or any(key not in FAMILIES for key in self.operators):
             self._validate_operators()
+        self._validate_selection()
+
+    def _validate_selection(self) -> None:
+        """The fitness and selection names and kwargs against their registries (evolution.selection, no torch),
+        and the exploration settings."""
+        from evolution.selection import get_fitness, get_selection
+
+        for kind, get in (("fitness", get_fitness), ("selection", get_selection)):
+            kwargs = getattr(self, f"{kind}_kwargs")
+            check(isinstance(kwargs, Mapping), f"{kind}_kwargs", f"must be a JSON object, got {kwargs!r}")
+            try:
+                get(getattr(self, kind)).resolve_params(kwargs)
+            except KeyError as exc:  # UnknownEntryError: the message lists the known names
+                raise ConfigError(kind, str(exc)) from None
+            except ValueError as exc:
+                raise ConfigError(f"{kind}_kwargs", str(exc)) from None
+        check_choice("lr_explore", self.lr_explore, ("off", "perturb", "resample"))
+        check(len(self.lr_factors) > 0, "lr_factors", "needs at least one factor")
+        for i, f in enumerate(self.lr_factors):
+            check_number(f"lr_factors[{i}]", f, low=0.0, high=1e3, low_open=True)
+        check(len(self.lr_range) == 2, "lr_range", f"must be (low, high), got {self.lr_range!r}")
+        for i, f in enumerate(self.lr_range):
+            check_number(f"lr_range[{i}]", f, low=0.0, high=1e3, low_open=True)
+        check(self.lr_range[0] <= self.lr_range[1], "lr_range", f"low > high: {tuple(self.lr_range)}")
 
     def _validate_operators(self) -> None:
         if "evolution.registry" not in sys.modules:  # nothing can have registered another operator yet

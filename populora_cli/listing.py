@@ -4,7 +4,8 @@ parameters of each, plugins included (``--plugins``).
 Kinds: ``schemes`` (``--env.reward-scheme``, settings ``--env.reward-kwargs``), ``estimators``
 (``--trainer.advantage``, settings ``--trainer.advantage-kwargs``), ``losses`` (loss aggregation modes,
 ``--trainer.loss-agg-mode``), ``operators`` (``--pbt.operators``,
-``populora evolve --op``, settings ``--pbt.operator-params`` / ``--param``), ``presets`` (``--preset``),
+``populora evolve --op``, settings ``--pbt.operator-params`` / ``--param``), ``fitness`` (``--pbt.fitness``),
+``selections`` (``--pbt.selection``), ``matchings`` (``--env.matching``), ``presets`` (``--preset``),
 ``models`` (``--model``) and ``benchmarks`` (``populora eval --benchmarks``); no kind lists them all.
 """
 
@@ -17,7 +18,8 @@ from typing import Annotated, Any, Literal
 
 import tyro
 
-KINDS = ("schemes", "estimators", "losses", "operators", "presets", "models", "benchmarks")
+KINDS = ("schemes", "estimators", "losses", "operators", "fitness", "selections", "matchings", "presets", "models",
+         "benchmarks")
 
 __all__ = ["KINDS", "ListArgs", "entries", "list_main"]
 
@@ -25,10 +27,11 @@ __all__ = ["KINDS", "ListArgs", "entries", "list_main"]
 @dataclass
 class ListArgs:
     """List the registered names that a preset or a flag can use (reward schemes, advantage estimators, evolution
-    operators, presets, models, benchmarks), each with its parameters and the first line of its documentation."""
+    operators, PBT fitness and selection rules, matching weightings, presets, models, benchmarks), each with its
+    parameters and the first line of its documentation."""
 
-    kind: Annotated[Literal["schemes", "estimators", "losses", "operators", "presets", "models", "benchmarks"]
-                    | None, tyro.conf.Positional] = None
+    kind: Annotated[Literal["schemes", "estimators", "losses", "operators", "fitness", "selections", "matchings",
+                            "presets", "models", "benchmarks"] | None, tyro.conf.Positional] = None
     """What to list (default: everything)."""
     plugins: tuple[str, ...] = field(default_factory=tuple)
     """Plugin modules (importable names or .py paths) to import first: what they register is listed too."""
@@ -88,6 +91,24 @@ def _operators() -> list[Entry]:
             for op in sorted(list_operators(), key=lambda o: o.name)]
 
 
+def _fitness() -> list[Entry]:
+    from evolution.selection import list_fitness
+
+    return [Entry(f.name, _params(dict(f.defaults)), f.summary) for f in list_fitness()]
+
+
+def _selections() -> list[Entry]:
+    from evolution.selection import list_selections
+
+    return [Entry(r.name, _params(dict(r.defaults)), r.summary) for r in list_selections()]
+
+
+def _matchings() -> list[Entry]:
+    from populora_env.matching import list_matchings
+
+    return [Entry(m.name, _params(dict(m.defaults)), m.summary) for m in list_matchings()]
+
+
 def _presets() -> list[Entry]:
     from selfplay.config import list_presets, preset_path, read_config_json
 
@@ -126,6 +147,12 @@ SOURCES: dict[str, tuple[str, Callable[[], list[Entry]]]] = {
     "losses": ("loss aggregation modes: --trainer.loss-agg-mode NAME", _losses),
     "operators": ("evolution operators: --pbt.operators JSON, populora evolve --op NAME --param KEY=VALUE",
                   _operators),
+    "fitness": ("PBT fitness: --pbt.fitness NAME --pbt.fitness-kwargs JSON (populora test-selection --fitness)",
+                _fitness),
+    "selections": ("PBT selection rules: --pbt.selection NAME --pbt.selection-kwargs JSON (populora test-selection)",
+                   _selections),
+    "matchings": ("PFSP matching weightings: --env.matching NAME --env.matching-kwargs JSON --env.matching-random "
+                  "SHARE (populora test-matching)", _matchings),
     "presets": ("presets: --preset NAME (or a .json file)", _presets),
     "models": ("models: --model NAME", _models),
     "benchmarks": ("benchmarks: populora eval --benchmarks NAME,NAME", _benchmarks),

@@ -13,9 +13,12 @@ Sub-commands::
     populora evolve   --op ties --parents DIR_A DIR_B --out DIR_C [--param density=0.5]
     populora compare  --preset P --seeds N --out DIR [--backend local|ray] [--parallel K]  # arms over seeds
     populora compare  --from RUN_DIR [RUN_DIR ...] --out DIR
-    populora list     [schemes|estimators|operators|presets|models|benchmarks] [--plugins FILE.py ...]
+    populora list     [schemes|estimators|operators|fitness|selections|matchings|presets|models|benchmarks]
+                      [--plugins FILE.py ...]
     populora test-scheme    NAME [--plugins FILE.py ...] [--kwargs JSON]   # every branch, scripted, no model
     populora test-estimator NAME [--plugins FILE.py ...] [--kwargs JSON]
+    populora test-selection NAME [--plugins FILE.py ...] [--kwargs JSON] [--fitness NAME]  # scripted population
+    populora test-matching  NAME [--plugins FILE.py ...] [--kwargs JSON] [--random-share X]
 
 Any sub-command takes --verbose (every library's log lines and warnings) or --quiet (warnings only).
 A bad flag or config value exits with status 2 and one line naming the field, before any work starts
@@ -54,7 +57,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 USAGE = __doc__ or ""
 _VERBOSITY = DEFAULT
 """The output level of this invocation (``--verbose`` / ``--quiet``; :mod:`populora_cli.logs`)."""
-COMMANDS = ("train", "baseline", "report", "eval", "evolve", "compare", "list", "test-scheme", "test-estimator")
+COMMANDS = ("train", "baseline", "report", "eval", "evolve", "compare", "list", "test-scheme", "test-estimator",
+            "test-selection", "test-matching")
 
 
 # ----------------------------------------------------------------------------------- train/baseline
@@ -365,6 +369,10 @@ def _dispatch(argv: list[str]) -> int:
         from populora_cli.plugin_check import check_main
 
         return check_main(cmd, rest)
+    if cmd in ("test-selection", "test-matching"):
+        from populora_cli.rule_check import rule_main
+
+        return rule_main(cmd, rest)
     close = difflib.get_close_matches(cmd, COMMANDS, n=1)
     return _fail(cmd, f"unknown command (choose one of: {', '.join(COMMANDS)})"
                       + (f"; did you mean {close[0]}?" if close else ""))

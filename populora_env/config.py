@@ -133,6 +133,14 @@ class EnvConfig:
     """Warm workers of the env's own sandbox."""
     trueskill: TrueSkillConfig = field(default_factory=TrueSkillConfig)
     """TrueSkill parameters of the ratings used for matching and evolution."""
+    matching: str = "variance"
+    """Registered PFSP weighting of a teacher's choice of student by the expected student-win probability p
+    (populora_env.matching; `populora list matchings`): 'variance' p(1 − p), 'hard' (1 − p)², 'linear' 1 − p,
+    'uniform', or a plugin's."""
+    matching_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the matching weighting, as JSON."""
+    matching_random: float = 0.0
+    """Share ε of uniform random pairing mixed into the weighting's probabilities: (1 − ε)·f/Σf + ε/n."""
 
     def sandbox_limits(self) -> Any:
         """The :class:`~populora_env.sandbox.Limits` of the env's sandbox: ``timeout_s`` and ``memory_mb``, the
@@ -183,8 +191,23 @@ class EnvConfig:
         check(isinstance(self.trueskill, TrueSkillConfig), "trueskill",
               f"must be a TrueSkillConfig, got {self.trueskill!r}")
         check_section("trueskill.", self.trueskill)
+        self._validate_matching()
         self._validate_prompts(prompt_set)
         self._validate_reward(reward_scheme)
+
+    def _validate_matching(self) -> None:
+        """The PFSP weighting's name and kwargs against its registry, and the random share in [0, 1]."""
+        from populora_env.matching import get_matching
+
+        check(isinstance(self.matching_kwargs, Mapping), "matching_kwargs",
+              f"must be a JSON object, got {self.matching_kwargs!r}")
+        try:
+            get_matching(self.matching).resolve_params(self.matching_kwargs)
+        except KeyError as exc:  # UnknownEntryError: the message lists the known weightings
+            raise ConfigError("matching", str(exc)) from None
+        except ValueError as exc:
+            raise ConfigError("matching_kwargs", str(exc)) from None
+        check_number("matching_random", self.matching_random, low=0.0, high=1.0)
 
     def _validate_prompts(self, prompt_set: Any) -> None:
         from populora_env.prompts import get_prompt_set

@@ -609,7 +609,9 @@ class PopuLoRAParallelEnv(ParallelEnv):
                 self._buffers.add(outcome.task)
         self._proposal_outcomes = by_teacher
 
-        self._pairings = pfsp_match(self.teachers, self.students, self._ratings, self._rng)
+        cfg = self.config
+        self._pairings = pfsp_match(self.teachers, self.students, self._ratings, self._rng, cfg.matching,
+                                    cfg.matching_kwargs, cfg.matching_random)
         matched: dict[str, list[str]] = {s: [] for s in self.students}
         for pairing in self._pairings:
             matched[pairing.student].append(pairing.teacher)

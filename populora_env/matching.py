@@ -4,8 +4,12 @@
 - Expected student-win probability: ``p_ts = Φ((μ_s − μ_t) / √(2β² + σ_s² + σ_t²))`` (the library has no
   win-probability function).
 - PFSP: teachers are visited in random order; each samples a student from the not-yet-assigned pool with
-  probability ∝ ``f(p_ts) = p(1 − p)`` floored at 1e-6 (uniform if every weight vanishes); the pool refills when
-  it is empty. With as many teachers as students this is a weighted random perfect matching.
+  probability ∝ ``f(p_ts)`` floored at 1e-6 (uniform if every weight vanishes); the pool refills when it is
+  empty. With as many teachers as students this is a weighted random perfect matching. ``f`` is a registered
+  weighting (:func:`register_matching`, ``EnvConfig.matching``): ``variance`` ``p(1 − p)`` (default, AlphaStar's
+  ``f_var``), ``hard`` ``(1 − p)²`` (students expected to lose: the hardest pairings for them), ``linear``
+  ``1 − p``, ``uniform`` ``1``, or a plugin's. With ``EnvConfig.matching_random`` = ε > 0 the probabilities are
+  mixed with uniform pairing, ``(1 − ε)·f/Σf + ε/|pool|`` (ε = 0 leaves them untouched).
 - Outcome of a pair: ``p̂`` (the student's solve rate over the teacher's valid tasks this round) ``> p_ts`` →
   student wins, ``<`` → teacher wins, ``=`` → draw; no valid task → student wins. One ``rate_1vs1`` per pair per
   round.
@@ -15,14 +19,16 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 import trueskill
 
 from populora_env.checks import check_number
+from populora_env.registry import Registry, resolve_params
 
 PFSP_FLOOR = 1e-6
 
@@ -55,6 +61,89 @@ def pfsp_weight(p: float) -> float:
     """AlphaStar's ``f_var``: ``p(1 − p)``, floored at :data:`PFSP_FLOOR`."""
     w = p * (1.0 - p)
     return w if w > PFSP_FLOOR else PFSP_FLOOR
+
+
+@dataclass(frozen=True)
+class Matching:
+    """A registered PFSP weighting: ``weigh(p, **params) -> float`` (``p``: the expected student-win
+    probability of a teacher-student pair); ``defaults``: every parameter."""
+
+    name: str
+    defaults: Mapping[str, Any]
+    fn: Callable[..., float] = field(repr=False)
+
+    @property
+    def summary(self) -> str:
+        """First line of the implementation's docstring."""
+        return (self.fn.__doc__ or "").strip().splitlines()[0] if self.fn.__doc__ else ""
+
+    def resolve_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Defaults overridden by ``params`` (:func:`~populora_env.registry.resolve_params`)."""
+        return resolve_params("matching", self.name, self.defaults, params)
+
+    def weight(self, p: float, **params: Any) -> float:
+        """``f(p)`` floored at :data:`PFSP_FLOOR`; ValueError naming the weighting if it is not a finite real."""
+        w = self.fn(p, **params)
+        if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w < 0:
+            raise ValueError(
+                f"matching {self.name!r} returned {w!r} for p = {p!r} (must be a finite real >= 0)"
+            )
+        w = float(w)
+        return w if w > PFSP_FLOOR else PFSP_FLOOR
+
+
+_MATCHINGS: Registry[Matching] = Registry("matching")
+
+
+def register_matching(
+    name: str, *, defaults: Mapping[str, Any] | None = None
+) -> Callable[[Callable], Callable]:
+    """Decorator registering ``fn(p, **params) -> weight`` as the PFSP weighting ``name``."""
+
+    def deco(fn: Callable[..., float]) -> Callable[..., float]:
+        _MATCHINGS.add(name, Matching(name, MappingProxyType(dict(defaults or {})), fn))
+        return fn
+
+    return deco
+
+
+def unregister_matching(name: str) -> Matching:
+    """Remove the weighting ``name`` and return it (plugins and tests)."""
+    return _MATCHINGS.remove(name)
+
+
+def get_matching(name: str) -> Matching:
+    """The weighting registered as ``name`` (UnknownEntryError listing the known ones)."""
+    return _MATCHINGS.get(name)
+
+
+def list_matchings() -> list[Matching]:
+    """Registered weightings sorted by name."""
+    return [m for _, m in _MATCHINGS.items()]
+
+
+@register_matching("variance")
+def variance(p: float) -> float:
+    """p(1 - p): AlphaStar's f_var, pairings near even odds; the default."""
+    return p * (1.0 - p)
+
+
+@register_matching("hard")
+def hard(p: float) -> float:
+    """(1 - p)^2: AlphaStar's f_hard, pairings the student is expected to lose."""
+    return (1.0 - p) ** 2
+
+
+@register_matching("linear")
+def linear(p: float) -> float:
+    """1 - p: linear in the student's expected loss."""
+    return 1.0 - p
+
+
+@register_matching("uniform")
+def uniform(p: float) -> float:
+    """1: uniform random pairing (ratings ignored)."""
+    return 1.0
 
 
 def match_outcome(p_hat: float | None, p_ts: float) -> str:
@@ -162,11 +251,20 @@ class Pairing:
 
 
 def pfsp_match(
-    teachers: Sequence[str], students: Sequence[str], ratings: Ratings, rng: np.random.Generator
+    teachers: Sequence[str],
+    students: Sequence[str],
+    ratings: Ratings,
+    rng: np.random.Generator,
+    matching: str = "variance",
+    params: Mapping[str, Any] | None = None,
+    random_share: float = 0.0,
 ) -> list[Pairing]:
-    """PFSP pairing (see the module docstring). Returns one pairing per teacher, in ``teachers`` order."""
+    """PFSP pairing (see the module docstring) with the weighting ``matching`` (its ``params``) mixed with a
+    ``random_share`` of uniform pairing. Returns one pairing per teacher, in ``teachers`` order."""
     if not students:
         raise ValueError("pfsp_match needs at least one student")
+    weighting = get_matching(matching)
+    kwargs = weighting.resolve_params(params or {})
     chosen: dict[str, Pairing] = {}
     pool: list[str] = []
     for t_index in rng.permutation(len(teachers)):
@@ -174,12 +272,15 @@ def pfsp_match(
         if not pool:
             pool = list(students)
         probs = np.array([ratings.p_student_wins(s, teacher) for s in pool], dtype=np.float64)
-        weights = np.array([pfsp_weight(float(p)) for p in probs], dtype=np.float64)
+        weights = np.array([weighting.weight(float(p), **kwargs) for p in probs], dtype=np.float64)
         total = float(weights.sum())
         if not math.isfinite(total) or total <= 0.0:
             weights = np.ones(len(pool))
             total = float(len(pool))
-        k = int(rng.choice(len(pool), p=weights / total))
+        shares = weights / total
+        if random_share > 0.0:
+            shares = (1.0 - random_share) * shares + random_share / len(pool)
+        k = int(rng.choice(len(pool), p=shares))
         student = pool.pop(k)
         chosen[teacher] = Pairing(teacher, student, float(probs[k]))
     return [chosen[t] for t in teachers]

@@ -1,8 +1,9 @@
 """One name → entry registry, shared by every plugin point of the project.
 
-Four things are chosen by name in a preset or on the command line and can be extended by a user's plugin:
+Seven kinds of things are chosen by name in a preset or on the command line and can be extended by a user's plugin:
 reward schemes (:mod:`populora_env.rewards`), advantage estimators (``agents.advantages``), loss aggregation
-modes (``agents.losses``) and weight-space operators (``evolution.operators``). Each keeps a :class:`Registry`
+modes (``agents.losses``), weight-space operators (``evolution.operators``), PBT fitness and selection rules
+(``evolution.selection``) and PFSP weightings (:mod:`populora_env.matching`). Each keeps a :class:`Registry`
 and exposes thin ``register_*`` / ``unregister_*`` / ``get_*`` / ``list_*`` functions over it, so they share
 one behaviour:
 
@@ -18,10 +19,10 @@ This module is at the bottom of the import graph (no torch, no project imports).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Generic, TypeVar
 
-__all__ = ["DuplicateEntryError", "Registry", "UnknownEntryError"]
+__all__ = ["DuplicateEntryError", "Registry", "UnknownEntryError", "resolve_params"]
 
 T = TypeVar("T")
 
@@ -120,3 +121,30 @@ class Registry(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}: {', '.join(self.names())})"
+
+
+def resolve_params(
+    kind: str, name: str, defaults: Mapping[str, Any], params: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``defaults`` overridden by ``params`` (a registered entry's keyword arguments): each value must have its
+    default's JSON type (an int is accepted for a float and becomes one; a ``None`` default takes anything);
+    ValueError naming the entry and what it accepts on an unknown name or a wrong type."""
+    unknown = sorted(set(params) - set(defaults))
+    accepted = ", ".join(f"{k}={v!r}" for k, v in defaults.items()) or "none"
+    if unknown:
+        raise ValueError(f"{kind} {name!r} got unknown parameter(s) {unknown}; accepted: {accepted}")
+    out = dict(defaults)
+    for key, value in params.items():
+        default = defaults[key]
+        ok = (
+            default is None
+            or isinstance(value, type(default))
+            or (isinstance(default, float) and isinstance(value, int))
+        )
+        if (default is not None and isinstance(value, bool) is not isinstance(default, bool)) or not ok:
+            raise ValueError(
+                f"{kind} {name!r}: parameter {key}={value!r} is not a valid {type(default).__name__}"
+                f"; accepted: {accepted}"
+            )
+        out[key] = float(value) if isinstance(default, float) else value
+    return out

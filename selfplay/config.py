@@ -278,6 +278,8 @@ class TrainConfig:
         if self.backend == "ray":
             check(ray_installed(), "backend", f"ray is not installed; {RAY_INSTALL_HINT}")
             check_section("ray.", self.ray, self.env.num_teachers + self.env.num_students)
+            check(self.pbt.lr_explore == "off", "pbt.lr_explore",
+                  "the ray backend's trainer shards do not take a child's learning-rate scale; use --backend local")
         else:  # the local backend ignores the section's values but still checks them
             check_section("ray.", self.ray)
         # last, the checks that import torch: the registries of the pbt and trainer sections (each checks its

@@ -12,6 +12,7 @@ run's writer (``purge_step``) drops the replayed steps of every diagnostic alike
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
@@ -24,6 +25,8 @@ from populora_env.results import RoundResults
 from selfplay import tags
 from selfplay.loop import StepRecord
 from selfplay.tamper import tampering
+
+log = logging.getLogger(__name__)
 
 
 def _mean(xs: Iterable[float | None]) -> float | None:
@@ -187,6 +190,19 @@ def _update_scalars(members: Mapping[str, Mapping[str, float]]) -> dict[str, flo
         v = _mean(mm.get(f"entropy/{role}") for mm in members.values())
         if v is not None:
             out[tags.entropy(role)] = v
+    out.update(zero_advantage_scalars(members))
+    return out
+
+
+def zero_advantage_scalars(members: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """Per role with rows in the step's updates: 1.0 when the largest |advantage| over them (the trainer's
+    ``advantage_abs_max/<role>``, every updated member) is 0, else 0.0."""
+    out: dict[str, float] = {}
+    for role in tags.ROLES:
+        values = [float(mm[f"advantage_abs_max/{role}"]) for mm in members.values()
+                  if mm.get(f"advantage_abs_max/{role}") is not None]
+        if values:
+            out[tags.zero_advantage(role)] = float(max(values) == 0.0)
     return out
 
 
@@ -216,6 +232,8 @@ class TensorBoardLogger:
 
     def __init__(self, run_dir: str, purge_step: int | None = None):
         self.writer = tensorboard_writer(run_dir, purge_step)
+        self.zero_advantage_warned: set[str] = set()
+        """Roles already warned about all-zero advantages (once per run's process)."""
 
     def log_hparams(self, cfg_dict: Mapping[str, Any]) -> None:
         self.writer.add_text(tags.HYPERPARAMETERS, hparams_markdown(cfg_dict), 0)
@@ -226,7 +244,18 @@ class TensorBoardLogger:
         for k, v in scalars.items():
             self.writer.add_scalar(k, v, record.step)
         self.writer.flush()
+        self._warn_zero_advantage(record.step, scalars)
         return scalars
+
+    def _warn_zero_advantage(self, step: int, scalars: Mapping[str, float]) -> None:
+        """One warning per role, the first step whose advantages of that role are all zero."""
+        for role in tags.ROLES:
+            if scalars.get(tags.zero_advantage(role)) == 1.0 and role not in self.zero_advantage_warned:
+                self.zero_advantage_warned.add(role)
+                log.warning("step %d: every %s advantage is zero, so the %ss learn nothing from it (their "
+                            "rewards were equal within each group: a tiny-random run, for one, writes no valid task); "
+                            "TensorBoard %s tracks it per step (warned once per run)", step, role, role,
+                            tags.zero_advantage(role))
 
     def log_samples(self, record: StepRecord, limit: int) -> None:
         """Write up to ``limit`` completions per role as text."""

@@ -31,6 +31,7 @@ import numpy as np
 from agents.generation import Completion, GenerationRequest
 from agents.generation.limit import dropped
 from agents.generation.threads import generation_threads
+from evolution.pbt import round_stats
 from populora_env.results import RoundOutcome
 from selfplay.config import TrainConfig
 from selfplay.finite import NonFiniteGuard, check_rewards
@@ -137,6 +138,8 @@ class SelfPlayLoop:
         parts = build_parts(self.cfg, self.run_dir, self.assignment, self.run_dir / LINEAGE)
         self.env, self.mapping, self.pbt = parts.env, parts.mapping, parts.pbt
         self.population, self.generator, self.trainer = parts.population, parts.generator, parts.trainer
+        if self.pbt is not None and hasattr(self.trainer, "lr_scale"):
+            self.trainer.lr_scale = self.pbt.lr_scale  # the children's explored learning rates (pbt.lr_explore)
         self.tokenizer, self.backend = parts.tokenizer, parts.backend
         self.memory = PhaseMemory(self.device if self.backend is None else "cpu")  # local CUDA runs only
         self.step = 0
@@ -296,6 +299,8 @@ class SelfPlayLoop:
         if self.pbt is None:
             return []
         member_ratings = {m: outcome.ratings[self.mapping.agents_of(m)[0]] for m in self.mapping.members}
+        agents_of = {m: self.mapping.agents_of(m) for m in self.mapping.members}
+        self.pbt.observe(step, round_stats(step, outcome.results.matches, outcome.rewards, agents_of))
         with self.memory.phase("evolution"):
             return self.pbt.maybe_evolve(step, self.mapping.roles, self.population, member_ratings, reset_rating)
 

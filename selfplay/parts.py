@@ -50,7 +50,8 @@ def build_pbt(cfg: TrainConfig, mapping: AgentMapping, lineage: Path) -> PBTCont
     if not (cfg.evolution and any(len(ms) >= 2 for ms in mapping.roles.values())):
         return None
     pbt_cfg = dataclasses.replace(cfg.pbt, seed=cfg.seed + cfg.pbt.seed)  # one seed drives the run
-    return PBTController(pbt_cfg, lineage, final_step=cfg.steps)
+    base_lr = {role: cfg.trainer.lr for role in mapping.roles}  # what an explored child's lr scale multiplies
+    return PBTController(pbt_cfg, lineage, final_step=cfg.steps, base_lr=base_lr)
 
 
 @dataclass

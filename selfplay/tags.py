@@ -2,7 +2,8 @@
 
 Scalars are logged at ``global_step`` = training step. Families (CleanRL/TRL style):
 
-- ``charts/``: the headline curves (solve rate on matched tasks, rewards, validity, lengths, entropy, step time);
+- ``charts/``: the headline curves (solve rate on matched tasks, rewards, validity, lengths, entropy, step time,
+  ``charts/zero_advantage/<role>``: whether a role's advantages were all zero);
 - ``population/<agent or member>/``: per-agent ratings, rewards and lengths; per-member update metrics;
 - ``losses/``: update metrics averaged over the members updated this step;
 - ``programs/``: complexity of the valid programs and coverage of the task distribution;
@@ -69,6 +70,17 @@ def student_format_rate(task_type: str) -> str:
 def student_correct_rate(task_type: str) -> str:
     """Correct fraction of the student attempts (matched and filler) at tasks of one type."""
     return f"{STUDENT_CORRECT_RATE}/{task_type}"
+
+
+ZERO_ADVANTAGE_PREFIX = "charts/zero_advantage/"
+
+
+def zero_advantage(role: str) -> str:
+    """1 when every advantage of one role's rows in the step's updates is zero (its learners got no signal: the
+    rewards of each group were equal, or the scheme paid nothing), else 0; logged at every step with an update of
+    that role (the trainer's ``advantage_abs_max/<role>``, so the baseline's proposer and solver stay apart). The
+    run warns once, the first time it is 1."""
+    return f"{ZERO_ADVANTAGE_PREFIX}{role}"
 
 
 def response_length(role: str) -> str:

@@ -66,14 +66,12 @@ def check_comparison(out: Path, launched: list[str]) -> dict:
     for arm in ("population", "baseline"):
         assert [r["seed"] for r in data["runs"][arm]] == [0, 1]
         assert all(r["steps"] == 2 for r in data["runs"][arm])
-    block = data["metrics"]["teacher_reward"]["final"]
-    assert block["arms"]["population"]["mean"]["runs"] == [2]
-    assert block["difference"]["runs"] == [2, 2]
-    assert 0.0 <= block["probability_of_improvement"]["point"] <= 1.0
-    assert data["curves"]["teacher_reward"]["baseline"]["steps"] == [1, 2]
+    # tiny-random writes no valid task: every reward is a format error's -1 at every step of every run, so the
+    # comparison labels the metrics as carrying no signal instead of drawing intervals around constants
+    assert data["no_signal"]["teacher_reward"] == {"value": -1.0, "runs": 4}
+    assert "teacher_reward" not in data["metrics"] and "teacher_reward" not in data["curves"]
     md = (out / "compare.md").read_text()
-    assert "teacher reward: final" in md and "population − baseline" in md
-    assert (out / "curves.png").stat().st_size > 0 and (out / "final.png").stat().st_size > 0
+    assert "- teacher reward: -1 in all 4 runs — carries no signal" in md and "teacher reward: final" not in md
     for name in ARM_DIRS:  # ordinary run directories: the run's own report was written
         assert (out / name / "run_summary.json").is_file() and (out / name / "report" / "summary.md").is_file()
     return data
@@ -127,7 +125,7 @@ def test_compare_end_to_end_killed_resumed_idempotent(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr[-3000:]
     a = json.loads((out / "compare.json").read_text())
     b = json.loads((tmp_path / "from" / "compare.json").read_text())
-    assert a["metrics"] == b["metrics"] and a["curves"] == b["curves"]
+    assert a["metrics"] == b["metrics"] and a["curves"] == b["curves"] and a["no_signal"] == b["no_signal"]
 
 
 def _compare_in_process(*args: str) -> int:
@@ -258,8 +256,8 @@ def test_compare_takes_the_staleness_as_an_arm_override(tmp_path: Path) -> None:
     data = json.loads((out / "compare.json").read_text())
     assert (data["treatment"], data["reference"]) == ("async", "sync")
     assert sorted(data["runs"]) == ["async", "sync"]
-    assert data["metrics"]["teacher_reward"]["final"]["difference"]["runs"] == [1, 1]
-    assert "async − sync" in (out / "compare.md").read_text()
+    assert data["no_signal"]["teacher_reward"]["runs"] == 2  # one run per arm, both constant (tiny-random)
+    assert "# async vs sync over seeds" in (out / "compare.md").read_text()  # no metric varied: no table
     for name, staleness in (("async-s0", 1), ("sync-s0", 0)):
         record = json.loads((out / name / "config.json").read_text())
         assert (record["arm"], record["arm_kind"]) == (name.split("-")[0], "population")

@@ -47,7 +47,8 @@ BRIDGE_EXAMPLES = {"trl_students.py": "test_trl.py", "trl_teachers.py": "test_tr
 
 
 def test_every_example_is_tested_here() -> None:
-    tested = {"play_one_round.py", "own_learner.py", "reward_scheme.py", "estimator.py", "train_from_python.py"}
+    tested = {"play_one_round.py", "own_learner.py", "reward_scheme.py", "estimator.py", "train_from_python.py",
+              "pbt_rules.py"}
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested | set(BRIDGE_EXAMPLES)
     for name, test in BRIDGE_EXAMPLES.items():
         assert f'run_example("{name}"' in (ROOT / "tests" / "bridges" / test).read_text(encoding="utf-8"), name
@@ -123,3 +124,21 @@ def test_the_readme_api_example_is_the_one_run_here() -> None:
 def test_examples_are_linked_from_the_readme_and_the_docs_map(name: str) -> None:
     for page in (ROOT / "README.md", ROOT / "docs" / "index.md"):
         assert f"examples/{name}" in page.read_text(encoding="utf-8"), (page.name, name)
+
+
+def test_pbt_rules_example_decides_in_the_testers_and_resolves_in_a_run() -> None:
+    p = populora("test-selection", "--plugins", "examples/pbt_rules.py", "worst_one", "--fitness", "recent_reward",
+                 timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "m0: the least fit; mutation parent m5; crossover parents m4 + m5" in p.stdout
+    p = populora("test-matching", "--plugins", "examples/pbt_rules.py", "near_even", "--kwargs", '{"width": 0.1}',
+                 timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    counts = {ln.split()[0]: int(ln.split()[-1]) for ln in p.stdout.splitlines()[2:]}
+    assert counts["s_even"] > counts["s_below"] > counts["s_weak"] + counts["s_strong"]
+    p = populora("train", "--preset", "tiny", "--plugins", "examples/pbt_rules.py", "--pbt.selection", "worst_one",
+                 "--pbt.fitness", "recent_reward", "--env.matching", "near_even", "--dry-run", timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    cfg = json.loads(p.stdout)
+    assert (cfg["pbt"]["selection"], cfg["pbt"]["fitness"], cfg["env"]["matching"]) == \
+        ("worst_one", "recent_reward", "near_even")

@@ -13,6 +13,10 @@ Per benchmark of ``populora eval`` (where complete ``eval/results.json`` files e
 aggregate rows (``aggregate/code|math|overall``) are scored the same way; the ``aggregate`` block treats the
 benchmarks evaluated by every run as the tasks of one ``(runs, benchmarks)`` matrix per arm.
 
+A metric that took one value at every logged step of every run carries no signal: it is listed under
+``no_signal`` (its value and the number of runs) instead of ``metrics`` and ``curves``, with no interval and no
+probability of improvement.
+
 For every block, per arm: the mean over seeds and the IQM, each with its 95 % stratified-bootstrap interval;
 and for ``treatment`` against ``reference`` (population against baseline by default; ``populora compare --arm``
 names others, e.g. two staleness settings of the population): the difference of the means and the probability of
@@ -110,7 +114,8 @@ def summarize(runs: Sequence[RunInfo], tail: int = 3, reps: int = stats.DEFAULT_
                      "eval_score": eval_score},
         "runs": {arm: [{"path": str(r.path), "seed": r.seed, "preset": r.preset, "steps": r.steps_done,
                         "reward_scheme": r.reward_scheme} for r in rs] for arm, rs in by_arm.items()},
-        "excluded": excluded, "launched": list(launched), "metrics": {}, "curves": {}, "eval": None,
+        "excluded": excluded, "launched": list(launched), "metrics": {}, "no_signal": {}, "curves": {},
+        "eval": None,
     }
     for metric in HISTORY_METRICS:
         final: dict[str, list[float]] = {}
@@ -127,6 +132,10 @@ def summarize(runs: Sequence[RunInfo], tail: int = 3, reps: int = stats.DEFAULT_
         if not final:
             notes.append(f"no run logged {metric}")
             continue
+        constant = _constant(by_arm, metric)
+        if constant is not None:  # no interval or P(improvement) for a metric that never moved
+            out["no_signal"][metric] = {"value": constant, "runs": sum(len(v) for v in final.values())}
+            continue
         out["metrics"][metric] = {
             "final": _arm_block({a: stats.as_matrix(v) for a, v in final.items()}, names, reps, seed, confidence,
                                 pair),
@@ -140,6 +149,14 @@ def summarize(runs: Sequence[RunInfo], tail: int = 3, reps: int = stats.DEFAULT_
             f"{a}: {', '.join(v)}" for a, v in schemes.items()) + "): their rewards are not on one scale")
     out["notes"] = notes
     return out
+
+
+def _constant(by_arm: dict[str, list[RunInfo]], metric: str) -> float | None:
+    """The one value ``metric`` took at every logged step of every run, or None when it varied: such a metric
+    carries no signal (a tiny-random run's rewards and rates, say), and its intervals would read as a null
+    result."""
+    values = {v for rs in by_arm.values() for r in rs for _, v in metric_series(r, metric)}
+    return float(next(iter(values))) if len(values) == 1 else None
 
 
 def _eval_blocks(by_arm: dict[str, list[RunInfo]], reps: int, seed: int, confidence: float,

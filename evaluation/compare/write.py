@@ -106,7 +106,14 @@ def render_markdown(result: dict[str, Any], figures: list[str]) -> str:
     for metric, blocks in result["metrics"].items():
         label = METRIC_LABELS.get(metric, metric)
         rows += [(f"{label}: final", blocks["final"]), (f"{label}: gain", blocks["gain"])]
-    lines += _table(rows, arms, pair=pair) if rows else ["No complete run logged a history."]
+    quiet = result.get("no_signal") or {}
+    lines += _table(rows, arms, pair=pair) if rows else [
+        "No metric varied over the runs: none carries a signal." if quiet else "No complete run logged a history."]
+    if quiet:
+        lines += ["", "No signal (the same value at every logged step of every run: no interval, no probability "
+                  "of improvement):", ""]
+        lines += [f"- {METRIC_LABELS.get(m, m)}: {q['value']:g} in all {q['runs']} runs — carries no signal"
+                  for m, q in quiet.items()]
     ev = result.get("eval")
     if ev:
         lines += ["", f"## Benchmarks (populora eval; a run's score: `{s['eval_score']}`, pass@1 in %)", ""]

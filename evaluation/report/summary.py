@@ -8,6 +8,7 @@ import statistics
 from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 
@@ -184,7 +185,28 @@ def evolution_section(runs: Sequence[RunData]) -> list[str]:
             by_role.append(f"{r.name}: " + ", ".join(f"{role} {n}" for role, n in sorted(roles.items())))
     if by_role:
         lines += ["", "By role: " + "; ".join(by_role) + "."]
+    rules = [f"{r.name}: {rule}" for r in runs if (rule := _rules(r.lineage))]
+    if rules:
+        lines += ["", "Decided by: " + "; ".join(rules) + "."]
     return lines
+
+
+def _rules(lineage: Sequence[dict[str, Any]]) -> str:
+    """The fitness, selection rule and exploration named by a run's lineage records (``name`` with kwargs,
+    counted), e.g. ``fitness mu_minus_3sigma ×4, selection tournament {"elites": 1} ×4``; empty for records
+    written before lineage named them."""
+    def name(part: Any) -> str | None:
+        if not isinstance(part, dict) or "name" not in part and "mode" not in part:
+            return None
+        label = str(part.get("name", part.get("mode")))
+        params = part.get("params")
+        return label + (f" {json.dumps(params, sort_keys=True)}" if params else "")
+
+    found: list[str] = []
+    for key in ("fitness", "selection", "explore"):
+        counts = Counter(n for rec in lineage if (n := name(rec.get(key))) is not None)
+        found += [f"{key} {n} ×{c}" for n, c in sorted(counts.items())]
+    return ", ".join(found)
 
 
 def retention_section(runs: Sequence[RunData], kids: dict[str, list[nx.Child]]) -> list[str]:

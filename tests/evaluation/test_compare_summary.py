@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from evaluation.compare import State, compare_runs, read_run, summarize
+from evaluation.compare.write import render_markdown
 
 
 def fake_run(root: Path, arm: str, seed: int, valid: list[float], steps_total: int | None = None,
@@ -75,6 +76,9 @@ def test_summary_blocks_by_hand(tmp_path: Path) -> None:
     assert (final["difference"]["low"], final["difference"]["high"]) == pytest.approx((0.4, 0.6))
     # a metric no run logged is absent, with a note; teacher_reward was always None
     assert "teacher_reward" not in res["metrics"] and "no run logged teacher_reward" in res["notes"]
+    # solve_rate was 0.5 at every step of every complete run: no signal, so no interval and no P(improvement)
+    assert res["no_signal"] == {"solve_rate": {"value": 0.5, "runs": 4}}
+    assert "solve_rate" not in res["metrics"] and "solve_rate" not in res["curves"]
     # curves: step 3 has population values 0.4 and 0.6
     c = res["curves"]["valid_rate"]["population"]
     assert c["steps"] == [1, 2, 3, 4] and c["mean"][2] == pytest.approx(0.5) and c["runs"] == [2, 2, 2, 2]
@@ -99,9 +103,26 @@ def test_compare_runs_writes_files(tmp_path: Path) -> None:
     assert names == ["compare.json", "compare.md", "curves.png", "final.png"]
     md = (tmp_path / "out" / "compare.md").read_text()
     assert "teachers' valid rate: final" in md and "![curves.png](curves.png)" in md
+    assert "- solve rate (matched tasks): 0.5 in all 4 runs — carries no signal" in md
+    assert "solve rate (matched tasks): final" not in md
     assert " with 2 seeds per arm it understates the uncertainty" in md  # the runs' own count, not a constant
     data = json.loads((tmp_path / "out" / "compare.json").read_text())
     assert data["metrics"]["valid_rate"]["final"]["difference"]["point"] == pytest.approx(0.0)
     for f in files:
         if f.suffix == ".png":
             assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_comparison_whose_metrics_never_moved_says_so(tmp_path: Path) -> None:
+    """Runs whose every metric is constant (what tiny-random runs give) report no interval at all: the table is
+    replaced by the statement that no metric varied, and each metric is labelled as carrying no signal."""
+    runs = [fake_run(tmp_path, arm, s, [0.0, 0.0, 0.0]) for arm in ("population", "baseline") for s in range(2)]
+    res = summarize([read_run(r) for r in runs], tail=1, reps=100, seed=0)
+    assert res["metrics"] == {} and res["curves"] == {}
+    assert res["no_signal"] == {"valid_rate": {"value": 0.0, "runs": 4}, "solve_rate": {"value": 0.5, "runs": 4}}
+    md = render_markdown(res, [])
+    assert "No metric varied over the runs: none carries a signal." in md
+    assert "- teachers' valid rate: 0 in all 4 runs — carries no signal" in md
+    assert "P(population > baseline)" not in md
+    res = summarize([read_run(r) for r in runs[:1]], tail=1, reps=100, seed=0)  # one run is no exception
+    assert set(res["no_signal"]) == {"valid_rate", "solve_rate"}

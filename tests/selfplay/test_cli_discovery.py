@@ -77,7 +77,8 @@ def test_list_includes_a_plugin_and_every_kind(cli, capsys: pytest.CaptureFixtur
     assert "test_only_centred(scale=1.0)" in out and "Rewards minus the batch mean" in out
     assert "test_only_mean_reward(bonus=0.0)" in out
     for header in ("reward schemes:", "advantage estimators:", "loss aggregation modes:", "evolution operators:",
-                   "presets:", "models:", "benchmarks:"):
+                   "PBT fitness:", "PBT selection rules:", "PFSP matching weightings:", "presets:", "models:",
+                   "benchmarks:"):
         assert header in out
     for name in ("populora", "azr", "token-mean", "ties(density=0.5", "cpu-smoke", "tiny", "tiny-random",
                  "random:qwen2.5-coder-7b", "humaneval+", "gsm8k"):

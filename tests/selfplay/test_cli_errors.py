@@ -60,7 +60,7 @@ def test_unknown_command_exits_2() -> None:
     p = populora("fly", timeout=60)
     assert p.returncode == 2
     assert p.stderr.strip() == ("populora fly: error: unknown command (choose one of: train, baseline, report, eval, "
-                                "evolve, compare, list, test-scheme, test-estimator)")
+                                "evolve, compare, list, test-scheme, test-estimator, test-selection, test-matching)")
     p = populora("trian", timeout=60)
     assert p.returncode == 2 and p.stderr.strip().endswith("; did you mean train?")
 

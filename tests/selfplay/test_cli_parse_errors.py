@@ -58,7 +58,10 @@ BAD = [
     (["report", "/nonexistent/run"], "populora report: error: RUNS: run directory /nonexistent/run does not exist"),
     # list, test-scheme, test-estimator: tyro
     (["list", "everything"], "populora list: error: kind: invalid choice 'everything' (choose from benchmarks, "
-     "estimators, losses, models, operators, presets, schemes)"),
+     "estimators, fitness, losses, matchings, models, operators, presets, schemes, selections)"),
+    (["test-selection"], "populora test-selection: error: name: required"),
+    (["test-matching", "variance", "--random-share", "lots"], "populora test-matching: error: --random-share: "
+     "expected a number, got 'lots'"),
     (["list", "--plugin", "x.py"], "populora list: error: --plugin: unknown flag (did you mean --plugins?)"),
     (["test-scheme"], "populora test-scheme: error: name: required"),
     (["test-scheme", "populora", "--kwargs", "nope"], "populora test-scheme: error: --kwargs: expected a JSON "

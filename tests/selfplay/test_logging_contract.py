@@ -178,7 +178,10 @@ def test_run_writes_every_tag_with_plausible_values(runs: dict[str, Path], arm: 
     # reward-hacking telemetry: every member's count and the total at every step (a random model writes no program
     # that runs, so none tampers: all zero, and no per-class tag)
     always += [tags.tamper(m) for m in members] + [tags.TAMPER_TOTAL]
+    # whether a role's advantages were all zero: a flag at every step of each role
+    always += [tags.zero_advantage(role) for role in tags.ROLES]
     series = {t: _every_step(sc, t) for t in always}
+    assert all(v in (0.0, 1.0) for role in tags.ROLES for v in series[tags.zero_advantage(role)].values())
     assert all(v == 0.0 for m in members for v in series[tags.tamper(m)].values())
     assert not [t for t in sc if tags.parse_tamper_class(t)] and not (run / TAMPER_SAMPLES).exists()
     for m in members:

@@ -29,7 +29,7 @@ from selfplay.config import TrainConfig, from_dict
 from tests.selfplay.conftest import REF_ARGS
 
 LINEAGE_FIELDS = {"step", "role", "culled", "culled_rating", "parents", "parent_ratings", "operator", "family",
-                  "params", "seed", "seconds", "protected_skipped"}
+                  "params", "seed", "seconds", "protected_skipped", "fitness", "selection", "explore"}
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +70,11 @@ def test_lineage_has_one_line_per_replacement_with_the_documented_fields(run: di
         # the culled member is the lower-rated one (μ - 3σ; ties by name)
         assert all((_score(r["culled_rating"]), r["culled"]) < (_score(p), name)
                    for p, name in zip(r["parent_ratings"], r["parents"], strict=True))
+        # the default fitness (μ - 3σ) and rule (truncation) are named with the values they ranked; no exploration
+        assert r["fitness"] == {"name": "mu_minus_3sigma", "params": {}, "culled": r["culled_rating"]["score"],
+                                "parents": [p["score"] for p in r["parent_ratings"]]}
+        assert r["selection"] == {"name": "truncation", "params": {"elites": 0}, "why": "bottom 1 of 2 by fitness"}
+        assert r["explore"] is None
 
 
 def test_culled_members_have_fresh_ratings_their_child_and_no_optimizer_state(run: dict) -> None:
