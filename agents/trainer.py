@@ -85,6 +85,7 @@ class _Targets:
     rollout_lp: Tensor | None = None  # [B, Tc] the generator's log-probs (None: no rollout carries them)
     has_rollout_lp: list[bool] = field(default_factory=list)  # per row: its log-probs are there and aligned
     measured: set[int] = field(default_factory=set)  # rows whose mismatch is tallied (each once per update)
+    role_norms: dict = field(default_factory=dict)  # a mixed batch's role -> (tokens, rows) in the current step
 
     def old_logprobs(self, rows: list[int], lp: Tensor) -> Tensor:
         """The behaviour log-probs of ``rows`` for a forward that gave ``lp``: its own, detached, when on-policy;
@@ -156,6 +157,12 @@ class PolicyGradientTrainer:
         self.config = config if config is not None else TrainerConfig()
         self.config.validate()  # registries looked up now: estimators registered after the config was made count
         self._advantage = get_advantage(self.config.advantage)
+        #: The settings of the update under way: the shared ones, or its batch's role's (``TrainerConfig.for_role``).
+        self._cfg = self.config
+        #: A mixed batch's per-role settings (the baseline's proposer and solver rows) while it is updated, when
+        #: a role sets its own (``None``: every row trains with ``_cfg``); ``_row_roles``: each row's role.
+        self._mixed: dict[str | None, TrainerConfig] | None = None
+        self._row_roles: list[str | None] = []
         self.lr_scale: Mapping[str, float] = {}
         """Member -> a factor on ``config.lr`` (PBT's ``lr_explore`` gives a child one; the run shares the
         controller's dict): the member's AdamW runs at ``lr × scale``."""
@@ -226,10 +233,29 @@ class PolicyGradientTrainer:
         reward_metrics = _reward_metrics(rewards, groups) | _role_metrics(rollouts, rewards, batch.mask)
         if float(batch.mask.sum().item()) == 0:
             return base | reward_metrics | {"seconds": time.perf_counter() - t0}
-        with self.forward.training(cfg.gradient_checkpointing), self.population.activate(member), (
-                self.population.single(member) if cfg.lora_impl == "fused" else nullcontext()):
-            metrics = self._update(member, rollouts, batch, rewards, groups, stale=any(staleness))
+        try:
+            self._set_roles(rollouts)
+            with self.forward.training(cfg.gradient_checkpointing), self.population.activate(member), (
+                    self.population.single(member) if cfg.lora_impl == "fused" else nullcontext()):
+                metrics = self._update(member, rollouts, batch, rewards, groups, stale=any(staleness))
+        finally:
+            self._cfg, self._mixed, self._row_roles = self.config, None, []
         return base | reward_metrics | metrics | {"skipped": 0.0, "seconds": time.perf_counter() - t0}
+
+    def _set_roles(self, rollouts: Sequence[Rollout]) -> None:
+        """The settings of this update (``TrainerConfig.for_role``): a batch of one role (a population member's)
+        trains with that role's; a batch of several (the baseline's) with the shared ones, each row's advantage
+        and loss term with its role's when a role sets its own (``_mixed``)."""
+        self._row_roles = _roles(rollouts)
+        roles = set(self._row_roles)
+        if len(roles) == 1:
+            self._cfg = self.config.for_role(next(iter(roles)))
+        elif self.config.per_role:
+            self._mixed = {role: self.config.for_role(role) for role in roles}
+
+    def _row_configs(self) -> list[TrainerConfig]:
+        """The settings of every role of the batch (just ``_cfg`` unless it is mixed)."""
+        return [self._cfg] if self._mixed is None else list(self._mixed.values())
 
     def _update(
         self, member: str, rollouts: list[Rollout], batch: RolloutBatch, rewards: Tensor, groups: list[Hashable],
@@ -243,7 +269,7 @@ class PolicyGradientTrainer:
            micro-batches, then one AdamW step);
 
         then ``_metrics`` from the running sums of those steps."""
-        cfg = self.config
+        cfg = self._cfg
         mini = cfg.mini_batch_size or batch.size
         n_steps = cfg.epochs * math.ceil(batch.size / mini)
         targets = self._targets(rollouts, batch, rewards, groups, n_steps, mini, stale)
@@ -262,8 +288,7 @@ class PolicyGradientTrainer:
     def _loss_coefs(self) -> dict[str, float]:
         """The coefficients of ``policy_loss``'s terms besides the surrogate: the entropy bonus, and the KL
         penalty when the KL is a loss term (``kl_mode == "loss"``)."""
-        cfg = self.config
-        return {"entropy_coef": cfg.entropy_coef, "kl_coef": cfg.kl_coef if cfg.kl_mode == "loss" else 0.0}
+        return _coefs(self._cfg)
 
     @property
     def _skips_zero_advantage(self) -> bool:
@@ -271,8 +296,9 @@ class PolicyGradientTrainer:
         that they add exactly zero (``zero_advantage_rows_add_zero``, module docstring), and no KL to the base
         is computed (``kl_mode == "off"``: in the reward, the advantages need every row's log-probs before they
         exist; as a loss, it is measured on every row even at ``kl_coef = 0``)."""
-        cfg = self.config
-        return cfg.skip_zero_advantage and cfg.kl_mode == "off" and zero_advantage_rows_add_zero(**self._loss_coefs)
+        cfg = self._cfg
+        return cfg.skip_zero_advantage and cfg.kl_mode == "off" and all(
+            zero_advantage_rows_add_zero(**_coefs(c)) for c in self._row_configs())
 
     # ------------------------------------------------------------------ step 2: advantages, fixed log-probs
     def _targets(self, rollouts: list[Rollout], batch: RolloutBatch, rewards: Tensor, groups: list[Hashable],
@@ -283,24 +309,26 @@ class PolicyGradientTrainer:
         then): if they are all zero, no optimizer step needs a forward pass, so the behaviour log-probs of a
         multi-step update are not computed either. Otherwise the advantages follow the fixed log-probs,
         after the KL-in-reward term when there is one."""
-        cfg = self.config
+        cfg = self._cfg
         adv: Tensor | None = None
         live: set[int] | None = None
         if self._skips_zero_advantage:
             adv = self._advantages(rollouts, batch, rewards, groups, token_rewards=None)
             live = _live_rows(adv)
         zero_gradient = live is not None and not live
-        behaviour = cfg.use_behaviour_logprobs or (stale and cfg.is_correction == "none")  # module docstring
+        corrected = any(c.is_correction != "none" for c in self._row_configs())
+        behaviour = cfg.use_behaviour_logprobs or (stale and not corrected)  # module docstring
         rollout_lp, has = sampled_logprobs(rollouts, batch, need=(
             "use_behaviour_logprobs=True needs the generator's log-probs" if cfg.use_behaviour_logprobs
-            else "is_correction needs the generator's log-probs" if cfg.is_correction != "none"
+            else "is_correction needs the generator's log-probs" if corrected
             else "a stale batch's ratio needs the log-probs it was sampled with" if stale else None))
         old_lp, pending, ref_lp = self._fixed_logprobs(batch, n_steps, mini, zero_gradient, live,
                                                        rollout_lp if behaviour else None)
         if adv is None:
             token_rewards = self._kl_token_rewards(batch, old_lp, ref_lp)
             adv = self._advantages(rollouts, batch, rewards, groups, token_rewards=token_rewards)
-        role_w = role_loss_weights(_roles(rollouts), batch.mask, cfg.role_weighting, cfg.loss_agg_mode, mini)
+        role_w = None if self._mixed is not None else role_loss_weights(  # a mixed batch: _backward_by_role
+            _roles(rollouts), batch.mask, cfg.role_weighting, cfg.loss_agg_mode, mini)
         norm_len = float(cfg.norm_len or batch.mask.shape[1])
         return _Targets(adv, old_lp, pending, ref_lp, role_w, _role_rows(rollouts), norm_len, live, behaviour,
                         rollout_lp, has)
@@ -310,9 +338,21 @@ class PolicyGradientTrainer:
         """The configured estimator over the whole batch (baseline groups ``Rollout.group``, whitening scopes
         ``Rollout.scope``), ``[B, Tc]`` float32, zero on padding."""
         scopes = [r.scope for r in rollouts]
-        adv = self._advantage(rewards, batch.mask, groups, scope_ids=None if all(s is None for s in scopes) else scopes,
-                              token_rewards=token_rewards, **self.config.advantage_kwargs).detach()
-        return adv.to(torch.float32) * batch.mask
+        if self._mixed is None:
+            estimator = self._advantage if self._cfg is self.config else get_advantage(self._cfg.advantage)
+            adv = estimator(rewards, batch.mask, groups, scope_ids=None if all(s is None for s in scopes) else scopes,
+                            token_rewards=token_rewards, **self._cfg.advantage_kwargs).detach()
+            return adv.to(torch.float32) * batch.mask
+        adv = torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device)
+        for role, cfg in self._mixed.items():  # each role's rows: its estimator over them alone
+            idx = [i for i, r in enumerate(self._row_roles) if r == role]
+            sub = [scopes[i] for i in idx]
+            part = get_advantage(cfg.advantage)(
+                rewards[idx], batch.mask[idx], [groups[i] for i in idx],
+                scope_ids=None if all(s is None for s in sub) else sub,
+                token_rewards=None if token_rewards is None else token_rewards[idx], **cfg.advantage_kwargs)
+            adv[idx] = part.detach().to(torch.float32)
+        return adv * batch.mask
 
     def _fixed_logprobs(
         self, batch: RolloutBatch, n_steps: int, mini: int, zero_gradient: bool, live: set[int] | None = None,
@@ -325,7 +365,7 @@ class PolicyGradientTrainer:
         all); the no-grad pass covers only those (the others' log-probs stay 0, never read). ``behaviour_lp``:
         the generator's log-probs when they are the ratio's denominator (``use_behaviour_logprobs``, or a stale
         batch without an importance correction: module docstring)."""
-        cfg = self.config
+        cfg = self._cfg
         old_lp: Tensor | None = None
         pending: set[int] = set()
         if behaviour_lp is not None:
@@ -343,11 +383,15 @@ class PolicyGradientTrainer:
     def _kl_token_rewards(self, batch: RolloutBatch, old_lp: Tensor | None, ref_lp: Tensor | None) -> Tensor | None:
         """The KL-in-reward term ``-beta * KL_est(lp_behaviour - lp_ref)`` per token (``kl_mode == "reward"``),
         else None."""
-        cfg = self.config
+        cfg = self._cfg
         if cfg.kl_mode != "reward":
             return None
         assert old_lp is not None and ref_lp is not None
-        return -cfg.kl_coef * kl_penalty(old_lp, ref_lp, cfg.resolved_kl_estimator) * batch.mask
+        coef: float | Tensor = cfg.kl_coef
+        if self._mixed is not None:  # each row's role's coefficient
+            coef = torch.tensor([self._mixed[r].kl_coef for r in self._row_roles], dtype=old_lp.dtype,
+                                device=old_lp.device).unsqueeze(-1)
+        return -coef * kl_penalty(old_lp, ref_lp, cfg.resolved_kl_estimator) * batch.mask
 
     # ------------------------------------------------------------------- steps 3 and 4: loss, optimizer step
     def _optimizer_step(self, batch: RolloutBatch, rows: list[int], targets: _Targets, params: list[nn.Parameter],
@@ -356,9 +400,13 @@ class PolicyGradientTrainer:
         normalised with the mini-batch's token / sequence counts; exact zeros without passes when its advantages
         are all zero and the loss declares such rows inert), the gradient norm clipped, one AdamW step unless
         the loss or the norm is non-finite (``skip_nonfinite_grad``)."""
-        cfg = self.config
+        cfg = self._cfg
         norms = {"num_tokens": float(batch.mask[rows].sum().item()), "num_seqs": float(len(rows)),
                  "norm_len": targets.norm_len}
+        if self._mixed is not None:  # each role's own counts in this mini-batch (_backward_by_role)
+            targets.role_norms = {role: (float(batch.mask[[i for i in rows if self._row_roles[i] == role]].sum()),
+                                         float(sum(self._row_roles[i] == role for i in rows)))
+                                  for role in self._mixed}
         opt.zero_grad(set_to_none=True)
         step_loss = step_pg = 0.0
         live = rows if targets.live is None else [i for i in rows if i in targets.live]  # others add exact zeros
@@ -388,7 +436,9 @@ class PolicyGradientTrainer:
     ) -> tuple[float, float]:
         """One micro-batch of step 3: forward, ``policy_loss``, backward (the gradient accumulates on the
         member's parameters); tallies its token-weighted metrics and returns ``(loss, pg_loss)``."""
-        cfg = self.config
+        if self._mixed is not None:
+            return self._backward_by_role(batch, rows, targets, norms, tally)
+        cfg = self._cfg
         lp, ent = self.forward.logprobs(batch, rows, ent_grad=cfg.entropy_coef != 0.0)
         device = lp.device
         m = batch.mask[rows].to(device)
@@ -419,6 +469,48 @@ class PolicyGradientTrainer:
             tally.sums["kl"] += float((kl_tok * m).sum().item())
         return float(out.loss.detach().item()), float(out.pg_loss.item())
 
+    def _backward_by_role(
+        self, batch: RolloutBatch, rows: list[int], targets: _Targets, norms: dict[str, float], tally: _Tally
+    ) -> tuple[float, float]:
+        """``_backward`` of a mixed batch whose roles set their own settings: one forward, then each role's rows
+        through ``policy_loss`` with its role's clip range, aggregation, entropy and KL coefficients and importance
+        correction. ``role_weighting = "balanced"``: each role's term is normalised by the role's own counts in
+        the mini-batch and weighted 1/R over the R roles present, L = (1/R) sum_r agg_r(l) (``agents.weighting``'s
+        balance, each role with its own aggregation); ``"tokens"``: every term by the mini-batch's counts
+        (one aggregation, checked by the baseline's config), so the terms add up to one token mean."""
+        configs = self._mixed
+        assert configs is not None
+        lp, ent = self.forward.logprobs(batch, rows, ent_grad=any(c.entropy_coef != 0.0 for c in configs.values()))
+        device = lp.device
+        m = batch.mask[rows].to(device)
+        ref_lp = None if targets.ref_lp is None else targets.ref_lp[rows].to(device)
+        old = targets.old_logprobs(rows, lp)
+        is_weights = self._mismatch(rows, lp, old, m, targets, tally)
+        balanced = self._cfg.role_weighting == "balanced"
+        present = [r for r, (n_tok, _) in targets.role_norms.items() if n_tok > 0]
+        total: Tensor | None = None
+        loss = pg = 0.0
+        for role, cfg in configs.items():
+            j = [k for k, i in enumerate(rows) if self._row_roles[i] == role]
+            if not j or role not in present:
+                continue
+            n_tok, n_seq = targets.role_norms[role]
+            own = {"num_tokens": n_tok, "num_seqs": n_seq, "norm_len": norms["norm_len"]} if balanced else norms
+            out = policy_loss(
+                lp[j], old[j], targets.adv[rows][j].to(device), m[j], clip_eps_low=cfg.clip_eps_low,
+                clip_eps_high=cfg.clip_eps_high, loss_agg_mode=cfg.loss_agg_mode, entropy=ent[j],
+                ref_logprobs=ref_lp[j] if cfg.kl_mode == "loss" and ref_lp is not None else None,
+                kl_estimator=cfg.resolved_kl_estimator, is_weights=None if is_weights is None else is_weights[j],
+                **_coefs(cfg), **own)
+            scale = 1.0 / len(present) if balanced else 1.0
+            total = out.loss * scale if total is None else total + out.loss * scale
+            loss += float(out.loss.detach().item()) * scale
+            pg += float(out.pg_loss.item()) * scale
+            tally.add(out.metrics, ent[j], m[j], [rows[k] for k in j], targets.role_rows)
+        if total is not None:
+            total.backward()
+        return loss, pg
+
     def _mismatch(self, rows: list[int], lp: Tensor, old: Tensor, m: Tensor, targets: _Targets, tally: _Tally
                   ) -> Tensor | None:
         """Tally the rollout/trainer mismatch of ``rows`` not measured yet (module docstring) and return the
@@ -427,7 +519,7 @@ class PolicyGradientTrainer:
         The trainer's pre-step log-probs are ``old`` (its own behaviour log-probs), or when ``old`` is the
         generator's (``targets.behaviour``: ``use_behaviour_logprobs``, a stale batch) this forward's own before
         any step."""
-        cfg = self.config
+        cfg = self._cfg
         if targets.rollout_lp is None:
             return None
         mu = targets.rollout_lp[rows].to(lp.device)
@@ -437,6 +529,8 @@ class PolicyGradientTrainer:
                                dtype=m.dtype, device=m.device)
             tally.add_mismatch(pre - mu, m * new.unsqueeze(-1))
             targets.measured.update(i for i in rows if targets.has_rollout_lp[i])
+        if self._mixed is not None:
+            return self._role_is_weights(rows, old - mu, m, tally)
         if cfg.is_correction == "none":
             return None
         w = torch.exp((old - mu).clamp(min=-20.0, max=20.0))
@@ -446,6 +540,25 @@ class PolicyGradientTrainer:
         if cfg.is_correction == "tis":
             return w.clamp(max=cfg.is_cap)
         return torch.where(capped, torch.zeros_like(w), w)
+
+    def _role_is_weights(self, rows: list[int], delta: Tensor, m: Tensor, tally: _Tally) -> Tensor | None:
+        """A mixed batch's importance weights ``[rows, Tc]``: each row's by its role's ``is_correction`` and
+        ``is_cap`` (1 for a role without correction); ``None`` when no role corrects."""
+        assert self._mixed is not None
+        if all(c.is_correction == "none" for c in self._mixed.values()):
+            return None
+        w = torch.exp(delta.clamp(min=-20.0, max=20.0))
+        out = torch.ones_like(w)
+        for k, i in enumerate(rows):
+            cfg = self._mixed[self._row_roles[i]]
+            if cfg.is_correction == "none":
+                continue
+            capped = w[k] > cfg.is_cap
+            tally.sums["is_weight_mean"] += float((w[k] * m[k]).sum().item())
+            tally.sums["is_capped_frac"] += float((capped.to(m.dtype) * m[k]).sum().item())
+            out[k] = w[k].clamp(max=cfg.is_cap) if cfg.is_correction == "tis" else torch.where(
+                capped, torch.zeros_like(w[k]), w[k])
+        return out
 
     def _metrics(self, batch: RolloutBatch, adv: Tensor, tally: _Tally, n_steps: int, lr: float
                  ) -> dict[str, float]:
@@ -476,6 +589,12 @@ class PolicyGradientTrainer:
             if n > 0:
                 metrics[f"entropy/{role}"] = tally.role_ent[role] / n
         return metrics
+
+
+def _coefs(cfg: TrainerConfig) -> dict[str, float]:
+    """The coefficients of ``policy_loss``'s terms besides the surrogate: the entropy bonus, and the KL penalty
+    when the KL is a loss term (``kl_mode == "loss"``)."""
+    return {"entropy_coef": cfg.entropy_coef, "kl_coef": cfg.kl_coef if cfg.kl_mode == "loss" else 0.0}
 
 
 def _staleness(rollouts: Sequence[Rollout], version: int | None) -> list[int]:

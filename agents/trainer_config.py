@@ -8,21 +8,63 @@ aggregation modes) are looked up when :meth:`TrainerConfig.validate` runs.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import sys
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from agents.registry_names import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGS, ROLE_WEIGHTINGS
-from populora_env.checks import check, check_bool, check_choice, check_int, check_number, shown
+from populora_env.checks import ConfigError, check, check_bool, check_choice, check_int, check_number, shown
 
-__all__ = ["TrainerConfig", "IS_CORRECTIONS", "KL_MODES", "LORA_IMPLS", "PACKINGS", "PACKED_ATTENTIONS"]
+__all__ = ["TrainerConfig", "RoleSettings", "ROLE_SETTINGS", "IS_CORRECTIONS", "KL_MODES", "LORA_IMPLS", "PACKINGS", "PACKED_ATTENTIONS"]
 
 KL_MODES = ("off", "reward", "loss")
 PACKINGS = ("prefix", "none")
 PACKED_ATTENTIONS = ("tree", "mask", "flex")
 LORA_IMPLS = ("fused", "peft")
 IS_CORRECTIONS = ("none", "tis", "mis")
+
+
+@dataclass
+class RoleSettings:
+    """One role's own values of the trainer settings a researcher tunes per role; each ``None`` (the default; an
+    empty ``advantage_kwargs``) takes the shared value of the ``trainer`` section (``--trainer.teacher.lr 1e-4``
+    sets the teachers' alone)."""
+
+    advantage: str | None = None
+    """Advantage estimator of this role's rows (shared: trainer.advantage)."""
+    advantage_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Its keyword arguments, JSON; empty: trainer.advantage-kwargs when the role's estimator is the shared one,
+    none otherwise."""
+    lr: float | None = None
+    """AdamW learning rate of this role's members (population runs only: the baseline has one adapter)."""
+    clip_eps_low: float | None = None
+    """Ratio clipped below at 1 - clip_eps_low for this role's rows."""
+    clip_eps_high: float | None = None
+    """Ratio clipped above at 1 + clip_eps_high for this role's rows."""
+    loss_agg_mode: str | None = None
+    """Loss aggregation of this role's rows."""
+    entropy_coef: float | None = None
+    """Entropy bonus coefficient of this role's rows."""
+    kl_coef: float | None = None
+    """KL coefficient of this role's rows (the KL's mode, trainer.kl-mode, is shared)."""
+    is_correction: Literal["none", "tis", "mis"] | None = None
+    """Importance correction of this role's rows."""
+    is_cap: float | None = None
+    """The cap of this role's importance correction."""
+
+    def overrides(self) -> dict[str, Any]:
+        """The settings this role sets (name -> value; the ``None`` ones and empty kwargs left out)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None and getattr(self, f.name) != {}}
+
+
+ROLE_SETTINGS = tuple(f.name for f in dataclasses.fields(RoleSettings))
+"""The trainer settings a role can set for itself (``trainer.teacher.<name>``, ``trainer.student.<name>``)."""
 
 
 @dataclass
@@ -33,8 +75,10 @@ class TrainerConfig:
     """Advantage estimator (``agents.advantages.list_advantages()``): grpo, dr_grpo, rloo, reinforce_pp,
     reinforce_pp_baseline. With singleton groups (one sample per prompt) reinforce_pp_baseline equals
     reinforce_pp, so the default serves students (n samples per task) and teachers alike."""
-    advantage_kwargs: dict[str, float] = field(default_factory=dict)
-    """Extra keyword arguments of the estimator (e.g. ``{"eps": 1e-4}`` for grpo, ``{"gamma": 0.99}``)."""
+    advantage_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments of the estimator, JSON (e.g. ``{"eps": 1e-4}`` for grpo, ``{"gamma": 0.99}``):
+    each value of the JSON type the estimator's parameter declares (a number for ``float``, a string for
+    ``str``, ...; any JSON value for an unannotated one)."""
     loss_agg_mode: str = "token-mean"
     """Loss aggregation (``agents.losses.list_loss_aggs()``): token-mean, seq-mean-token-mean,
     seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO, divides by the constant ``norm_len`` * G)."""
@@ -127,8 +171,36 @@ class TrainerConfig:
     main job about a third of the update's token slots belong to such rollouts (a whitening scope whose
     rewards are all equal: e.g. both of a teacher's proposals of one type invalid)."""
 
+    teacher: RoleSettings = field(default_factory=RoleSettings)
+    """The teachers' own settings (each None: the shared value above); the baseline's proposer rows."""
+    student: RoleSettings = field(default_factory=RoleSettings)
+    """The students' own settings (each None: the shared value above); the baseline's solver rows."""
+
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]
+
+    def for_role(self, role: str | None) -> TrainerConfig:
+        """The settings ``role`` (``"teacher"`` / ``"student"``) trains with: the shared ones with the role's own
+        in their place (an estimator the role changes drops the shared kwargs, which were the shared
+        estimator's). ``self`` for another role or when the role sets nothing."""
+        settings = getattr(self, role, None) if role in ("teacher", "student") else None
+        changes = settings.overrides() if isinstance(settings, RoleSettings) else {}
+        if not changes:
+            return self
+        if "advantage" in changes and "advantage_kwargs" not in changes and changes["advantage"] != self.advantage:
+            changes["advantage_kwargs"] = {}
+        return dataclasses.replace(self, **changes, teacher=RoleSettings(), student=RoleSettings())
+
+    @property
+    def per_role(self) -> bool:
+        """Whether a role sets a value of its own."""
+        return bool(self.teacher.overrides() or self.student.overrides())
+
+    def role_record(self) -> dict[str, dict[str, Any]]:
+        """What each role trains with, for config.json: ``{"teacher": {name: value}, "student": {...}}`` over
+        :data:`ROLE_SETTINGS`."""
+        return {role: {name: getattr(self.for_role(role), name) for name in ROLE_SETTINGS}
+                for role in ("teacher", "student")}
 
     def validate(self) -> None:
         """Check every hyperparameter; raise :class:`~populora_env.checks.ConfigError` naming the first bad field.
@@ -140,8 +212,6 @@ class TrainerConfig:
         """
         check(isinstance(self.advantage_kwargs, Mapping), "advantage_kwargs",
               f"must be a mapping, got {self.advantage_kwargs!r}")
-        for key, value in self.advantage_kwargs.items():
-            check_number(f"advantage_kwargs.{key}", value, low=-1e12, high=1e12)
         if self.norm_len is not None:
             check_int("norm_len", self.norm_len, 1)
         check_number("clip_eps_low", self.clip_eps_low, low=0.0, high=1.0, high_open=True)
@@ -177,6 +247,19 @@ class TrainerConfig:
               f"{self.is_correction!r} weighs the ratio with the trainer's own log-probs as its denominator; "
               "use_behaviour_logprobs puts the generator's there: set one of them")
         self._validate_names()
+        self._validate_roles()
+
+    def _validate_roles(self) -> None:
+        """Each role's settings, checked as the config that role trains with (an error names the role's
+        field: ``teacher.lr``)."""
+        for role in ("teacher", "student"):
+            settings = getattr(self, role)
+            check(isinstance(settings, RoleSettings), role, f"must be the role's settings, got {settings!r}")
+            if settings.overrides():
+                try:
+                    self.for_role(role).validate()
+                except ConfigError as exc:
+                    raise ConfigError(f"{role}.{exc.field}", exc.reason) from None
 
     def _validate_names(self) -> None:
         """The settings checked against the registries of :mod:`agents.advantages` and :mod:`agents.losses`
@@ -193,11 +276,13 @@ class TrainerConfig:
         from agents.losses import list_loss_aggs
 
         _known("advantage", self.advantage, list_advantages(), "advantage estimator")
-        accepted = estimator_params(get_advantage(self.advantage))
-        for key in self.advantage_kwargs:
+        estimator = get_advantage(self.advantage)
+        accepted = estimator_params(estimator)
+        for key, value in self.advantage_kwargs.items():
             check(key in accepted, "advantage_kwargs",
                   f"estimator {self.advantage!r} takes no keyword argument {key!r} (it takes: "
                   f"{', '.join(accepted) or 'none'})")
+            _check_kwarg(f"advantage_kwargs.{key}", value, _declared(estimator, key))
         _known("loss_agg_mode", self.loss_agg_mode, list_loss_aggs(), "loss aggregation mode")
 
     @property
@@ -206,6 +291,42 @@ class TrainerConfig:
         if self.kl_estimator is not None:
             return self.kl_estimator
         return "k1" if self.kl_mode == "reward" else "k3"
+
+
+_JSON_TYPES: dict[Any, tuple[type, ...]] = {float: (int, float), int: (int,), str: (str,), bool: (bool,),
+                                            list: (list,), dict: (dict,)}
+
+
+def _declared(fn: Any, name: str) -> Any:
+    """The annotation of ``fn``'s parameter ``name`` (resolved when it is a string), ``Any`` when none."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: the value is not type-checked
+        hints = {}
+    if name in hints:
+        return hints[name]
+    try:
+        annotation = inspect.signature(fn).parameters[name].annotation
+    except (KeyError, TypeError, ValueError):
+        return Any
+    return Any if annotation is inspect.Parameter.empty or isinstance(annotation, str) else annotation
+
+
+def _check_kwarg(path: str, value: Any, declared: Any) -> None:
+    """An estimator keyword argument of the JSON type its parameter declares (``float``: a finite number,
+    ``int``, ``str``, ``bool``, ``list``, ``dict``, ``X | None``; any JSON value for another annotation or none)."""
+    union = typing.get_origin(declared) in (typing.Union, types.UnionType)
+    options = typing.get_args(declared) if union else (declared,)
+    if value is None and type(None) in options:
+        return
+    allowed = [_JSON_TYPES.get(typing.get_origin(o) or o) for o in options if o is not type(None)]
+    if any(a is None for a in allowed) or not allowed:
+        return
+    ok = any(isinstance(value, a) and not (isinstance(value, bool) and bool not in a) for a in allowed if a)
+    names = " or ".join(getattr(o, "__name__", str(o)) for o in options)
+    check(ok, path, f"must be {names} (the estimator's parameter), got {value!r}")
+    if isinstance(value, float | int) and not isinstance(value, bool):
+        check_number(path, value, low=-1e12, high=1e12)
 
 
 def _known(field_name: str, name: str, known: Sequence[str], what: str) -> None:

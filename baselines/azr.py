@@ -44,8 +44,13 @@ exactly as a PopuLoRA student's are, so the two arms differ only in who proposes
 from __future__ import annotations
 
 import dataclasses
+import logging
 
+from populora_env.checks import ConfigError
 from selfplay.config import TrainConfig
+from selfplay.scripted import ScriptedConfig
+
+log = logging.getLogger(__name__)
 
 MEMBER = "azr"
 
@@ -58,6 +63,25 @@ def azr_mapping() -> dict[str, str]:
 def azr_config(cfg: TrainConfig) -> TrainConfig:
     """The baseline's configuration derived from a run configuration: one teacher and one student (one adapter,
     see :func:`azr_mapping`), the ``azr`` reward scheme, no evolution; budgets, token limits and the trainer
-    section (estimator included) unchanged."""
+    section (estimator included) unchanged; per-role trainer settings (``trainer.teacher.*``) apply to the
+    proposer rows, ``trainer.student.*`` to the solver rows. Scripted opponents (``scripted``) are dropped: the
+    baseline's opponent is itself.
+
+    Raises:
+        ConfigError: a per-role learning rate (the one adapter has one optimizer and one learning rate), or
+            per-role loss aggregations that differ under ``role_weighting = "tokens"`` (one token mean over both
+            roles has one aggregation).
+    """
+    trainer = cfg.trainer
+    for role in ("teacher", "student"):
+        if getattr(trainer, role).lr is not None:
+            raise ConfigError(f"trainer.{role}.lr", "the single-agent baseline trains one adapter with one optimizer, "
+                              "so its proposer and solver rows share one learning rate: set trainer.lr")
+    modes = {trainer.for_role(role).loss_agg_mode for role in ("teacher", "student")}
+    if len(modes) > 1 and trainer.role_weighting == "tokens":
+        raise ConfigError("trainer.role_weighting", "'tokens' is one token mean over the proposer and solver rows, "
+                          "which cannot take two loss aggregations; use 'balanced' or one trainer.loss_agg_mode")
     env = dataclasses.replace(cfg.env, num_teachers=1, num_students=1, reward_scheme="azr")
-    return dataclasses.replace(cfg, env=env, evolution=False)
+    if cfg.scripted.active:
+        log.warning("the baseline plays itself (one adapter proposes and solves): the scripted section is not used")
+    return dataclasses.replace(cfg, env=env, evolution=False, scripted=ScriptedConfig())

@@ -17,6 +17,11 @@ writes no parsable program — so a plugin "tested" on it only ever runs its inv
 3. no student: ``teacher_0``'s valid task with no matched student (p̂ is ``None``, ``match_of`` is ``None``),
    and a student with no task at all (no completion: its list of rewards is empty).
 
+Every record carries what a run gives a scheme (docs/swapping.md, "What a scheme receives"): valid proposals' tasks,
+whose programs rise in complexity, an induction task and its submitted programs, completion texts and token
+counts that grow with the index, answers, the ratings before the round and the buffers (a seed's program, and an
+earlier round's task from the second round on).
+
 Each round goes through the env's own check of a scheme's answer (one finite real per completion,
 :func:`populora_env.rewards.compute_rewards`). **Estimators** get one scripted batch (:func:`estimator_batch`):
 groups whose rewards differ, a group whose rewards are all equal, a group of one, completions of unequal
@@ -30,11 +35,13 @@ import json
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Annotated, Any
 
 import tyro
 
 from populora_env.results import AttemptResult, MatchResult, ProposalResult, RoundResults
+from populora_env.tasks import Task, TaskType
 
 __all__ = ["CheckArgs", "PluginBug", "check_main", "estimator_batch", "scheme_rounds", "scheme_table"]
 
@@ -59,20 +66,62 @@ class PluginBug(Exception):
 # ------------------------------------------------------------------------------------------ schemes
 
 
+#: The scripted tasks' programs, of rising complexity (AST depth, cyclomatic complexity, lines), so a scheme that
+#: reads :attr:`ProposalResult.metrics` sees them differ.
+_PROGRAMS = {
+    "t-all": "def f(x):\n    return x + 1",
+    "t-half": "def f(xs):\n    total = 0\n    for x in xs:\n        if x % 2:\n            total += x\n    return total",
+    "t-none": ("def f(s):\n    out = []\n    for i, c in enumerate(s):\n        if c.isdigit() and i % 2:\n"
+               "            out.append(int(c) * 2)\n        elif c.isalpha():\n            out.append(ord(c))\n"
+               "    return sum(out) if out else -1"),
+}
+
+
+def _task(task_id: str, round_index: int, teacher: str | None = "teacher_0", task_type: str = "deduction") -> Task:
+    program = _PROGRAMS.get(task_id, "def f(a, b):\n    return a * b")
+    if task_type == "induction":  # an induction task's program is a buffer program (the previous round's)
+        return Task(task_id, TaskType.INDUCTION, _PROGRAMS["t-half"], ("[1, 2]", "[3]", "[4, 5]", "[7]"),
+                    ("1", "3", "5", "7"), "sum of the odd numbers", teacher, round_index)
+    return Task(task_id, TaskType.parse(task_type), program, ("3",), ("4",), "", teacher, round_index)
+
+
 def _proposal(i: int, task: str, valid: bool = True, reason: str | None = None, format_ok: bool = True,
-              teacher: str = "teacher_0", task_type: str = "deduction", tamper: str | None = None) -> ProposalResult:
-    return ProposalResult(teacher, i, task_type, task, format_ok, valid, reason, tamper)
+              teacher: str = "teacher_0", task_type: str = "deduction", tamper: str | None = None,
+              round_index: int = 0) -> ProposalResult:
+    parsed = _task(task, round_index, teacher, task_type) if valid else None
+    program = _PROGRAMS.get(task, "def f(x):\n    return x")
+    body = f"```python\n{program}\n```\n```input\n3\n```" if format_ok else program
+    completion = f"<think>A task.</think><answer>{body}</answer>" if format_ok else body
+    return ProposalResult(teacher, i, task_type, task, format_ok, valid, reason, tamper, task=parsed,
+                          completion=completion, num_tokens=8 + len(completion) // 4)
 
 
 def _attempt(i: int, task: str, correct: bool, format_ok: bool = True, teacher: str | None = "teacher_0",
-             student: str = "student_0") -> AttemptResult:
+             student: str = "student_0", task_type: str = "deduction", round_index: int = 0) -> AttemptResult:
     reason = None if correct else ("wrong" if format_ok else "format")
-    return AttemptResult(student, i, task, "deduction", teacher, format_ok, correct, reason)
+    answer = (f"```python\n{_PROGRAMS['t-half']}\n```" if task_type == "induction"
+              else ("4" if correct else "5")) if format_ok else None
+    think = "Let me work it out. " * (1 + 3 * i)  # longer reasoning at every index: token counts differ
+    completion = f"<think>{think}</think><answer>{answer}</answer>" if format_ok else think
+    program = answer.split("\n", 1)[1].rsplit("\n", 1)[0] if answer and task_type == "induction" else None
+    return AttemptResult(student, i, task, task_type, teacher, format_ok, correct, reason,
+                         task=_task(task, round_index - (teacher is None), teacher, task_type), completion=completion,
+                         answer=answer, program=program, num_tokens=4 + len(completion) // 4)
 
 
 def _match(p_hat: float | None, n_valid: int, n_attempts: int, n_correct: int) -> MatchResult:
     outcome = "draw" if p_hat is None else ("student" if p_hat > 0.5 else "teacher" if p_hat < 0.5 else "draw")
     return MatchResult("teacher_0", "student_0", 0.5, p_hat, n_valid, n_attempts, n_correct, outcome)
+
+
+def _context(round_index: int) -> dict[str, Any]:
+    """A scripted round's ratings before the round and its buffers (a seed task, and from the second round on, an
+    earlier round's task per type)."""
+    ratings = MappingProxyType({"teacher_0": (25.0 + round_index, 8.0), "student_0": (25.0 - round_index, 8.0)})
+    buffers = {t.value: (_task("t-all", -1, None, t.value),) for t in TaskType}
+    if round_index:
+        buffers = {k: (*v, _task("t-half", round_index - 1, "teacher_0", k)) for k, v in buffers.items()}
+    return {"ratings_before": ratings, "buffers": MappingProxyType(buffers)}
 
 
 @dataclass(frozen=True)
@@ -91,19 +140,22 @@ def scheme_rounds() -> list[Labelled]:
         (_proposal(0, "t-all"), _proposal(1, "t-half"), _proposal(2, "t-none")),
         (_attempt(0, "t-all", True), _attempt(1, "t-all", True), _attempt(2, "t-half", True),
          _attempt(3, "t-half", False), _attempt(4, "t-none", False), _attempt(5, "t-none", False, format_ok=False)),
-        (_match(0.5, 3, 6, 3),),
+        (_match(0.5, 3, 6, 3),), **_context(0),
     )
     invalid = RoundResults(
         1, ("teacher_0",), ("student_0",),
-        (_proposal(0, "t-bad", valid=False, reason="error"), _proposal(1, "t-fmt", valid=False, reason="format",
-                                                                       format_ok=False), _proposal(2, "t-ok"),
-         _proposal(3, "t-hack", valid=False, reason="tamper", tamper="introspection")),
-        (_attempt(0, "t-ok", True), _attempt(1, "t-ok", False), _attempt(2, "t-buffer", True, teacher=None),
-         _attempt(3, "t-buffer", False, teacher=None)),
-        (_match(0.5, 1, 2, 1),),
+        (_proposal(0, "t-bad", valid=False, reason="error", round_index=1),
+         _proposal(1, "t-fmt", valid=False, reason="format", format_ok=False, round_index=1),
+         _proposal(2, "t-ok", task_type="induction", round_index=1),
+         _proposal(3, "t-hack", valid=False, reason="tamper", tamper="introspection", round_index=1)),
+        (_attempt(0, "t-ok", True, task_type="induction", round_index=1),
+         _attempt(1, "t-ok", False, task_type="induction", round_index=1),
+         _attempt(2, "t-buffer", True, teacher=None, round_index=1),
+         _attempt(3, "t-buffer", False, teacher=None, round_index=1)),
+        (_match(0.5, 1, 2, 1),), **_context(1),
     )
     alone = RoundResults(
-        2, ("teacher_0",), ("student_0",), (_proposal(0, "t-alone"),), (), (),
+        2, ("teacher_0",), ("student_0",), (_proposal(0, "t-alone", round_index=2),), (), (), **_context(2),
     )
     return [
         Labelled("solved and unsolved tasks", solved, {
@@ -113,9 +165,10 @@ def scheme_rounds() -> list[Labelled]:
                           "format error"]}),
         Labelled("invalid proposals and filler attempts", invalid, {
             "teacher_0": ["invalid proposal (fails validation)", "badly formatted proposal",
-                          "valid task, solved at half (p̂ = 0.5)",
+                          "valid induction task (p̂ = 0.5)",
                           "tampering proposal (reason tamper)"],
-            "student_0": ["correct", "wrong, well formatted", "filler task (not its teacher's), correct",
+            "student_0": ["induction program, correct", "induction program, wrong",
+                          "filler task (not its teacher's), correct",
                           "filler task, wrong"]}),
         Labelled("no student", alone, {
             "teacher_0": ["valid task, no matched student (p̂ None)"],

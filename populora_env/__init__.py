@@ -13,7 +13,7 @@ from populora_env.config import ConfigError, EnvConfig
 from populora_env.env import PopuLoRAParallelEnv, agent_names, env, parallel_env, raw_env
 from populora_env.matching import Ratings, TrueSkillConfig
 from populora_env.metrics import CoverageTracker, program_fingerprint, program_metrics
-from populora_env.policies import OracleStudent, RandomPolicy, SeedTeacher
+from populora_env.policies import NoisyStudent, OracleStudent, RandomPolicy, SeedTeacher
 from populora_env.prompts import (
     PromptTemplates,
     get_prompt_set,
@@ -21,9 +21,17 @@ from populora_env.prompts import (
     register_prompt_set,
     unregister_prompt_set,
 )
-from populora_env.results import AttemptResult, MatchResult, ProposalResult, RoundOutcome, RoundResults
+from populora_env.results import (
+    AttemptResult,
+    CompletionText,
+    MatchResult,
+    ProposalResult,
+    RoundOutcome,
+    RoundResults,
+)
 from populora_env.rewards import (
     RewardScheme,
+    SchemeRewards,
     get_reward_scheme,
     list_reward_schemes,
     register_reward_scheme,
@@ -51,6 +59,7 @@ __all__ = [
     "CoverageTracker",
     "MatchResult",
     "OracleStudent",
+    "NoisyStudent",
     "PopuLoRAParallelEnv",
     "PromptTemplates",
     "ProposalResult",
@@ -60,6 +69,7 @@ __all__ = [
     "RewardScheme",
     "RoundOutcome",
     "RoundResults",
+    "CompletionText",
     "SeedTeacher",
     "Task",
     "TaskType",
@@ -76,6 +86,7 @@ __all__ = [
     "raw_env",
     "register_prompt_set",
     "register_reward_scheme",
+    "SchemeRewards",
     "student_reward",
     "unregister_prompt_set",
     "unregister_reward_scheme",

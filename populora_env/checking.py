@@ -165,6 +165,20 @@ class AnswerChecker:
         assert all(o is not None for o in outcomes)
         return [o for o in outcomes if o is not None]
 
+    def answer_parts(self, task: Task, completion: object) -> tuple[str | None, str | None]:
+        """What a completion answered, as :meth:`check` parses it: the text inside ``<answer>…</answer>`` (``None``
+        on a format error) and, for an induction task, the submitted program (its last fenced block, ``None``
+        if there is none). Host-side parsing only; nothing runs."""
+        cfg = self.config
+        formatted = extract_answer(
+            completion, require_think=cfg.require_think, prefix=cfg.prefix_for(task.task_type),
+            require_close=not cfg.lenient_answer_close,
+        )
+        if not formatted.format_ok:
+            return None, None
+        program = parse_program_answer(formatted.answer) if task.task_type is TaskType.INDUCTION else None
+        return formatted.answer, program
+
     def _prepare(self, task: Task, completion: object) -> AttemptOutcome | tuple[str, list[tuple[ExecJob, str]]]:
         """The verdict, when the host can give it alone, else the answer's key and its jobs, each with the
         expected output that stays on the host."""

@@ -59,8 +59,15 @@ from populora_env.config import MAX_PER_ROUND, ConfigError, EnvConfig, check_int
 from populora_env.matching import Pairing, Ratings, match_outcome, pfsp_match
 from populora_env.metrics import CoverageTracker, round_summary
 from populora_env.prompts import PROMPT_KINDS, PromptTemplates, get_prompt_set, prompt_kind
-from populora_env.results import AttemptResult, MatchResult, ProposalResult, RoundOutcome, RoundResults
-from populora_env.rewards import RewardScheme, compute_rewards, get_reward_scheme
+from populora_env.results import (
+    AttemptResult,
+    MatchResult,
+    ProposalResult,
+    RoundOutcome,
+    RoundResults,
+    num_tokens_of,
+)
+from populora_env.rewards import RewardScheme, SchemeRewards, compute_rewards, get_reward_scheme, term_means
 from populora_env.seeds import seed_tasks
 from populora_env.tasks import Task, TaskType
 from populora_env.validation import (
@@ -214,6 +221,8 @@ class PopuLoRAParallelEnv(ParallelEnv):
 
         self._teacher_requests: dict[str, list[ProposalRequest]] = {}
         self._proposal_outcomes: dict[str, list[ProposalOutcome]] = {}
+        self._proposal_texts: dict[str, list[tuple[str, int | None]]] = {}  # (completion text, token count)
+        self._buffers_before: Mapping[str, tuple[Task, ...]] = MappingProxyType({})
         self._pairings: list[Pairing] = []
         self._student_tasks: dict[str, list[tuple[Task, str | None]]] = {}  # (task, matched teacher or None)
         self._current_tasks: dict[str, Task] = {}
@@ -321,6 +330,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
         self._phase = "propose"
         self.agents = self.possible_agents[:]
         self._proposal_outcomes = {}
+        self._proposal_texts = {}
         self._pairings = []
         self._student_tasks = {}
         self._current_tasks = {}
@@ -600,7 +610,10 @@ class PopuLoRAParallelEnv(ParallelEnv):
         for teacher in self.teachers:
             reqs = self._teacher_requests[teacher]
             requests.extend(reqs)
-            completions.extend(self._completions(actions, teacher, len(reqs)))
+            given = self._completions(actions, teacher, len(reqs))
+            completions.extend(_plain(c) for c in given)
+            self._proposal_texts[teacher] = [_text_and_tokens(c) for c in given]
+        self._buffers_before = MappingProxyType({t.value: self._buffers[t].tasks for t in TaskType})
         outcomes = self._validator.validate(requests, completions, self._lazy_sandbox, self._buffers)
         by_teacher: dict[str, list[ProposalOutcome]] = {t: [] for t in self.teachers}
         for outcome in outcomes:
@@ -684,14 +697,18 @@ class PopuLoRAParallelEnv(ParallelEnv):
                 agent=o.request.agent, index=o.request.index, task_type=o.request.task_type.value,
                 task_id=o.request.task_id, format_ok=o.format_ok, valid=o.valid,
                 reason=None if o.reason is None else o.reason.value, tamper=o.tamper,
+                task=o.task, completion=text, num_tokens=tokens,
             )
             for teacher in self.teachers
-            for o in self._proposal_outcomes[teacher]
+            for o, (text, tokens) in zip(self._proposal_outcomes[teacher], self._proposal_texts[teacher], strict=True)
         ]
+        ratings_before = MappingProxyType({a: (self._ratings.mu(a), self._ratings.sigma(a))
+                                           for a in self.possible_agents})
         matches = self._settle_matches(attempts)
         results = RoundResults(
             round=self._round, teachers=tuple(self.teachers), students=tuple(self.students),
             proposals=tuple(proposals), attempts=tuple(attempts), matches=tuple(matches),
+            ratings_before=ratings_before, buffers=self._buffers_before,
         )
         completion_rewards = compute_rewards(self._scheme, results, self.config.reward_kwargs)
         summary = self._summary(results, completion_rewards)
@@ -757,7 +774,7 @@ class PopuLoRAParallelEnv(ParallelEnv):
         """Every student's completions against its assigned tasks (one sandbox batch), as attempt records."""
         tasks: list[Task] = []
         completions: list[object] = []
-        owners: list[tuple[str, int, str | None]] = []
+        owners: list[tuple[str, int, str | None, int | None]] = []
         for student in self.students:
             expected = [
                 (task, teacher) for task, teacher in self._student_tasks[student]
@@ -766,17 +783,19 @@ class PopuLoRAParallelEnv(ParallelEnv):
             given = self._completions(actions, student, len(expected))
             for index, ((task, teacher), completion) in enumerate(zip(expected, given, strict=True)):
                 tasks.append(task)
-                completions.append(completion)
-                owners.append((student, index, teacher))
+                completions.append(_plain(completion))
+                owners.append((student, index, teacher, num_tokens_of(completion)))
         verdicts = self._checker.check(tasks, completions, self._lazy_sandbox)
-        attempts = [
-            AttemptResult(
+        attempts = []
+        for (student, index, teacher, tokens), task, completion, v in zip(owners, tasks, completions, verdicts,
+                                                                           strict=True):
+            answer, program = self._checker.answer_parts(task, completion)
+            attempts.append(AttemptResult(
                 agent=student, index=index, task_id=task.task_id, task_type=task.task_type.value, teacher=teacher,
                 format_ok=v.format_ok, correct=v.correct, reason=None if v.reason is None else v.reason.value,
-                tamper=v.tamper,
-            )
-            for (student, index, teacher), task, v in zip(owners, tasks, verdicts, strict=True)
-        ]
+                tamper=v.tamper, task=task, completion=completion if isinstance(completion, str) else "",
+                answer=answer, program=program, num_tokens=tokens,
+            ))
         return attempts, list(verdicts)
 
     def _done_info(self, rewards: list[float], details: list[dict[str, Any]], summary: dict[str, Any]) -> dict:
@@ -805,12 +824,13 @@ class PopuLoRAParallelEnv(ParallelEnv):
             )
         return matches
 
-    def _summary(self, results: RoundResults, completion_rewards: dict[str, list[float]]) -> dict[str, Any]:
-        """The ``infos[a]["round"]`` summary (:func:`populora_env.metrics.round_summary`; shared by every
-        agent's info: treat as read-only)."""
+    def _summary(self, results: RoundResults, completion_rewards: SchemeRewards) -> dict[str, Any]:
+        """The ``infos[a]["round"]`` summary (:func:`populora_env.metrics.round_summary`, and ``reward_terms``,
+        each named term's mean per role, when the scheme named terms; shared by every agent's info: treat as
+        read-only)."""
         valid = [o for t in self.teachers for o in self._proposal_outcomes[t] if o.valid and o.task is not None]
         programs = [o.task.program for o in valid if o.task is not None and o.task.task_type is not TaskType.INDUCTION]
-        return round_summary(
+        summary = round_summary(
             results, completion_rewards,
             reward_scheme=self.config.reward_scheme,
             task_types=[t.value for t in self.task_types],
@@ -820,6 +840,20 @@ class PopuLoRAParallelEnv(ParallelEnv):
             ratings=self._ratings.summary(),
             buffer_sizes=self._buffers.sizes(),
         )
+        if completion_rewards.terms:
+            summary["reward_terms"] = term_means(completion_rewards, self.teachers, self.students)
+        return summary
+
+
+def _plain(entry: object) -> object:
+    """An action entry as the validator and the checker read it: a ``str`` subclass (a
+    :class:`~populora_env.results.CompletionText`) becomes its plain text; anything else is left as it is."""
+    return str.__str__(entry) if isinstance(entry, str) else entry
+
+
+def _text_and_tokens(entry: object) -> tuple[str, int | None]:
+    """An action entry's text (``""`` if it is no string) and the token count it carries (``None`` if none)."""
+    return (str.__str__(entry) if isinstance(entry, str) else ""), num_tokens_of(entry)
 
 
 def _proposal_info(outcome: ProposalOutcome) -> dict[str, Any]:

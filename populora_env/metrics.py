@@ -1,6 +1,6 @@
 """Diagnostics of generated programs and of the task distribution (docs/method.md §10).
 
-Program metrics (host-side, ``ast`` only):
+Program metrics (:mod:`populora_env.complexity`, re-exported here):
 
 - **AST depth**: max node depth of ``ast.parse(program)`` (Module = 1, child = parent + 1 over
   ``ast.iter_child_nodes``);
@@ -34,91 +34,23 @@ import copy
 import hashlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from populora_env.literals import quiet_parse
+from populora_env.complexity import (
+    ProgramMetrics,
+    _parse,
+    ast_depth,
+    bound_variables,
+    cyclomatic_complexity,
+    lines_of_code,
+    program_metrics,
+    tree_depth,
+    variable_count,
+)
 from populora_env.results import RoundResults
 
-_DECISIONS = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.IfExp, ast.ExceptHandler, ast.match_case)
-_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
-
-
-def _parse(program: str) -> ast.Module | None:
-    try:
-        return quiet_parse(program)
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
-        return None
-
-
-def tree_depth(tree: ast.AST) -> int:
-    """Maximum node depth of ``tree`` (root = 1), computed without recursion."""
-    best = 0
-    stack: list[tuple[ast.AST, int]] = [(tree, 1)]
-    while stack:
-        node, depth = stack.pop()
-        best = max(best, depth)
-        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
-    return best
-
-
-def ast_depth(program: str) -> int:
-    """Maximum node depth of the program's AST (Module = 1); 0 if it does not parse."""
-    tree = _parse(program)
-    return 0 if tree is None else tree_depth(tree)
-
-
-def _decisions(node: ast.AST) -> int:
-    """Decision points inside ``node``, not descending into nested functions."""
-    count = 0
-    stack = list(ast.iter_child_nodes(node))
-    while stack:
-        child = stack.pop()
-        if isinstance(child, _FUNCTIONS):
-            continue
-        if isinstance(child, _DECISIONS):
-            count += 1
-        elif isinstance(child, ast.comprehension):
-            count += 1 + len(child.ifs)
-        elif isinstance(child, ast.BoolOp):
-            count += len(child.values) - 1
-        stack.extend(ast.iter_child_nodes(child))
-    return count
-
-
-def cyclomatic_complexity(program: str) -> int:
-    """Sum over functions of McCabe complexity (see the module docstring); 0 if it does not parse."""
-    tree = _parse(program)
-    if tree is None:
-        return 0
-    return sum(1 + _decisions(node) for node in ast.walk(tree) if isinstance(node, _FUNCTIONS))
-
-
-def lines_of_code(program: str) -> int:
-    """Non-blank lines that are not comment-only."""
-    return sum(1 for line in program.splitlines() if line.strip() and not line.strip().startswith("#"))
-
-
-def bound_variables(tree: ast.AST) -> set[str]:
-    """Identifiers bound as variables (see the module docstring)."""
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-        elif isinstance(node, ast.arg):
-            names.add(node.arg)
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            names.add(node.name)
-        elif isinstance(node, ast.MatchAs | ast.MatchStar) and node.name:
-            names.add(node.name)
-    return names
-
-
-def variable_count(program: str) -> int:
-    """Number of distinct bound variable names; 0 if it does not parse."""
-    tree = _parse(program)
-    return 0 if tree is None else len(bound_variables(tree))
-
+__all__ = ["ProgramMetrics", "ast_depth", "bound_variables", "cyclomatic_complexity", "lines_of_code",
+           "program_metrics", "tree_depth", "variable_count"]
 
 class _AlphaRenamer(ast.NodeTransformer):
     def __init__(self, bound: set[str]) -> None:
@@ -180,26 +112,6 @@ def _fingerprint(tree: ast.Module) -> str:
     renamed = _AlphaRenamer(bound).visit(tree)
     dump = ast.dump(renamed, annotate_fields=False, include_attributes=False)
     return hashlib.sha1(dump.encode()).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class ProgramMetrics:
-    """The four structural metrics of one program."""
-
-    ast_depth: int
-    cyclomatic: int
-    loc: int
-    variables: int
-
-
-def program_metrics(program: str) -> ProgramMetrics:
-    """All structural metrics of ``program``."""
-    return ProgramMetrics(
-        ast_depth=ast_depth(program),
-        cyclomatic=cyclomatic_complexity(program),
-        loc=lines_of_code(program),
-        variables=variable_count(program),
-    )
 
 
 def summarize(programs: Iterable[str]) -> dict[str, float | int]:

@@ -7,6 +7,7 @@ env's ``obs[agent]``, whose ``"prompts"`` it answers, or a plain sequence of pro
 - :class:`SeedTeacher` proposes valid tasks built from the shipped seed programs with fresh inputs, formatted
   like a model would answer;
 - :class:`OracleStudent` answers every task correctly from the env's ground truth (a test tool);
+- :class:`NoisyStudent` answers correctly at a given rate, else wrongly or badly formatted (scripted opponents);
 - :class:`RandomPolicy` emits random printable strings (seeded): every completion is a format error.
 """
 
@@ -165,3 +166,42 @@ class RandomPolicy:
     ) -> tuple[str, ...]:
         """One random string per prompt."""
         return tuple(self.sample() for _ in _prompts(observation))
+
+
+class NoisyStudent:
+    """A scripted student that is right at a given rate: each attempt is :class:`OracleStudent`'s correct answer
+    with probability ``correct``, else a wrong one, and of those a ``format_errors`` share is a format error
+    (a completion without the answer structure), the rest well formatted but wrong (deduction: an output that is not the gold one;
+    abduction: ``None`` as the input; induction: a program that returns ``None``). Draws come from ``seed``."""
+
+    def __init__(self, env: Any, correct: float = 0.5, format_errors: float = 0.2, seed: int | None = None) -> None:
+        for name, value in (("correct", correct), ("format_errors", format_errors)):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
+        self.oracle = OracleStudent(env)
+        self.correct, self.format_errors = correct, format_errors
+        self.rng = np.random.default_rng(seed)
+
+    @staticmethod
+    def wrong(task: Any, prefix: str = "") -> str:
+        """A well formatted answer to ``task`` that is not the correct one."""
+        kind = task.task_type.value
+        if kind == "deduction":
+            return continue_prefix(prefix, _block("output", "None" if task.output != "None" else "0"))
+        if kind == "abduction":
+            return continue_prefix(prefix, _block("input", "None"))
+        return continue_prefix(prefix, _block("python", "def f(*args):\n    return None"))
+
+    def act(self, observation: Mapping[str, Any] | Sequence[str], info: Mapping[str, Any]) -> tuple[str, ...]:
+        """One answer per request: correct, wrong or a format error, drawn per attempt."""
+        tasks = self.oracle.env.current_tasks
+        n = len(_prompts(observation))
+        out = []
+        for request in list(info.get("requests", []))[:n]:
+            task, prefix = tasks.get(request.get("task_id")), str(request.get("prefix", ""))
+            right, malformed = self.rng.random() < self.correct, self.rng.random() < self.format_errors
+            if task is None or (not right and malformed):
+                out.append("I do not know.")
+            else:
+                out.append(self.oracle.answer(task, prefix) if right else self.wrong(task, prefix))
+        return tuple(out) + ("",) * (n - len(out))

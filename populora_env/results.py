@@ -1,9 +1,49 @@
-"""What a reward scheme receives: everything that happened in one round, as plain read-only records."""
+"""What a reward scheme receives: everything that happened in one round, as plain read-only records.
+
+Every field is deterministic (a function of the round's seed, the actions and the env's state) and read-only;
+docs/swapping.md, "What a scheme receives", lists them all with their types.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from populora_env.complexity import ProgramMetrics, program_metrics
+
+if TYPE_CHECKING:
+    from populora_env.tasks import Task
+
+
+class CompletionText(str):
+    """A completion's text that also carries its length in tokens: an action entry a generator builds as
+    ``CompletionText(text, len(token_ids))``. It *is* the text (a ``str``): the env checks ``str(entry)``, and a
+    plain ``str`` entry is as valid (its token count is then ``None``). ``num_tokens`` reaches reward schemes as
+    :attr:`ProposalResult.num_tokens` / :attr:`AttemptResult.num_tokens`."""
+
+    num_tokens: int | None
+
+    def __new__(cls, text: str, num_tokens: int | None = None) -> CompletionText:
+        obj = super().__new__(cls, text)
+        obj.num_tokens = None if num_tokens is None else int(num_tokens)
+        return obj
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (CompletionText, (str(self), self.num_tokens))
+
+
+def num_tokens_of(entry: object) -> int | None:
+    """The token count an action entry carries (a :class:`CompletionText`'s non-negative ``num_tokens``), else
+    ``None``."""
+    n = getattr(entry, "num_tokens", None) if isinstance(entry, str) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+
+
+def _empty() -> Mapping[str, Any]:
+    return MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -22,6 +62,10 @@ class ProposalResult:
             ``"type_dict"``, ``"signal"``, ``"process"``, ``"reply_forgery"``, ``"exit"``; docs/sandbox.md
             section 7.2), decided by the sandbox, never by the program; ``None`` when it tripped none. A tampering
             proposal is invalid with reason ``"tamper"``.
+        task: the parsed task (program source, inputs, gold outputs, induction message) when valid, else ``None``.
+        completion: the teacher's completion text as sent (``""`` for a missing or non-string entry).
+        num_tokens: the completion's length in tokens (the generator's count), ``None`` when the action entry
+            carried none (a plain ``str``).
     """
 
     agent: str
@@ -32,6 +76,16 @@ class ProposalResult:
     valid: bool
     reason: str | None
     tamper: str | None = None
+    task: Task | None = None
+    completion: str = ""
+    num_tokens: int | None = None
+
+    @cached_property
+    def metrics(self) -> ProgramMetrics | None:
+        """Complexity of the task's program (AST depth, cyclomatic complexity, lines, variables:
+        :func:`populora_env.complexity.program_metrics`, the diagnostics' own), ``None`` without a task. For an
+        induction task the program is the buffer program the teacher was shown."""
+        return None if self.task is None else program_metrics(self.task.program)
 
 
 @dataclass(frozen=True)
@@ -51,6 +105,12 @@ class AttemptResult:
         tamper: the sandbox defence the attempt's run tripped (an abduction input whose evaluation trips one, an
             induction program), as :attr:`ProposalResult.tamper`; such an attempt is not correct, with reason
             ``"tamper"``. ``None`` when none was tripped.
+        task: the task attempted (program, inputs, gold outputs, message).
+        completion: the student's completion text as sent (``""`` for a missing or non-string entry).
+        answer: the text between ``<answer>`` and ``</answer>`` (after the response prefix), ``None`` on a format
+            error.
+        program: the submitted program of an induction answer (its last fenced block), else ``None``.
+        num_tokens: the completion's length in tokens, ``None`` when the action entry carried none.
     """
 
     agent: str
@@ -62,6 +122,11 @@ class AttemptResult:
     correct: bool
     reason: str | None
     tamper: str | None = None
+    task: Task | None = None
+    completion: str = ""
+    answer: str | None = None
+    program: str | None = None
+    num_tokens: int | None = None
 
     @property
     def matched(self) -> bool:
@@ -91,7 +156,13 @@ class MatchResult:
 
 @dataclass(frozen=True)
 class RoundResults:
-    """Everything a reward scheme may use. Treat as read-only."""
+    """Everything a reward scheme may use. Treat as read-only.
+
+    Attributes:
+        ratings_before: ``(mu, sigma)`` of every agent before this round's rating update (what matching saw).
+        buffers: task type -> the buffer's tasks before this round's proposals entered (earlier rounds' valid
+            tasks and the seeds, oldest first), for novelty and diversity terms.
+    """
 
     round: int
     teachers: tuple[str, ...]
@@ -99,6 +170,8 @@ class RoundResults:
     proposals: tuple[ProposalResult, ...]
     attempts: tuple[AttemptResult, ...]
     matches: tuple[MatchResult, ...]
+    ratings_before: Mapping[str, tuple[float, float]] = field(default_factory=_empty, compare=False)
+    buffers: Mapping[str, tuple[Task, ...]] = field(default_factory=_empty, compare=False)
 
     @property
     def agents(self) -> tuple[str, ...]:

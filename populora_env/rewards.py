@@ -129,6 +129,20 @@ def azr_rewards(results: RoundResults, extreme_reward: float = 0.0) -> dict[str,
     return rewards
 
 
+class SchemeRewards(dict):
+    """A scheme's answer that also names the terms its rewards add up from, so a run logs each term: a dict
+    ``{agent: [reward, ...]}`` (what any scheme returns) with ``terms = {name: {agent: [value, ...]}}``, each
+    list aligned with the agent's completions like its rewards (an agent a term does not touch may be left out).
+    The env reports each term's mean per role in its round summary (``summary["reward_terms"]``) and a run logs
+    it as ``rewards/<role>/<name>``. A plain dict is as valid: it has no terms."""
+
+    def __init__(self, rewards: Mapping[str, Sequence[float]],
+                 terms: Mapping[str, Mapping[str, Sequence[float]]] | None = None) -> None:
+        super().__init__(rewards)
+        self.terms: dict[str, dict[str, list[float]]] = {
+            str(name): {a: list(v) for a, v in dict(term).items()} for name, term in dict(terms or {}).items()}
+
+
 class RewardSchemeError(ValueError):
     """A reward scheme returned something that is not one real, finite reward per completion (a bug in the
     scheme, not in the model's output); the message names the scheme."""
@@ -138,10 +152,29 @@ def _name(scheme: Any) -> str:
     return str(getattr(scheme, "name", None) or getattr(scheme, "__name__", None) or type(scheme).__name__)
 
 
+def _checked(scheme: Any, agent: str, values: Sequence[Any], expected: int, what: str) -> list[float]:
+    """``values`` as floats, one per completion, each real and finite; :class:`RewardSchemeError` otherwise."""
+    values = list(values)
+    if len(values) != expected:
+        raise RewardSchemeError(
+            f"reward scheme returned {len(values)} {what} for {agent}, which has {expected} completions"
+        )
+    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, numbers.Real)]
+    if bad:
+        raise RewardSchemeError(f"reward scheme {_name(scheme)!r} returned {bad[0]!r} ({type(bad[0]).__name__}) "
+                                f"as a reward for {agent}: rewards must be real numbers")
+    floats = [float(v) for v in values]
+    if not all(math.isfinite(v) for v in floats):
+        raise RewardSchemeError(f"reward scheme {_name(scheme)!r} returned a non-finite reward for {agent}: "
+                                f"{floats}")
+    return floats
+
+
 def compute_rewards(
     scheme: RewardScheme, results: RoundResults, kwargs: Mapping[str, Any] | None = None
-) -> dict[str, list[float]]:
-    """Run ``scheme`` and check its answer: one finite float per completion for every agent.
+) -> SchemeRewards:
+    """Run ``scheme`` and check its answer: one finite float per completion for every agent (and, for the
+    terms of a :class:`SchemeRewards`, per completion of every agent a term names).
 
     Raises:
         RewardSchemeError: (a ValueError) the scheme returned an unknown agent, a list of the wrong length, a
@@ -151,24 +184,25 @@ def compute_rewards(
     raw = scheme(results, **dict(kwargs or {}))
     if not isinstance(raw, Mapping):
         raise RewardSchemeError(f"reward scheme returned {type(raw).__name__}, expected a mapping agent -> list")
-    unknown = set(raw) - set(results.agents)
-    if unknown:
-        raise RewardSchemeError(f"reward scheme returned rewards for unknown agents {sorted(unknown)}")
-    out: dict[str, list[float]] = {}
-    for agent in results.agents:
-        expected = results.n_completions(agent)
-        values = list(raw.get(agent, []))
-        if len(values) != expected:
-            raise RewardSchemeError(
-                f"reward scheme returned {len(values)} rewards for {agent}, which has {expected} completions"
-            )
-        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, numbers.Real)]
-        if bad:
-            raise RewardSchemeError(f"reward scheme {_name(scheme)!r} returned {bad[0]!r} ({type(bad[0]).__name__}) "
-                                    f"as a reward for {agent}: rewards must be real numbers")
-        floats = [float(v) for v in values]
-        if not all(math.isfinite(v) for v in floats):
-            raise RewardSchemeError(f"reward scheme {_name(scheme)!r} returned a non-finite reward for {agent}: "
-                                    f"{floats}")
-        out[agent] = floats
+    terms = getattr(raw, "terms", None) if isinstance(raw, SchemeRewards) else {}
+    for named in (raw, *terms.values()):
+        unknown = set(named) - set(results.agents)
+        if unknown:
+            raise RewardSchemeError(f"reward scheme returned rewards for unknown agents {sorted(unknown)}")
+    out = {a: _checked(scheme, a, raw.get(a, []), results.n_completions(a), "rewards") for a in results.agents}
+    checked = {name: {a: _checked(scheme, a, v, results.n_completions(a), f"values of term {name!r}")
+                      for a, v in term.items()} for name, term in terms.items()}
+    return SchemeRewards(out, checked)
+
+
+def term_means(rewards: SchemeRewards, teachers: Sequence[str], students: Sequence[str]
+               ) -> dict[str, dict[str, float]]:
+    """Each term's mean per role over the completions it names: ``{name: {"teacher": m, "student": m}}`` (a
+    role without a value left out)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, term in rewards.terms.items():
+        for role, agents in (("teacher", teachers), ("student", students)):
+            values = [v for a in agents for v in term.get(a, [])]
+            if values:
+                out.setdefault(name, {})[role] = sum(values) / len(values)
     return out

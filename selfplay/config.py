@@ -37,6 +37,7 @@ from populora_env.checks import check_bool, check_choice, check_section, renamed
 from populora_env.config import ConfigError, EnvConfig, check, check_int, check_number
 from selfplay.distributed.config import RAY_INSTALL_HINT, RayConfig, ray_installed
 from selfplay.rundir import RunFileError, parse_json
+from selfplay.scripted import ScriptedConfig
 
 __all__ = [
     "ConfigError",
@@ -232,6 +233,7 @@ class TrainConfig:
     stay in this process. (Which engine generates is generation.engine.)"""
     ray: RayConfig = field(default_factory=RayConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    scripted: ScriptedConfig = field(default_factory=ScriptedConfig)
 
     def checkpoint_due(self, step: int) -> bool:
         """Whether the run writes a checkpoint after step ``step``: every ``checkpoint_every`` steps and at the
@@ -269,6 +271,9 @@ class TrainConfig:
         check(not (self.generation.engine == "vllm" and self.model.startswith(RANDOM_PREFIX)), "generation.engine",
               f"vllm needs a model directory; {self.model!r} is built in memory: use --generation.engine hf")
         check_section("pipeline.", self.pipeline)
+        check_section("scripted.", self.scripted, self.env.num_teachers, self.env.num_students)
+        check(not self.scripted.active or (not self.asynchronous and self.backend == "local"), "scripted.teachers",
+              "scripted opponents play in the synchronous local loop: use pipeline.max_staleness 0 and backend local")
         if self.asynchronous and self.backend == "local" and self.generation.engine == "hf" \
                 and self.pipeline.layout == "thread":
             check(self.threads > 0 and self.threads == self.generation.threads, "pipeline.layout",

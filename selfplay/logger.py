@@ -60,6 +60,9 @@ def step_scalars(record: StepRecord) -> dict[str, float]:
     out.update(_program_scalars(record.outcome.summary.get("metrics") or {}))
     out.update(_update_scalars(record.member_metrics))
     out.update(tamper_scalars(record))
+    for name, by_role in (record.outcome.summary.get("reward_terms") or {}).items():
+        for role, value in by_role.items():
+            out[tags.reward_term(role, name)] = float(value)
     for phase, seconds in record.times.items():
         out[tags.STEP_SECONDS if phase == "step" else tags.time(phase)] = float(seconds)
     out[tags.REPLACEMENTS] = float(len(record.evolution))
@@ -112,6 +115,11 @@ def _student_scalars(results: RoundResults) -> dict[str, float]:
         for task_type, attempts in attempts_by_type.items():  # per type: a drifting type mix is told apart
             out[tags.student_format_rate(task_type)] = sum(a.format_ok for a in attempts) / len(attempts)
             out[tags.student_correct_rate(task_type)] = sum(a.correct for a in attempts) / len(attempts)
+    p_hats = [p for p in (results.solve_rate(x.task_id) for x in results.proposals if x.valid) if p is not None]
+    if p_hats:
+        counts = {"zero": sum(p == 0.0 for p in p_hats), "one": sum(p == 1.0 for p in p_hats)}
+        counts["partial"] = len(p_hats) - counts["zero"] - counts["one"]
+        out.update({tags.P_HAT_COUNTS[k]: float(n) for k, n in counts.items()})
     for match in results.matches:
         out[tags.pair(match.teacher, match.student, "attempts")] = float(match.n_attempts)
         out[tags.pair(match.teacher, match.student, "correct")] = float(match.n_correct)

@@ -32,7 +32,7 @@ from agents.generation import Completion, GenerationRequest
 from agents.generation.limit import dropped
 from agents.generation.threads import generation_threads
 from evolution.pbt import round_stats
-from populora_env.results import RoundOutcome
+from populora_env.results import CompletionText, RoundOutcome
 from selfplay.config import TrainConfig
 from selfplay.finite import NonFiniteGuard, check_rewards
 from selfplay.mapping import AgentMapping
@@ -41,6 +41,7 @@ from selfplay.parts import build_parts
 from selfplay.phase_memory import PhaseMemory
 from selfplay.rollouts import CompletionId, rollouts_from_round
 from selfplay.rundir import LINEAGE
+from selfplay.scripted import ScriptedOpponents
 from selfplay.seeding import SeedingReport, seed_before_training
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,8 @@ class SelfPlayLoop:
         self.assignment = None if assignment is None else dict(assignment)
         self.nonfinite = NonFiniteGuard(cfg.trainer.max_nonfinite_updates)
         self.memory = PhaseMemory("cpu")  # counts nothing; setup() gives it the run's device
+        #: The scripted agents (``cfg.scripted``; :mod:`selfplay.scripted`), ``None`` when there are none.
+        self.scripted: ScriptedOpponents | None = None
 
     # ------------------------------------------------------------------------------------- set-up
     @property
@@ -141,6 +144,12 @@ class SelfPlayLoop:
         if self.pbt is not None and hasattr(self.trainer, "lr_scale"):
             self.trainer.lr_scale = self.pbt.lr_scale  # the children's explored learning rates (pbt.lr_explore)
         self.tokenizer, self.backend = parts.tokenizer, parts.backend
+        if self.cfg.scripted.active:
+            tokenizer = self.tokenizer
+            self.scripted = ScriptedOpponents(
+                self.cfg.scripted, self.env.teachers, self.env.students,
+                seed_of=lambda step, phase, agent: derive_seed(self.cfg.seed, step, "scripted", phase, agent),
+                tokenize=lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"]))
         self.memory = PhaseMemory(self.device if self.backend is None else "cpu")  # local CUDA runs only
         self.step = 0
         self._seeded = False
@@ -197,6 +206,9 @@ class SelfPlayLoop:
             agent_prompts = list(obs[agent]["prompts"])
             if not agent_prompts or not infos.get(agent, {}).get("active", True):
                 continue
+            if self.scripted is not None and agent in self.scripted.agents:  # its policy answers, not its adapter
+                prompts.update(((agent, k), p) for k, p in enumerate(agent_prompts))
+                continue
             # how the env wants each prompt generated: chat template or not, response prefix, stop strings
             specs = [_generation_spec(r) for r in infos.get(agent, {}).get("requests", [])]
             specs += [_generation_spec({})] * (len(agent_prompts) - len(specs))
@@ -217,7 +229,8 @@ class SelfPlayLoop:
                 for k in range(i, j + 1):
                     prompts[(agent, k)] = agent_prompts[i]
                 i = j + 1
-        completions: dict[CompletionId, Completion] = {}
+        completions: dict[CompletionId, Completion] = {} if self.scripted is None else \
+            self.scripted.completions(self.env, obs, infos, step_index, phase)
         if not requests:
             return completions, prompts, 0.0
         t0 = time.perf_counter()
@@ -254,12 +267,13 @@ class SelfPlayLoop:
     @staticmethod
     def _actions(completions: Mapping[CompletionId, Completion], agents: Sequence[str]
                  ) -> dict[str, tuple[str | None, ...]]:
-        """Each agent's completion texts in observation order (the env's action format); ``None`` for a prompt
-        the length rule dropped: the env scores a non-string as a format error whatever the prompt set (an empty
-        text can parse under a pre-filled answer opening)."""
+        """Each agent's completion texts in observation order (the env's action format), each a
+        :class:`~populora_env.results.CompletionText` carrying its generated token count (what reward schemes
+        read as ``num_tokens``); ``None`` for a prompt the length rule dropped: the env scores a non-string as a
+        format error whatever the prompt set (an empty text can parse under a pre-filled answer opening)."""
         by_agent: dict[str, dict[int, str | None]] = defaultdict(dict)
         for (agent, index), c in completions.items():
-            by_agent[agent][index] = None if dropped(c) else c.text
+            by_agent[agent][index] = None if dropped(c) else CompletionText(c.text, len(c.token_ids))
         return {a: tuple(by_agent[a][k] for k in sorted(by_agent[a])) for a in agents}
 
     # ------------------------------------------------------------------------------------ a step
@@ -314,6 +328,8 @@ class SelfPlayLoop:
         t0 = time.perf_counter()
         batches = rollouts_from_round(outcome, played.completions, self.mapping)
         check_rewards(batches, self.cfg.env.reward_scheme)  # real and finite in float32, else RewardSchemeError
+        if self.scripted is not None:  # the scripted agents' completions are played, never trained on
+            batches = self.scripted.learners_only(batches)
         with self.memory.phase("update"):
             member_metrics = self.trainer.update_many({m: batches[m] for m in self.mapping.members if batches.get(m)})
         self.nonfinite.observe(self.step + 1, member_metrics)  # NonFiniteTraining before this step's checkpoint

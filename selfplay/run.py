@@ -110,7 +110,8 @@ def train_from(point: ResumePoint, cfg: TrainConfig, assignment: Mapping[str, st
     if not point.resuming:
         write_json(run_dir / CONFIG, {"name": run_dir.name, **dict(meta or {}), "model": cfg.model,
                                              "rank": cfg.rank, "alpha": cfg.alpha,
-                                             "mapping": loop.mapping.to_dict(), "config": to_dict(cfg)})
+                                             "mapping": loop.mapping.to_dict(), "config": to_dict(cfg),
+                                             "trainer_roles": cfg.trainer.role_record()})
     progress = load_checkpoint(point, loop)
     sampler = TamperSampler(run_dir, cfg.tamper_samples)  # after resume dropped the samples past the checkpoint
     # a resumed writer drops what the interrupted session logged after the checkpoint (steps > loop.step, all of

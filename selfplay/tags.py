@@ -17,6 +17,8 @@ Scalars are logged at ``global_step`` = training step. Families (CleanRL/TRL sty
   (the teacher × student solve-rate matrix of the report);
 - ``tamper/<member>`` and ``tamper/<role>/<class>``: completions whose run tripped a sandbox defence this step,
   per member and per role and defence class (``charts/tamper``: all of them);
+- ``rewards/<role>/<term>``: the mean per role of a named term of the reward scheme
+  (:class:`populora_env.rewards.SchemeRewards`; only for a scheme that names its terms);
 - text: ``samples/<role>`` and ``hyperparameters``.
 
 Every family has a builder (``member(name, key)``) and, where the report discovers names from the logged tags,
@@ -47,6 +49,9 @@ FRAC_REWARD_ZERO_STD = "charts/frac_reward_zero_std"
 """Mean over updated members of the fraction of groups whose rewards are all equal."""
 STEP_SECONDS = "charts/step_seconds"
 """Wall time of the step (generation, sandbox, update, evolution)."""
+P_HAT_COUNTS = {"zero": "charts/tasks_p_hat_0", "partial": "charts/tasks_p_hat_partial", "one": "charts/tasks_p_hat_1"}
+"""The step's valid tasks attempted by their matched student, by p̂: never solved (p̂ = 0), solved at some
+attempts (0 < p̂ < 1: the learnable ones), at every attempt (p̂ = 1); only logged when there was one."""
 TAMPER_TOTAL = "charts/tamper"
 """Completions of the step (proposals and attempts, every member) whose run tripped a sandbox defence: the sum of
 the :func:`tamper` counts (``run_summary.json``'s ``tamper``, what ``populora compare`` carries)."""
@@ -272,3 +277,11 @@ def samples(role: str) -> str:
 
 def _suffix(tag: str, prefix: str) -> str | None:
     return tag[len(prefix):] if tag.startswith(prefix) and len(tag) > len(prefix) else None
+
+
+REWARD_TERM_PREFIX = "rewards/"
+
+
+def reward_term(role: str, name: str) -> str:
+    """The mean over a role's completions of the reward scheme's term ``name`` this step."""
+    return f"{REWARD_TERM_PREFIX}{role}/{name}"

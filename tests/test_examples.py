@@ -48,7 +48,7 @@ BRIDGE_EXAMPLES = {"trl_students.py": "test_trl.py", "trl_teachers.py": "test_tr
 
 def test_every_example_is_tested_here() -> None:
     tested = {"play_one_round.py", "own_learner.py", "reward_scheme.py", "estimator.py", "train_from_python.py",
-              "pbt_rules.py"}
+              "complexity_scheme.py", "novelty_scheme.py", "pbt_rules.py"}
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested | set(BRIDGE_EXAMPLES)
     for name, test in BRIDGE_EXAMPLES.items():
         assert f'run_example("{name}"' in (ROOT / "tests" / "bridges" / test).read_text(encoding="utf-8"), name
@@ -87,6 +87,58 @@ def test_reward_scheme_example_plays_a_round_and_passes_test_scheme() -> None:
     assert "invalid proposal (fails validation)           -0.250" in p.stdout
 
 
+def _scheme_rows(*args: str) -> dict[tuple[str, str, str], float]:
+    """``populora test-scheme ARGS``'s table: (round, agent, branch) -> reward."""
+    p = populora("test-scheme", *args, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows, title = {}, ""
+    for line in p.stdout.splitlines()[1:]:
+        if line.startswith("  ") and not line.startswith("    "):
+            title = line.strip().rstrip(":")
+        elif line.strip() and not line.rstrip().endswith(" -"):
+            agent, rest = line.split(None, 1)
+            branch, value = rest.rsplit(None, 1)
+            rows[(title, agent, branch.strip())] = float(value)
+    return rows
+
+
+@pytest.mark.parametrize("name", ["complexity_scheme.py", "novelty_scheme.py"])
+def test_the_whole_game_scheme_examples_are_short_and_run(name: str) -> None:
+    assert code_lines(EXAMPLES / name) <= 25
+    out = run_example(name)
+    assert "valid task, solved at half (p̂ = 0.5)" in out
+
+
+def test_the_complexity_scheme_pays_a_nonzero_bonus_and_penalty_in_test_scheme() -> None:
+    """Against the ``populora`` rewards it adds to: every valid task earns a bonus growing with its program's
+    cyclomatic complexity, every attempt pays a penalty growing with its token count, invalid ones are as is."""
+    base = _scheme_rows("populora")
+    mine = _scheme_rows("--plugins", "examples/complexity_scheme.py", "complexity")
+    assert mine.keys() == base.keys()
+    delta = {k: round(mine[k] - base[k], 6) for k in base}
+    teacher = {k[2]: d for k, d in delta.items() if k[1] == "teacher_0"}
+    student = [d for k, d in delta.items() if k[1] == "student_0"]
+    solved = "solved and unsolved tasks"
+    bonus = [delta[(solved, "teacher_0", b)] for b in ("valid task, solved at every attempt (p̂ = 1)",
+                                                       "valid task, solved at half (p̂ = 0.5)",
+                                                       "valid task, never solved (p̂ = 0)")]
+    assert 0 < bonus[0] < bonus[1] < bonus[2]  # the scripted programs rise in complexity
+    assert teacher["invalid proposal (fails validation)"] == 0.0 and teacher["badly formatted proposal"] == 0.0
+    assert student and all(d < 0 for d in student)
+    assert len(set(student)) > 1  # longer answers pay more
+
+
+def test_the_novelty_scheme_pays_only_programs_new_to_the_buffers() -> None:
+    base = _scheme_rows("populora")
+    mine = _scheme_rows("--plugins", "examples/novelty_scheme.py", "novelty")
+    delta = {k: round(mine[k] - base[k], 6) for k in base}
+    solved = "solved and unsolved tasks"
+    assert delta[(solved, "teacher_0", "valid task, solved at every attempt (p̂ = 1)")] == 0.0  # a seed's program
+    assert delta[(solved, "teacher_0", "valid task, never solved (p̂ = 0)")] == 0.5
+    assert delta[("invalid proposals and filler attempts", "teacher_0", "valid induction task (p̂ = 0.5)")] == 0.0
+    assert all(d == 0.0 for k, d in delta.items() if k[1] == "student_0")
+
+
 def test_estimator_example_runs_passes_test_estimator_and_resolves_in_a_run() -> None:
     out = run_example("estimator.py")
     assert "tensor([[0.7500, 0.7500, 0.0000]," in out
@@ -120,7 +172,8 @@ def test_the_readme_api_example_is_the_one_run_here() -> None:
 
 
 @pytest.mark.parametrize("name", ["play_one_round.py", "own_learner.py", "reward_scheme.py", "estimator.py",
-                                  "train_from_python.py", *BRIDGE_EXAMPLES])
+                                  "train_from_python.py", "complexity_scheme.py", "novelty_scheme.py",
+                                  *BRIDGE_EXAMPLES])
 def test_examples_are_linked_from_the_readme_and_the_docs_map(name: str) -> None:
     for page in (ROOT / "README.md", ROOT / "docs" / "index.md"):
         assert f"examples/{name}" in page.read_text(encoding="utf-8"), (page.name, name)

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from populora_bridges.metrics import round_metrics
-from populora_env import PopuLoRAParallelEnv, parallel_env
+from populora_env import CompletionText, PopuLoRAParallelEnv, parallel_env
 from populora_env.prompts import with_prefix
 from populora_env.sandbox import Limits, Sandbox
 
@@ -57,9 +57,10 @@ class Round:
 
 
 def completion_entry(text: str, token_ids: Sequence[int] | None) -> str:
-    """The env's action entry for one completion. ``token_ids`` is what TRL generated; the env's
-    ``CompletionText(text, num_tokens)`` (once it exists) takes ``len(token_ids)`` here."""
-    return text
+    """The env's action entry for one completion: a :class:`~populora_env.results.CompletionText` carrying
+    ``len(token_ids)`` (what TRL generated; reward schemes read it as ``num_tokens``), the plain text when TRL
+    gave no ids."""
+    return text if token_ids is None else CompletionText(text, len(token_ids))
 
 
 def completion_text(completion: Any) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from populora_bridges.grpo import BufferTeacher, StudentRounds, TeacherRounds
-from populora_bridges.grpo.rounds import completion_text, groups
+from populora_bridges.grpo.rounds import completion_entry, completion_text, groups
 from populora_bridges.metrics import round_metrics
 from populora_env import OracleStudent, RandomPolicy, SeedTeacher, parallel_env
 from populora_env.policies import continue_prefix
@@ -108,3 +108,16 @@ def test_groups_and_completion_texts() -> None:
         list(groups([1, 1, 1], 2))
     assert completion_text("a") == "a" and completion_text([{"role": "assistant", "content": "b"}]) == "b"
     assert completion_text(None) == "" and completion_text([]) == ""
+
+
+def test_the_generated_token_counts_reach_the_scheme(sandbox: Sandbox) -> None:
+    """``completion_entry`` passes TRL's ``len(completion_ids)`` with each completion: the env's attempts carry it
+    as ``num_tokens`` (what a scheme's length term reads); without ids the count is ``None``."""
+    game = StudentRounds([SeedTeacher(0)], num_generations=3, tokenizer=Plain(), sandbox=sandbox, seed=1,
+                         task_types=("deduction",))
+    rows = game.play(1)
+    right = _oracle_answers(game, 0)[0]
+    game.reward(prompts=[rows[0]["prompt"]] * 3, completions=[right, "x", right], completion_ids=[[1] * 3, [1] * 4,
+                [1] * 5], round=[0, 0, 0])
+    assert [a.num_tokens for a in game.replay_env.last_outcome.results.attempts] == [3, 4, 5]
+    assert completion_entry("text", None) == "text" and completion_entry("text", [7, 8]).num_tokens == 2
