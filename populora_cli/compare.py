@@ -494,6 +494,11 @@ def _compare_existing(args: argparse.Namespace, out: Path, extra: list[str]) -> 
     missing = [d for d in args.from_dirs if not Path(d).is_dir()]
     if missing:
         return fail("compare", f"--from: {', '.join(missing)} is not a directory")
+    from populora_cli.outputs import overlap
+
+    clash = overlap(out, args.from_dirs, out_flag="--out", input_flag="--from", may_contain=True)
+    if clash:  # compare --preset's layout holds its runs in --out: --from may name them
+        return fail("compare", clash)
     from populora_cli.api import compare
 
     try:

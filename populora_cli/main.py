@@ -260,8 +260,12 @@ def _report(argv: list[str]) -> int:
         if not Path(r).is_dir():
             return _fail("report", f"RUNS: run directory {r} does not exist")
     from evaluation.report import make_report
-    from selfplay.rundir import RunDirError
+    from populora_cli.outputs import overlap
+    from selfplay.rundir import REPORT, RunDirError
 
+    clash = args.out is not None and overlap(args.out, args.runs, out_flag="--out", input_flag="RUNS", own=(REPORT,))
+    if clash:
+        return _fail("report", clash)
     try:
         out = make_report(args.runs, out=args.out, smoothing=args.smoothing)
     except (FileNotFoundError, ValueError, RunDirError) as e:
@@ -292,8 +296,12 @@ class EvolveArgs:
 def _evolve(argv: list[str]) -> int:
     args = parse(EvolveArgs, argv, "populora evolve")
     from evolution.adapters_io import PROVENANCE_NAME, EvolveError, evolve_dirs, parse_params
+    from populora_cli.outputs import overlap
     from selfplay.rundir import os_error_line
 
+    clash = overlap(args.out, args.parents, out_flag="--out", input_flag="--parents")
+    if clash:  # the child's files would replace a parent's
+        return _fail("evolve", clash)
     try:
         params = parse_params(args.param)
     except ValueError as e:
