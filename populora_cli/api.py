@@ -187,6 +187,9 @@ def _start(arm: str, config: Any, plugins: Sequence[str], report: bool, settings
     if plugins:
         settings = {**settings, "plugins": tuple(plugins)}
     cfg, assignment = prepare(resolve_config(config, **settings), arm)
+    from selfplay.requirements import check_runtime
+
+    check_runtime(cfg)  # CUDA, vLLM, the model's weights: ConfigError before any work
     command = "baseline" if arm == "baseline" else "train"
     with resume_point(cfg, (), command) as point:
         return run_arm(point, cfg, arm, assignment, report)

@@ -416,6 +416,19 @@ def _plans(arms: list[Arm], config_of, gpu_gib: str | None, dry_run: bool) -> in
     return gpu_memory.check("compare", plans, gpu_gib, dry_run)
 
 
+def _machine_check(arms: list[Arm], config_of) -> None:
+    """Each arm's run can run on this machine (:func:`selfplay.requirements.check_runtime`: CUDA, vLLM, the
+    model's weights); :class:`CompareError` with the first arm's problem, before any run starts."""
+    from selfplay.config import ConfigError, TrainConfig, from_dict
+    from selfplay.requirements import check_runtime
+
+    for arm in arms:
+        try:
+            check_runtime(from_dict(TrainConfig, config_of(arm.name)))
+        except ConfigError as e:
+            raise CompareError(f"--{e.field.replace('_', '-')}: {e.reason} (the {arm.name} arm)") from e
+
+
 def compare_main(argv: list[str]) -> int:
     """Entry of ``populora compare`` (see the module docstring); returns the exit status."""
     if "--" in argv:
@@ -537,6 +550,7 @@ def _launch_and_compare(args: argparse.Namespace, out: Path, extra: list[str], a
             status = _plans(arms, config_of, args.gpu_memory_gib, args.dry_run)
             if status is not None:
                 return status
+        _machine_check(arms, config_of)
         jobs, _ = plan(out, arms, presets, seeds, extra, config_of, 1)
     except (CompareError, RunDirError) as e:
         return fail("compare", str(e))

@@ -189,9 +189,11 @@ def _train(cmd: str, argv: list[str]) -> int:
         print(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
         return 0
     from selfplay.checkpoint import CheckpointError
+    from selfplay.requirements import check_runtime
     from selfplay.resume import resume_point
 
-    try:  # new run or resume, decided and checked once; the lock is held until the run ends
+    try:  # CUDA, vLLM, the model's weights here; new run or resume, decided and checked once; the lock is held
+        check_runtime(cfg)
         with resume_point(cfg, overrides or (), cmd, plan) as point:
             return _train_locked(cmd, cfg, assignment, arm, point)
     except (RunDirError, CheckpointError) as e:  # before the model loads
