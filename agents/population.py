@@ -48,7 +48,16 @@ BASE_ADAPTER = "__base__"  # the row label PEFT uses for "adapters disabled" in 
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*$")
 
-__all__ = ["DEFAULT_TARGET_MODULES", "LoRAPopulation", "member_seed", "mixed_factors", "randomize_member"]
+__all__ = ["DEFAULT_TARGET_MODULES", "LoRAPopulation", "member_seed", "mixed_factors", "randomize_member",
+           "save_optimizer_state"]
+
+
+def save_optimizer_state(state: dict[str, object], path: str | Path) -> None:
+    """``torch.save(state)`` to ``path`` through an open file. Given a path, torch names the archive's inner folder
+    after the file when the path is ASCII (``optimizer/``) and ``archive/`` when it is not, so a run in a folder
+    named with non-ASCII characters wrote other bytes; through a file it is ``archive/`` wherever the run is."""
+    with open(path, "wb") as f:
+        torch.save(state, f)
 
 
 def member_seed(seed: int, name: str) -> int:
@@ -438,6 +447,9 @@ class LoRAPopulation:
         config = copy.deepcopy(self.model.peft_config[name])
         config.inference_mode = True
         config.base_model_name_or_path = getattr(self.model.base_model.model.config, "_name_or_path", None)
+        for key, value in vars(config).items():  # a set (target_modules) is written in the hash order of this
+            if isinstance(value, set):  # process (PYTHONHASHSEED): sorted, the same bytes in every process
+                setattr(config, key, sorted(value))
         config.save_pretrained(str(directory))
         state = self.state(name) if state is None else dict(state)
         if dtype is not None:
@@ -502,7 +514,7 @@ class LoRAPopulation:
             opt_file = member_dir / OPTIMIZER_FILE
             sd = self.optimizer_state_dict(name)
             if sd is not None:
-                torch.save(sd, opt_file)
+                save_optimizer_state(sd, opt_file)
             elif opt_file.exists():
                 opt_file.unlink()
         meta = {

@@ -5,15 +5,14 @@ GPU memory per phase against the plan, the update's attention kernel and its tim
                                    [--engine auto|vllm|hf] [--budget-s 570] [--skip-checks] [--skip-runs]
                                    [--skip-probe] [--dry]
 
-Made for a GPU machine lent for ten minutes: one call of the defaults fits ``--budget-s`` (570 s; every part's
-time limit is cut to what is left of it, and a part that runs out is recorded as ``"timeout"`` with what it had
-written). ``--dry`` runs the same path end to end on a CPU box with tiny budgets and writes the same JSON
+One command on a GPU machine, within ``--budget-s`` (570 s by default: every part's time limit is cut to what is
+left of it, and a part that runs out is recorded as ``"timeout"`` with what it had written). ``--dry`` runs the same path end to end on a CPU box with tiny budgets and writes the same JSON
 fields (tests/selfplay/test_gpu_check.py). Parts, in order:
 
-0. **setup**: where the project's dependencies are missing (the lendable machine: no network, no tyro) and
-   ``gpu-bundle/wheels`` exists (``scripts/gpu_wheels.py`` made it; it is git-ignored, so the device call must
-   carry it), they are installed from it with ``pip --no-index --no-deps --target .gpu-site`` and put on the
-   path of this process and of every subprocess; ``POPULORA_CACHE`` points at ``gpu-bundle/cache`` (the
+0. **setup**: where the project's dependencies are missing (a machine without network whose Python has only
+   a CUDA PyTorch stack) and ``gpu-bundle/wheels`` exists (``scripts/gpu_wheels.py`` made it on a machine with
+   network; copy the folder next to the checkout: it is git-ignored), they are installed from it with
+   ``pip --no-index --no-deps --target .gpu-site`` and put on the path of this process and of every subprocess; ``POPULORA_CACHE`` points at ``gpu-bundle/cache`` (the
    tokenizer of ``random:`` shapes). Recorded under ``setup``.
 1. **environment**: python, torch, CUDA device and memory, vLLM version (or why it is absent).
 2. **vllm_checks**: ``tests/agents/test_vllm_engine.py`` (``pytest -m vllm``) in a subprocess on ``--model``
@@ -66,7 +65,7 @@ FORMAT_VERSION = 2
 BUNDLE = ROOT / "gpu-bundle"
 SITE = ROOT / ".gpu-site"
 NEEDED = ("tyro", "trueskill", "pettingzoo", "gymnasium", "math_verify")
-"""Modules the project imports that the lendable GPU machine lacks (docs/vllm.md)."""
+"""Modules the project imports that a bare CUDA PyTorch image lacks (docs/vllm.md)."""
 PROBE_COMPLETIONS = (1024, 2048, 4096)
 PROBE_COMPLETIONS_DRY = (16, 32, 64)
 # the run's one-line step summary (selfplay.run): kept for runs that stop before run_summary.json is written
@@ -87,7 +86,7 @@ def setup(bundle: Path = BUNDLE, site: Path = SITE) -> dict:
         wheels = sorted((bundle / "wheels").glob("*.whl")) if (bundle / "wheels").is_dir() else []
         if not wheels:
             rec |= {"status": "failed", "reason": f"{', '.join(missing)} missing and no wheels in {bundle / 'wheels'} "
-                    "(run scripts/gpu_wheels.py online and carry gpu-bundle)"}
+                    "(run scripts/gpu_wheels.py on a machine with network and copy gpu-bundle here)"}
             return rec
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
@@ -177,8 +176,10 @@ def vllm_checks(args, out_dir: Path, timeout: float) -> dict:
     xml = out_dir / "vllm_checks.xml"
     env = dict(os.environ, POPULORA_VLLM_MODEL=args.check_model, POPULORA_VLLM_DTYPE="float32",
                HF_HUB_OFFLINE="1")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "vllm", "-n", "0", "-p", "no:cacheprovider", "-rs",
-           f"--junitxml={xml}", "tests/agents/test_vllm_engine.py"]  # -n 0: one engine at a time on the GPU
+    # one process, one engine at a time on the GPU; pyproject's addopts (-n 2: pytest-xdist, which a bare PyTorch
+    # image lacks) replaced, so the command runs with or without xdist
+    cmd = [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-m", "vllm", "-p", "no:cacheprovider", "-rs",
+           f"--junitxml={xml}", "tests/agents/test_vllm_engine.py"]
     rec = _run(cmd, timeout, env, out_dir / "vllm_checks.log") | {"model": args.check_model}
     tests = []
     if xml.is_file():
@@ -497,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="local HF directory of a 7B-class model, or random:<shape> (default SmolLM2)")
     parser.add_argument("--out-dir", type=Path, default=None, help="default: runs/gpu_check-<time>")
     parser.add_argument("--report-dir", type=Path, default=None,
-                        help="also copy gpu_check.json and summary.txt here (e.g. the device call's $OUT)")
+                        help="also copy gpu_check.json and summary.txt here")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--engine", choices=("auto", "vllm", "hf"), default="auto", help="generation engine")
     parser.add_argument("--backend", choices=("auto", "vllm", "hf"), default=None,

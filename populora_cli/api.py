@@ -249,6 +249,9 @@ def _start(arm: str, config: Any, plugins: Sequence[str], report: bool, settings
     if plugins:
         settings = {**settings, "plugins": tuple(plugins)}
     cfg, assignment = prepare(resolve_config(config, **settings), arm)
+    from selfplay.requirements import check_runtime
+
+    check_runtime(cfg)  # CUDA, vLLM, the model's weights: ConfigError before any work
     with resume_point(cfg, (), func) as point:
         return run_arm(point, cfg, arm, assignment, report)
 
@@ -274,7 +277,8 @@ def compare(runs: Sequence[Run | str | Path], out: str | Path, *, tail: int = 3,
     with 95 % bootstrap intervals, the difference population - baseline, the probability of improvement and the
     learning curves, written to ``out`` (``compare.md``, ``compare.json``, figures). Runs that are not complete
     are listed in ``incomplete`` and left out. Launching the runs over seeds is the command line's
-    ``populora compare --preset P --seeds N`` (each run its own process, resumable)."""
+    ``populora compare --preset P --seeds N`` (each run its own process, resumable). An ``out`` that is or lies
+    inside one of the runs is refused (``ValueError``) before anything is written."""
     import json
 
     from evaluation.compare import compare_runs
@@ -292,6 +296,11 @@ def compare(runs: Sequence[Run | str | Path], out: str | Path, *, tail: int = 3,
     missing = [str(d) for d in dirs if not d.is_dir()]
     if missing:
         raise FileNotFoundError(f"not a run directory: {', '.join(missing)}")
+    from populora_cli.outputs import overlap
+
+    clash = overlap(out, dirs, out_flag="out", input_flag="run", may_contain=True)  # may hold its runs
+    if clash:
+        raise ValueError(clash)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     files = compare_runs(dirs, out, tail=tail, reps=reps, seed=bootstrap_seed, eval_score=eval_score)

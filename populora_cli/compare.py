@@ -416,6 +416,19 @@ def _plans(arms: list[Arm], config_of, gpu_gib: str | None, dry_run: bool) -> in
     return gpu_memory.check("compare", plans, gpu_gib, dry_run)
 
 
+def _machine_check(arms: list[Arm], config_of) -> None:
+    """Each arm's run can run on this machine (:func:`selfplay.requirements.check_runtime`: CUDA, vLLM, the
+    model's weights); :class:`CompareError` with the first arm's problem, before any run starts."""
+    from selfplay.config import ConfigError, TrainConfig, from_dict
+    from selfplay.requirements import check_runtime
+
+    for arm in arms:
+        try:
+            check_runtime(from_dict(TrainConfig, config_of(arm.name)))
+        except ConfigError as e:
+            raise CompareError(f"--{e.field.replace('_', '-')}: {e.reason} (the {arm.name} arm)") from e
+
+
 def compare_main(argv: list[str]) -> int:
     """Entry of ``populora compare`` (see the module docstring); returns the exit status."""
     if "--" in argv:
@@ -487,6 +500,11 @@ def _compare_existing(args: argparse.Namespace, out: Path, extra: list[str]) -> 
     missing = [d for d in args.from_dirs if not Path(d).is_dir()]
     if missing:
         return fail("compare", f"--from: {', '.join(missing)} is not a directory")
+    from populora_cli.outputs import overlap
+
+    clash = overlap(out, args.from_dirs, out_flag="--out", input_flag="--from", may_contain=True)
+    if clash:  # compare --preset's layout holds its runs in --out: --from may name them
+        return fail("compare", clash)
     from populora_cli.api import compare
 
     try:
@@ -538,6 +556,7 @@ def _launch_and_compare(args: argparse.Namespace, out: Path, extra: list[str], a
             status = _plans(arms, config_of, args.gpu_memory_gib, args.dry_run)
             if status is not None:
                 return status
+        _machine_check(arms, config_of)
         jobs, _ = plan(out, arms, presets, seeds, extra, config_of, 1)
     except (CompareError, RunDirError) as e:
         return fail("compare", str(e))

@@ -65,14 +65,19 @@ class SamplesArgs:
 
 
 def _samples(argv: list[str]) -> int:
+    from populora_cli.outputs import overlap
+
     args = parse(SamplesArgs, argv, "populora eval --samples")
     benches = parse_benchmarks(args.benchmark)
     if args.limit is not None and args.limit < 1:
         return fail("eval", f"--limit: must be >= 1, got {args.limit}")
+    paths = {bench: f"{args.results}.{bench}" if len(benches) > 1 else args.results for bench in benches}
+    for results_path in paths.values() if args.results else ():
+        clash = overlap(results_path, [args.samples], out_flag="--results", input_flag="--samples")
+        if clash:  # the outcomes would replace the samples they score
+            return fail("eval", clash)
     for bench in benches:
-        results_path = args.results
-        if results_path and len(benches) > 1:
-            results_path = f"{args.results}.{bench}"
+        results_path = paths[bench] if args.results else None
         summary = score_samples(args.samples, bench, data_dir=args.data_dir, limit=args.limit,
                                 results_path=results_path)
         if args.json:
@@ -81,6 +86,23 @@ def _samples(argv: list[str]) -> int:
             extra = f", base tests {summary['base_pass@1']:.4f}" if "base_pass@1" in summary else ""
             print(f"{bench}: pass@1 = {summary['pass@1']:.4f} (n = {summary['n']}{extra})")
     return 0
+
+
+def _out_clash(cfg: EvalConfig) -> str | None:
+    """Why ``--out-dir`` may not be written (it is, holds or lies in a directory the evaluation reads, but for
+    the input's own ``eval`` folder: :mod:`populora_cli.outputs`), or ``None``."""
+    from populora_cli.outputs import overlap
+    from selfplay.rundir import EVAL
+
+    if cfg.out_dir is None:
+        return None
+    named = [("RUN_DIR", cfg.run_dir), ("--baseline", cfg.baseline)] + [("--adapters", a) for a in cfg.adapters]
+    for input_flag, path in named:
+        clash = path is not None and overlap(cfg.out_dir, [path], out_flag="--out-dir", input_flag=input_flag,
+                                             own=(EVAL,))
+        if clash:
+            return clash
+    return None
 
 
 def eval_main(argv: list[str]) -> int:
@@ -103,6 +125,9 @@ def eval_main(argv: list[str]) -> int:
                     "students as the headline rows), the base model and a baseline run, on offline code and math "
                     "benchmarks, with AZR's aggregate rows (docs/eval.md).")
         cfg.validate()  # refuse livecodebench / unknown names / bad values before loading anything
+        clash = _out_clash(cfg)
+        if clash:
+            return fail("eval", clash)
         results = run_eval(cfg)
     except ConfigError as exc:  # one line per bad value, as train's: --field: reason
         return config_error("eval", exc)

@@ -190,9 +190,11 @@ def _train(cmd: str, argv: list[str]) -> int:
         print(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
         return 0
     from selfplay.checkpoint import CheckpointError
+    from selfplay.requirements import check_runtime
     from selfplay.resume import resume_point
 
-    try:  # new run or resume, decided and checked once; the lock is held until the run ends
+    try:  # CUDA, vLLM, the model's weights here; new run or resume, decided and checked once; the lock is held
+        check_runtime(cfg)
         with resume_point(cfg, overrides or (), cmd, plan) as point:
             return _train_locked(cmd, cfg, assignment, arm, point)
     except (RunDirError, CheckpointError) as e:  # before the model loads
@@ -279,8 +281,12 @@ def _report(argv: list[str]) -> int:
         if not Path(r).is_dir():
             return _fail("report", f"RUNS: run directory {r} does not exist")
     from evaluation.report import make_report
+    from populora_cli.outputs import overlap
     from selfplay.rundir import REPORT, RunDirError, check_output_dir, os_error_line
 
+    clash = args.out is not None and overlap(args.out, args.runs, out_flag="--out", input_flag="RUNS", own=(REPORT,))
+    if clash:
+        return _fail("report", clash)
     try:  # a run on a read-only file system: one line before any work (the default out is inside the run)
         check_output_dir(args.out or Path(args.runs[0]) / REPORT, "the report", "--out")
     except RunDirError as e:
@@ -317,8 +323,12 @@ class EvolveArgs:
 def _evolve(argv: list[str]) -> int:
     args = parse(EvolveArgs, argv, "populora evolve")
     from evolution.adapters_io import PROVENANCE_NAME, EvolveError, evolve_dirs, parse_params
+    from populora_cli.outputs import overlap
     from selfplay.rundir import os_error_line
 
+    clash = overlap(args.out, args.parents, out_flag="--out", input_flag="--parents")
+    if clash:  # the child's files would replace a parent's
+        return _fail("evolve", clash)
     try:
         params = parse_params(args.param)
     except ValueError as e:

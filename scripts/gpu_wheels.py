@@ -1,15 +1,17 @@
-"""Gather what the lendable GPU machine lacks into one git-ignored folder, ``gpu-bundle/`` (run it HERE, online).
+"""Gather what a GPU machine without network lacks into one git-ignored folder, ``gpu-bundle/`` (run it on a
+machine with network, in the project's ``.venv``; then copy the folder into the checkout on the GPU machine).
 
     python scripts/gpu_wheels.py [--out gpu-bundle] [--limit-mb 55] [--python-version 3.12]
 
-The GPU machine has CUDA PyTorch, transformers, peft, tensorboard, pytest and hypothesis on CPython 3.12 but
-no network, no model weights and no vLLM, and at most ~60 MB travel with the repository. This script:
+For a GPU machine whose Python already has a CUDA PyTorch stack (a minimal PyTorch image: torch,
+transformers, peft, tensorboard, pytest, hypothesis, numpy...; ``PRESENT``) but no network to install the rest
+from. The bundle stays small (``--limit-mb``) so it can be copied with the checkout. This script:
 
 1. computes the project's runtime dependencies (``pyproject.toml`` ``[project] dependencies``, markers
    evaluated for Linux x86-64 and ``--python-version``) and their dependencies, transitively, from the
    metadata of the packages installed in THIS environment;
-2. removes those the GPU machine already has: the closure, computed the same way, of the packages it is known
-   to ship (``PRESENT``) — so neither torch nor anything CUDA is ever downloaded;
+2. removes those the image already has: the closure, computed the same way, of the packages it is assumed to
+   ship (``PRESENT``) — so neither torch nor anything CUDA is ever downloaded;
 3. ``pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux...`` each remaining
    distribution at the version installed here (the one the test suite runs with), into ``<out>/wheels``;
    a distribution published as an sdist only is built here with ``pip wheel`` and kept only if the wheel is
@@ -17,7 +19,9 @@ no network, no model weights and no vLLM, and at most ~60 MB travel with the rep
 4. copies SmolLM2's tokenizer (3.5 MB: the tokenizer of ``random:<shape>`` models, ``agents.models``) to
    ``<out>/cache/models/``, so ``POPULORA_CACHE=$PWD/<out>/cache`` finds it there;
 5. prints the folder's size (exit 1 above ``--limit-mb``) and the command to run on the GPU machine
-   (``benchmarks/gpu_check.py`` installs the wheels itself where its dependencies are missing: docs/vllm.md).
+   (``benchmarks/gpu_check.py`` installs the wheels itself, ``pip --no-index``, where its dependencies are
+   missing: docs/vllm.md). tests/selfplay/test_gpu_setup.py builds such an image's venv from CPU builds and runs the
+   check's ``--dry`` from the bundle.
 """
 
 from __future__ import annotations
@@ -38,8 +42,9 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[1]
 PRESENT = ("torch", "transformers", "peft", "tensorboard", "pytest", "hypothesis", "numpy", "matplotlib", "requests",
            "cloudpickle", "python-dateutil", "six", "pyparsing", "safetensors", "tqdm", "filelock", "sympy")
-"""What the lendable GPU machine ships (with their own dependencies): the device's KINDS.md lists them in its
-image; a bundle that brought them again would shadow the image's builds (matplotlib against its numpy)."""
+"""What a minimal CUDA PyTorch image is assumed to ship (with their own dependencies); a bundle that brought them
+again would shadow the image's builds (matplotlib against its numpy). Where an image lacks one, install it there
+or remove it from this list before building the bundle."""
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64", "linux_x86_64")
 
 
@@ -100,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     env = _environment(args.python_version)
     present = closure([Requirement(n) for n in PRESENT], env)
     needed = {n: v for n, v in closure(project_requirements(), env).items() if n not in present}
-    print(f"on the GPU machine already (closure of {', '.join(PRESENT)}): {len(present)} distributions")
+    print(f"in the image already (closure of {', '.join(PRESENT)}): {len(present)} distributions")
     print(f"to bring: {len(needed)}: " + ", ".join(f"{n}=={v}" for n, v in sorted(needed.items())))
     if args.dry:
         return 0
@@ -143,10 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     for p in sorted(wheels.iterdir()):
         print(f"  {p.stat().st_size / 2**20:6.2f} MB  {p.name}")
     print(f"{args.out}: {len(files)} files, {size:.1f} MB (limit {args.limit_mb} MB)")
-    print(f"on the GPU machine (the device call carries {args.out.name}: it is git-ignored), from the repository "
-          "root; the check installs the wheels itself (into .gpu-site) and finds the tokenizer in the bundle:\n"
+    print(f"copy {args.out.name}/ (git-ignored) into the checkout on the GPU machine and run, from the repository "
+          "root (the check installs the wheels itself, into .gpu-site, and finds the tokenizer in the bundle):\n"
           "  HF_HUB_OFFLINE=1 python3 benchmarks/gpu_check.py --model random:qwen2.5-coder-7b "
-          "--out-dir /tmp/gpu_check --report-dir $OUT")
+          "--out-dir runs/gpu_check")
     return 1 if size > args.limit_mb else 0
 
 

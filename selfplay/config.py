@@ -488,9 +488,19 @@ def to_dict(cfg: Any) -> dict:
 # --------------------------------------------------------------------------------------------- presets
 
 
+def _presets_root() -> Any:
+    """Where the shipped presets are: the package ``selfplay.presets`` of an installed project, else the
+    checkout's ``configs/`` (a checkout on ``sys.path`` without being installed, as ``benchmarks/gpu_check.py``
+    runs on a bare GPU image: the package exists only through the installed ``package-dir`` mapping)."""
+    try:
+        return resources.files(PRESETS_PACKAGE)
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parents[1] / "configs"
+
+
 def list_presets() -> list[str]:
     """Names of the shipped presets."""
-    return sorted(p.name[:-5] for p in resources.files(PRESETS_PACKAGE).iterdir() if p.name.endswith(".json"))
+    return sorted(p.name[:-5] for p in _presets_root().iterdir() if p.name.endswith(".json"))
 
 
 def preset_path(preset: str) -> Path | None:
@@ -500,7 +510,7 @@ def preset_path(preset: str) -> Path | None:
     p = Path(preset).expanduser()
     if looks_like_path or p.is_file():
         return p if p.is_file() else None
-    shipped = resources.files(PRESETS_PACKAGE) / f"{preset}.json"
+    shipped = _presets_root() / f"{preset}.json"
     return Path(str(shipped)) if shipped.is_file() else None
 
 

@@ -30,8 +30,9 @@ train on those rounds as usual. With ``k = 0`` nothing is in flight and this is 
 PBT step are done and the worker is idle until the next call, so the trainer's state is boundary ``t``'s; a round
 played ahead is not part of the checkpoint. The env's state is the one round ``t`` left (kept when round ``t``
 ended, for the steps a checkpoint follows), and ``pipeline_state.json`` holds the versions, the boundaries the next
-rounds read, the adapters of older versions they use (``pipeline/<member>/v<version>.safetensors``) and the rating
-resets still due. A resumed run plays the rounds after ``t`` again with the same versions, seeds and env, so it
+rounds read, the adapters of older versions they use (``pipeline/<member>/v<version>.safetensors``) and every rating
+reset due after round ``t`` — also one the live env already applied because round ``t + 1`` was played ahead — so a
+checkpoint's bytes do not depend on how far ahead the main thread got (a thread race). A resumed run plays the rounds after ``t`` again with the same versions, seeds and env, so it
 ends as the uninterrupted run ends (tested with ``kill -9``).
 """
 
@@ -252,13 +253,14 @@ class AsyncSelfPlayLoop(SelfPlayLoop):
 
     # ------------------------------------------------------------------------------ checkpoints
     def env_state(self) -> dict:
-        """The env at boundary ``step``: the live env when no later round has been played yet (with the rating
-        resets applied so far), else as round ``step`` left it (module docstring); :meth:`save_extra` records the
-        rating resets it does not hold."""
-        if self.next_round == self.step + 1:
-            return self.env.state_dict()
+        """The env at boundary ``step`` in one form, whatever the main thread played ahead: as round ``step`` left
+        it (kept when the round ended), without the rating resets applied since; :meth:`save_extra` records every
+        reset still due after round ``step`` (applied to the live env or not), so the checkpoint's bytes do not
+        depend on how far ahead the rounds were played (a thread race)."""
         if self.step in self.env_states:
             return self.env_states[self.step]
+        if self.next_round == self.step + 1 and not any(applied for _, _, applied in self.resets):
+            return self.env.state_dict()  # nothing played or reset since round ``step``: the live env is its state
         raise RuntimeError(f"no env state kept for a checkpoint after step {self.step} (round {self.next_round - 1} "
                            "was played since; checkpoints follow cfg.checkpoint_due)")
 
@@ -276,8 +278,7 @@ class AsyncSelfPlayLoop(SelfPlayLoop):
         write_json(Path(directory) / PIPELINE_STATE, {
             "max_staleness": self.k, "versions": self.versions, "birth": self.birth, "floor": self.floor,
             "boundaries": {str(b): vs for b, vs in sorted(self.boundaries.items())},
-            "older_versions": older, "rating_resets": [[r, m] for r, m, applied in self.resets
-                                                       if not (applied and self.next_round == self.step + 1)],
+            "older_versions": older, "rating_resets": [[r, m] for r, m, _ in self.resets],  # all due after `step`
         })
 
     def load_extra(self, directory: Path) -> None:

@@ -32,7 +32,7 @@ def group_of(nodeid: str) -> str:
     return next((g for prefix, g in GROUPS.items() if nodeid.startswith(prefix)), nodeid)
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: a Python without pytest-xdist (a bare GPU image)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
     """xdist's ``loadgroup`` schedule, its groups told by path: xdist marks a group by appending ``@group`` to
     the node id, which pytest >= 9 node ids no longer take, so ``xdist_group`` marks would be ignored."""

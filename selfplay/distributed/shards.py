@@ -40,7 +40,7 @@ from typing import Any
 import ray
 import torch
 
-from agents.population import OPTIMIZER_FILE, POPULATION_FILE
+from agents.population import OPTIMIZER_FILE, POPULATION_FILE, save_optimizer_state
 from agents.rollout import Rollout
 from selfplay.distributed.packing import pack_rollouts, unpack_rollouts
 from selfplay.members import actor_members
@@ -135,7 +135,7 @@ class TrainerShard:
             opt_file = member_dir / OPTIMIZER_FILE
             sd = self.population.optimizer_state_dict(name)
             if sd is not None:
-                torch.save(sd, opt_file)
+                save_optimizer_state(sd, opt_file)
             elif opt_file.exists():
                 opt_file.unlink()
 

@@ -384,3 +384,55 @@ def test_fused_lora_on_a_bf16_base_computes_in_bf16_with_float32_master_weights(
     trainer.update("ma", rollouts)
     opt = pop16.optimizer("ma")
     assert {t.dtype for st in opt.state.values() for t in st.values() if t.dim() > 0} == {torch.float32}
+
+
+_SAVE_CONFIG = """
+import hashlib, sys
+from agents.models import load_base
+from agents.population import LoRAPopulation
+base, _ = load_base("tiny-random")
+LoRAPopulation(base, ["a"], rank=4, alpha=8, seed=0).save("a", sys.argv[1])
+print(open(sys.argv[1] + "/adapter_config.json").read())
+"""
+
+
+def test_a_saved_adapter_config_is_the_same_bytes_in_every_process(tmp_path):
+    """``target_modules`` is a set: written in the process's string-hash order, a checkpoint's
+    ``adapter_config.json`` differed between a run and its resumed continuation (issue 48). Two processes with
+    other hash seeds write the same bytes, the modules sorted."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    texts = []
+    for hash_seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed, HF_HUB_OFFLINE="1", PYTHONPATH=str(repo))
+        p = subprocess.run([sys.executable, "-c", _SAVE_CONFIG, str(tmp_path / hash_seed)], capture_output=True,
+                           text=True, env=env, cwd=repo, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        texts.append((tmp_path / hash_seed / "adapter_config.json").read_bytes())
+    assert texts[0] == texts[1]
+    modules = json.loads(texts[0])["target_modules"]
+    assert modules == sorted(modules) and len(modules) > 1
+
+
+def test_optimizer_state_bytes_do_not_depend_on_the_folder_name(tmp_path):
+    """``torch.save`` to an ASCII path names the archive's folder after the file, to a non-ASCII one ``archive``:
+    a run in ``run dir ü`` wrote other ``optimizer.pt`` bytes than the same run elsewhere (issue 48's resume
+    test). Saved through a file, the bytes are the same in both, and the state loads back."""
+    from agents.population import save_optimizer_state
+
+    state = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.arange(4.0)}},
+             "param_groups": [{"lr": 1e-3, "params": [0]}]}
+    paths = [tmp_path / "plain" / "optimizer.pt", tmp_path / "dir ü 日本" / "optimizer.pt"]
+    for p in paths:
+        p.parent.mkdir()
+        save_optimizer_state(state, p)
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+    loaded = torch.load(paths[1], weights_only=True)
+    assert torch.equal(loaded["state"][0]["exp_avg"], state["state"][0]["exp_avg"])
+    torch.save(state, paths[0])  # what checkpoints did before: the folder's name decides the bytes
+    torch.save(state, paths[1])
+    assert paths[0].read_bytes() != paths[1].read_bytes()

@@ -96,8 +96,8 @@ def test_setup_installs_the_bundles_wheels_where_a_module_is_missing(tmp_path, m
     monkeypatch.delenv("POPULORA_CACHE", raising=False)
     monkeypatch.setenv("PYTHONPATH", "")
     monkeypatch.setattr(sys, "path", list(sys.path))
-    rec = gc.setup(bundle, site)  # no wheels: one line saying what to carry
-    assert rec["status"] == "failed" and "carry gpu-bundle" in rec["reason"]
+    rec = gc.setup(bundle, site)  # no wheels: one line saying where they come from
+    assert rec["status"] == "failed" and "copy gpu-bundle here" in rec["reason"]
     _wheel(bundle / "wheels", "populora_fake_dep")
     rec = gc.setup(bundle, site)
     assert rec["status"] == "ok" and rec["installed"] == ["populora_fake_dep-0.1-py3-none-any.whl"]

@@ -67,8 +67,15 @@ def test_singleton_scopes_would_zero_the_advantage_and_the_fallback_does_not() -
 # ------------------------------------------------------------------------ one real step of each preset
 
 
+def _preset_cases() -> list:
+    """Every shipped preset; the GPU presets' cases (their budgets at full size on tiny-random: minutes of CPU
+    each, most of this file's time) go to the ``e2e`` tier, which CI runs after the default suite (issue 45)."""
+    return [pytest.param(name, marks=pytest.mark.e2e) if load_preset(name).device.startswith("cuda") else name
+            for name in list_presets()]
+
+
 @pytest.mark.parametrize("arm", ["population", "baseline"])
-@pytest.mark.parametrize("preset", list_presets())
+@pytest.mark.parametrize("preset", _preset_cases())
 def test_every_member_and_role_gets_a_gradient(preset: str, arm: str, tmp_path: Path) -> None:
     torch.set_num_threads(1)
     cfg = cpu_config(load_preset(preset), tmp_path / "run")

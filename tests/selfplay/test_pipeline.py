@@ -160,6 +160,56 @@ def test_rounds_use_their_scheduled_versions_and_updates_score_them_against_the_
     assert records[3].pipeline["discarded_rollouts"] == 0
 
 
+def _checkpoints_played(tmp_path: Path, ahead) -> dict[int, tuple[str, str]]:
+    """Run the staleness-1 loop :data:`STEPS` steps; ``ahead(t)``: whether the main thread plays every round the
+    schedule allows while update ``t`` runs (the update waits for it) or none (the round is played when its step
+    starts) — the two ends of the thread race. Returns each step's checkpoint state: ``env_state.json`` and
+    ``pipeline_state.json`` as written."""
+    import time
+
+    loop = AsyncSelfPlayLoop(_cfg(), tmp_path / "run")
+    may_play, update = loop._may_play, loop._update
+
+    def paced_may_play(r: int, step: int) -> bool:
+        return ahead(step) and may_play(r, step)
+
+    def paced_update(batches, versions):
+        t = loop.step + 1
+        deadline = time.monotonic() + 600
+        while ahead(t) and may_play(loop.next_round, t) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the main thread plays the rounds ahead first
+        return update(batches, versions)
+
+    loop._may_play, loop._update = paced_may_play, paced_update
+    states: dict[int, tuple[str, str]] = {}
+
+    def checkpoint(lp: AsyncSelfPlayLoop, record) -> None:
+        d = tmp_path / f"step_{record.step}"
+        lp.save_extra(d)
+        states[record.step] = (json.dumps(lp.env_state(), sort_keys=True), (d / PIPELINE_STATE).read_text())
+
+    threads = torch.get_num_threads()
+    try:
+        _play(loop, each=checkpoint)
+    finally:
+        torch.set_num_threads(threads)
+    return states
+
+
+def test_an_async_checkpoint_does_not_depend_on_how_far_ahead_rounds_were_played(tmp_path: Path) -> None:
+    """Issue 48: with round 3 played during update 2 (PBT after step 2 resets two ratings, due before round 4) but
+    round 4 not played during update 3, checkpoint 3 held the live env (ratings reset) and no reset pending; played
+    ahead at every step it held the env of round 3 and the resets pending: a resumed run's checkpoint differed from
+    the uninterrupted one's. One form now: the env as round ``t`` left it and every reset still due."""
+    always = _checkpoints_played(tmp_path / "always", lambda t: True)
+    at_pbt = _checkpoints_played(tmp_path / "at_pbt", lambda t: t == 2)
+    assert sorted(always) == list(range(1, STEPS + 1))
+    for step in (2, 3):  # PBT after step 2 replaced one member per role: both resets due before round 4
+        assert [r for r, _ in json.loads(always[step][1])["rating_resets"]] == [4, 4], step
+    for step in always:
+        assert at_pbt[step] == always[step], step  # steps 1, 3 and 4 of at_pbt: no round played ahead
+
+
 # ------------------------------------------------------------------------------- end to end, the command
 
 

@@ -32,6 +32,19 @@ def test_every_preset_file_ships() -> None:
     assert {"cpu-smoke", "paper-4t4s", "azr-baseline"} <= set(list_presets())
 
 
+def test_presets_are_found_in_a_checkout_that_is_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkout on sys.path without ``pip install`` (benchmarks/gpu_check.py on a bare GPU image) has no package
+    ``selfplay.presets``: the presets are read from its ``configs/`` (the bare-image test failed on this)."""
+    import selfplay.config as config
+
+    def not_installed(package: str):
+        raise ModuleNotFoundError(f"No module named {package!r}")
+
+    monkeypatch.setattr(config.resources, "files", not_installed)
+    assert list_presets() == sorted(p.stem for p in CONFIGS.glob("*.json"))
+    assert load_preset("vllm-smoke").preset == "vllm-smoke"
+
+
 @pytest.mark.parametrize("name", list_presets())
 def test_preset_loads_validates_and_applies_every_value(name: str) -> None:
     cfg = load_preset(name)

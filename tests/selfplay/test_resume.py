@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 from evaluation.report import load_scalars
 from selfplay import tags
 from selfplay.checkpoint import verify_checkpoint
+from tests.conftest import built_once
 from tests.selfplay.conftest import REF_ARGS, REPO, cli_env, populora, populora_watched
 
 PLUGIN = str(REPO / "tests" / "selfplay" / "fault_plugin.py")
@@ -134,11 +135,17 @@ CHAINS = {
 def test_kill_9_during_checkpoint_writes_then_resume_equals_uninterrupted(
         tiny_run: Path, tmp_path: Path, chain: str) -> None:
     run = tmp_path / "killed"
-    first = ["train", *REF_ARGS, "--plugins", PLUGIN, "--run-dir", str(run)]
+    _kill_chain(run, ["train", *REF_ARGS, "--plugins", PLUGIN, "--run-dir", str(run)], CHAINS[chain])
+    assert_equal_runs(tiny_run, run, tuple(step for point, step in CHAINS[chain] if point == "pruning"))
+
+
+def _kill_chain(run: Path, first: list[str], chain: list[tuple[str, int]]) -> None:
+    """Run ``populora FIRST`` killed at ``chain[0]``, resume it killed at each later (point, step) of ``chain``,
+    then resume it to its end; checks what each kill left and where each resume continued from."""
     resume = ["train", "--resume", str(run), "--plugins", PLUGIN, "--no-progress"]  # the run's plugin, named again
     expected_resume: int | None = None
     dropped = 0  # lineage lines the next resume must drop (written after the checkpoint it resumes from)
-    for i, (point, step) in enumerate(CHAINS[chain]):
+    for i, (point, step) in enumerate(chain):
         p = _launch(first if i == 0 else resume, f"{point}@{step}")
         assert p.returncode == -9, (point, p.returncode, p.stderr[-3000:])
         if expected_resume is not None:
@@ -153,7 +160,58 @@ def test_kill_9_during_checkpoint_writes_then_resume_equals_uninterrupted(
     assert p.returncode == 0, p.stderr[-3000:]
     _assert_resumed(p.stderr, run, expected_resume, dropped)
     assert not [n for n in _checkpoint_entries(run) if n.startswith(".")]  # leftovers cleaned up
-    assert_equal_runs(tiny_run, run, tuple(step for point, step in CHAINS[chain] if point == "pruning"))
+
+
+# every instant of a checkpoint write the fault plugin kills at, in one chain: kills during checkpoint 2's write
+# (resumed from 1), then during checkpoint 3's (resumed from 2), the last while step_1 is deleted (resumed from 3)
+EVERY_PHASE = [("tmp_created", 2), ("mid_population", 2), ("before_done", 3), ("after_done", 3), ("pruning", 3)]
+ASYNC = ["--pipeline.max-staleness", "1", "--generation.threads", "1"]
+
+
+@pytest.fixture(scope="session")
+def tiny_async_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``tiny_run`` with a staleness of 1 (an asynchronous run), uninterrupted. Shared: copy it to change it."""
+    def build(root: Path) -> None:
+        p = populora("train", *REF_ARGS, *ASYNC, "--run-dir", str(root / "ref"))
+        assert p.returncode == 0, p.stderr[-4000:]
+
+    return built_once(tmp_path_factory, "tiny_async_run", build) / "ref"
+
+
+def _same_state_files(a: Path, b: Path) -> None:
+    """Checkpoints ``a`` and ``b`` hold the same files, byte for byte; ``loop_state.json`` but for its wall-clock
+    totals (and so ``MANIFEST.json`` but for that file's size and hash)."""
+    files = sorted(str(p.relative_to(a)) for p in a.rglob("*") if p.is_file())
+    assert files == sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file()), b
+    for name in files:
+        x, y = (json.loads((d / name).read_text()) if name in ("loop_state.json", "MANIFEST.json")
+                else (d / name).read_bytes() for d in (a, b))
+        if name == "MANIFEST.json":
+            x["files"].pop("loop_state.json")
+            y["files"].pop("loop_state.json")
+        assert _untimed(x) == _untimed(y), f"{b / name} differs from {a / name}"
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_kill_at_every_checkpoint_phase_then_resume_gives_the_uninterrupted_state_files(
+        request: pytest.FixtureRequest, tmp_path: Path, mode: str) -> None:
+    """Issue 48: ``kill -9`` at each instant of a checkpoint write, one after the other, each followed by a resume;
+    the run (in a folder named with a space and non-ASCII characters) ends with the uninterrupted run's adapters,
+    lineage and TensorBoard values and, in each checkpoint, its state files byte for byte: the env's (ratings,
+    buffers, RNG), the PBT controller's, the loop's, an asynchronous run's ``pipeline_state.json`` and older
+    adapter versions (its rating resets: applied or due alike)."""
+    from tests.selfplay import fault_plugin
+
+    assert tuple(point for point, _ in EVERY_PHASE) == fault_plugin.POINTS
+    ref = request.getfixturevalue("tiny_run" if mode == "sync" else "tiny_async_run")
+    run = tmp_path / "run dir ü 日本"
+    _kill_chain(run, ["train", *REF_ARGS, *(ASYNC if mode == "async" else []), "--plugins", PLUGIN,
+                      "--run-dir", str(run)], EVERY_PHASE)
+    assert_equal_runs(ref, run, (3,))
+    for name in ("step_3", "step_4"):
+        _same_state_files(ref / "checkpoints" / name, run / "checkpoints" / name)
+    assert (mode == "async") == (run / "checkpoints" / "step_4" / "pipeline_state.json").is_file()
 
 
 def _assert_resumed(stderr: str, run: Path, step: int, dropped: int) -> None:
