@@ -53,6 +53,17 @@ def row_key(row: Mapping[str, Any]) -> RowKey:
     return (str(row["entry"]), str(row["task_id"]), str(row.get("decoding", "greedy")), int(row.get("sample", 0)))
 
 
+def row_ok(row: Any) -> bool:
+    """Whether ``row`` has the shape :class:`ResultLog` writes: an object with string ``entry`` and
+    ``task_id``, ``decoding`` ``greedy`` / ``sampled`` (default greedy), ``sample`` a non-negative int (default
+    0) and a bool ``passed`` (what the scores are computed from)."""
+    if not isinstance(row, dict) or not isinstance(row.get("entry"), str) or not isinstance(row.get("task_id"), str):
+        return False
+    sample = row.get("sample", 0)
+    return (row.get("decoding", "greedy") in ("greedy", "sampled") and isinstance(sample, int)
+            and not isinstance(sample, bool) and sample >= 0 and isinstance(row.get("passed"), bool))
+
+
 def adapter_fingerprint(adapter_dir: Path) -> str:
     """SHA-256 over an adapter directory's files (names and bytes): a changed adapter invalidates its rows."""
     h = hashlib.sha256()
@@ -110,6 +121,9 @@ class ResultLog:
             old = read_json(path)
             if not isinstance(old, dict):
                 raise RunFileError(path, "is not a JSON object")
+            sections = old.get("settings", {})
+            if not isinstance(sections, dict) or not all(isinstance(v, dict) for v in sections.values()):
+                raise RunFileError(path, "holds no settings object of sections")
         except UnsafeRunFile:
             raise
         except RunFileError as exc:
@@ -150,7 +164,7 @@ class ResultLog:
                 raise
             except RunFileError:
                 continue
-            if isinstance(row, dict) and "entry" in row and "task_id" in row:
+            if row_ok(row):  # a row of another shape (crafted, another version) is scored again
                 rows[row_key(row)] = row
         return rows
 

@@ -62,7 +62,7 @@ from evaluation.progress import Bars, ResultLog, adapter_fingerprint, row_key
 from evaluation.prompting import MATH_TEMPLATES, PromptSpec, code_spec, math_spec, program_for
 from evaluation.scores import aggregate_rows, summarize_benchmark, write_results
 from populora_env.checks import ConfigError, check, check_choice, check_int, check_number, renamed
-from selfplay.rundir import ADAPTER_CONFIG, ADAPTERS, CONFIG, EVAL, RunDir, read_json
+from selfplay.rundir import ADAPTER_CONFIG, ADAPTERS, CONFIG, EVAL, RunDir, check_output_dir, read_json
 
 log = logging.getLogger(__name__)
 
@@ -528,6 +528,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
         return _settings(cfg, model_name, engine, device, dtype, pops.entries, pops.adapter_paths, budgets,
                          chat_templates, k, sampled)
 
+    check_output_dir(out_dir, "the evaluation", "--out-dir")  # a read-only run: one line, before any model loads
     log_ = ResultLog(out_dir, settings(chat_guess), restart=cfg.restart)
     resuming = log_.check()  # before any model loads: other settings are refused here
     generators, chat = _generators(cfg, engine, device, dtype, pops.models, pops.adapters)

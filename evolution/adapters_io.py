@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 import tempfile
 import time
@@ -126,7 +127,43 @@ def load_adapter_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.
         raise ValueError(
             f"{cfg_file}: peft_type is {config.get('peft_type')!r}, only LORA adapters are supported"
         )
-    return config, _read_weights(weights)
+    state = _read_weights(weights)
+    _check_ranks(cfg_file, config, state)
+    return config, state
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_ranks(cfg_file: Path, config: Mapping[str, Any], state: Mapping[str, torch.Tensor]) -> None:
+    """The config's sizes are the weights' (:class:`AdapterFileError` naming the file otherwise), so what is
+    allocated from the config (a population of rank ``r``: ``r · (d_in + d_out)`` numbers per module) is
+    bounded by the file that was read: ``r`` (and each ``rank_pattern`` value) a positive int that some
+    ``lora_A`` (``r × d_in``) / ``lora_B`` (``d_out × r``) pair holds, every pair's rank one of them, and
+    ``lora_alpha`` a finite real number."""
+    ranks = {config.get("r")}
+    pattern = config.get("rank_pattern") or {}
+    if not isinstance(pattern, Mapping):
+        raise AdapterFileError(f"{cfg_file}: rank_pattern is not an object, got {type(pattern).__name__}")
+    ranks |= set(pattern.values())
+    bad = [r for r in ranks if not _is_int(r) or r < 1]
+    if bad:
+        raise AdapterFileError(f"{cfg_file}: r must be a positive int, got {bad[0]!r}")
+    alpha = config.get("lora_alpha", config["r"])
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not math.isfinite(alpha):
+        raise AdapterFileError(f"{cfg_file}: lora_alpha must be a finite number, got {alpha!r}")
+    held = {}
+    for key, t in state.items():
+        if key.endswith("lora_A.weight") and t.dim() == 2:
+            held[key] = int(t.shape[0])
+        elif key.endswith("lora_B.weight") and t.dim() == 2:
+            held[key] = int(t.shape[1])
+    wrong = next(((k, n) for k, n in held.items() if n not in ranks), None)
+    if wrong is not None:
+        key, n = wrong
+        raise AdapterFileError(f"{cfg_file}: r = {config['r']} but {key} in {WEIGHTS_NAME} has rank {n}: the "
+                               "config does not describe these weights")
 
 
 def save_adapter_dir(
@@ -274,14 +311,14 @@ def evolve_dirs(
     if len(paths) != operator.arity:
         raise EvolveError("parents", f"operator {op!r} takes {operator.arity} parent(s), got {len(paths)}: {paths}")
     try:
-        resolved = operator.resolve_params(dict(params or {}))
+        resolved = operator.check_params(dict(params or {}))  # the operator's own checks, before reading parents
     except ValueError as exc:
         raise EvolveError("param", str(exc)) from None
     states, configs = _load_parents(paths)
     given = ", ".join(f"{k}={v}" for k, v in sorted(dict(params or {}).items())) or "its default parameters"
     try:
         child = operator(*states, generator=torch.Generator().manual_seed(int(seed)), **resolved)
-    except RuntimeError as exc:  # e.g. torch.linalg on values an extreme parameter made ill-conditioned
+    except (RuntimeError, ValueError) as exc:  # torch.linalg on ill-conditioned values; a check on real shapes
         raise EvolveError("param", f"operator {op!r} with {given} failed: {type(exc).__name__}: {exc}") from None
     bad = [k for k, t in child.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:

@@ -117,8 +117,8 @@ class PBTConfig:
         self._check_operator_names(known)
         for name, params in self.operator_params.items():
             try:
-                get_operator(name).resolve_params(params)
-            except ValueError as exc:  # an unknown parameter or a value of the wrong type, in the registry's words
+                get_operator(name).check_params(params)
+            except ValueError as exc:  # an unknown parameter, a value of the wrong type or one the operator refuses
                 raise ConfigError(f"operator_params.{name}", str(exc)) from None
 
     def _check_operator_names(self, known: Sequence[str]) -> None:

@@ -10,6 +10,7 @@ parents, the generator and the parameters before ``fn`` runs.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -78,6 +79,24 @@ class Operator:
             out[key] = _coerce(self.name, key, value, self.defaults[key])
         return out
 
+    def check_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """:meth:`resolve_params`, then the operator's own checks of the values, before any parent is read: the
+        operator runs once on a small synthetic set of parents (:func:`_probe_parents`; its own generator, the
+        global RNG state restored), and a ``ValueError`` it raises there (ties ``density=-1``, dare ``p=1``,
+        svd_crossover ``mode=bogus``) is raised here, naming the operator and the values. Any other error is
+        left to the real call, on the real parents."""
+        resolved = self.resolve_params(params)
+        probe = _probe_parents(self.arity)
+        try:
+            with torch.random.fork_rng(devices=[]), torch.no_grad():
+                self.fn(probe, check_parents(probe), torch.Generator().manual_seed(0), **resolved)
+        except ValueError as exc:
+            given = ", ".join(f"{k}={v!r}" for k, v in sorted(params.items())) or "its default parameters"
+            raise ValueError(f"operator {self.name!r} refuses {given}: {exc}") from None
+        except Exception:  # noqa: BLE001, S110 - not a refused value (e.g. shapes only real parents have)
+            pass
+        return resolved
+
     def __call__(
         self,
         *parents: AdapterState,
@@ -106,7 +125,43 @@ class Operator:
             return self.fn(parents, modules, generator, **resolved)
 
 
+PROBE_RANK = 4
+PROBE_SHAPES = ((8, 8), (8, 12))
+"""The synthetic parents of :meth:`Operator.check_params`: rank 4, two modules of ``(d_out, d_in)`` 8×8, 8×12."""
+
+
+def _probe_parents(arity: int) -> tuple[AdapterState, ...]:
+    """``arity`` distinct small LoRA states (PEFT key names, float32, fixed seeds) to run an operator on."""
+    g = torch.Generator().manual_seed(0)
+    parents = []
+    for _ in range(arity):
+        state = {}
+        for i, (d_out, d_in) in enumerate(PROBE_SHAPES):
+            prefix = f"base_model.model.model.layers.{i}.self_attn.q_proj"
+            state[f"{prefix}.lora_A.weight"] = torch.randn(PROBE_RANK, d_in, generator=g) / d_in**0.5
+            state[f"{prefix}.lora_B.weight"] = torch.randn(d_out, PROBE_RANK, generator=g) * 0.1
+        parents.append(state)
+    return tuple(parents)
+
+
+def _finite(op: str, key: str, value: float) -> float:
+    """``value`` when finite; ``ValueError`` otherwise (no operator's parameter is meaningful at NaN or ±inf)."""
+    if not math.isfinite(value):
+        raise ValueError(f"operator {op!r}: parameter {key}={value!r} is not a finite number")
+    return value
+
+
 def _coerce(op: str, key: str, value: Any, default: Any) -> Any:
+    """``value`` as the type of ``default`` (:func:`_coerce_number`), and finite where it is a real number."""
+    value = _coerce_number(op, key, value, default)
+    if isinstance(value, float):
+        return _finite(op, key, value)
+    if isinstance(value, tuple):
+        return tuple(_finite(op, key, v) if isinstance(v, float) else v for v in value)
+    return value
+
+
+def _coerce_number(op: str, key: str, value: Any, default: Any) -> Any:
     try:
         if isinstance(default, bool):
             if isinstance(value, str):

@@ -65,7 +65,7 @@ def magnitude_trim(t: Tensor, density: float, *, inplace: bool = False) -> Tenso
     leaves that choice unspecified, so the two may differ on such ties only). ``density ≥ 1`` keeps everything,
     a ``k`` of 0 zeroes everything. ``inplace`` overwrites ``t``.
     """
-    if density < 0.0:
+    if not density >= 0.0:  # NaN too
         raise ValueError(f"density must be >= 0, got {density}")
     out = t if inplace else t.clone()
     if density >= 1.0:

@@ -92,6 +92,54 @@ class Comparison:
     incomplete: list[str] = field(default_factory=list)
 
 
+# ------------------------------------------------------------------------------------------ arguments
+
+
+def _kind(value: Any) -> str:
+    """How an argument of the wrong type is shown: its type and a short repr (``str 'my_plugin.py'``)."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _check_config(func: str, config: Any) -> None:
+    """``config`` is a preset name or ``.json`` path, a dict, a TrainConfig or None; :class:`TypeError` naming
+    the argument otherwise."""
+    from selfplay.config import TrainConfig
+
+    if config is not None and not isinstance(config, str | Path | Mapping | TrainConfig):
+        raise TypeError(f"{func}(): config must be a preset name or .json path (str or Path), a dict or a "
+                        f"TrainConfig, got {_kind(config)}")
+    if isinstance(config, Mapping) and not all(isinstance(k, str) for k in config):
+        raise TypeError(f"{func}(): config: a dict's keys must be field names (str), got {_kind(list(config))}")
+
+
+def _check_paths(func: str, name: str, values: Any, item: tuple[type, ...], what: str) -> None:
+    """``values`` is a list (or tuple) of ``item``, not one string: ``plugins='my_plugin.py'`` would be read
+    as the plugins ``m``, ``y``, ... — :class:`TypeError` naming the argument and the fix."""
+    if isinstance(values, str | bytes | Path):
+        raise TypeError(f"{func}(): {name} must be a list of {what}, got {_kind(values)} "
+                        f"(write {name}=[{str(values)!r}])")
+    if not isinstance(values, Sequence):
+        raise TypeError(f"{func}(): {name} must be a list of {what}, got {_kind(values)}")
+    for v in values:
+        if not isinstance(v, item):
+            raise TypeError(f"{func}(): {name} must be a list of {what}, got an item {_kind(v)}")
+
+
+def _check_flag(func: str, name: str, value: Any) -> None:
+    """``value`` is a bool (``report=1`` is refused, as a typo for another argument would be)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{func}(): {name} must be True or False, got {_kind(value)}")
+
+
+def _check_count(func: str, name: str, value: Any, least: int) -> None:
+    """``value`` is an int (not a bool) ``>= least``; :class:`TypeError` / :class:`ValueError` naming it."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{func}(): {name} must be an int, got {_kind(value)}")
+    if value < least:
+        raise ValueError(f"{func}(): {name} must be >= {least}, got {value}")
+
+
 # ------------------------------------------------------------------------------------------ configuration
 
 
@@ -116,9 +164,11 @@ def resolve_config(config: TrainConfig | str | Path | Mapping[str, Any] | None =
                    **settings: Any) -> TrainConfig:
     """The :class:`TrainConfig` of ``config`` (a preset name or ``.json`` path, a nested dict, a TrainConfig;
     ``None``: the ``cpu-smoke`` preset) with ``settings`` applied, not yet validated. Unknown fields and values
-    of the wrong type raise :class:`~selfplay.config.ConfigError` naming the dotted field."""
+    of the wrong type raise :class:`~selfplay.config.ConfigError` naming the dotted field; a ``config`` of none
+    of those types raises :class:`TypeError` naming it."""
     from selfplay.config import TrainConfig, from_dict, load_preset, to_dict
 
+    _check_config("resolve_config", config)
     if config is None or isinstance(config, str | Path):
         base = load_preset(str(config or "cpu-smoke"))
     elif isinstance(config, TrainConfig):
@@ -158,6 +208,13 @@ def run_arm(point: ResumePoint, cfg: TrainConfig, arm: str, assignment: Mapping[
     pre-flight check for ``backend="ray"``, the steps, the final adapters, then the report. The errors of each
     part propagate (the command line turns them into its one line). ``arm`` is recorded in ``config.json``;
     ``kind`` (``population`` / ``baseline``) too when the arm has a name of its own (``populora train --arm``)."""
+    from selfplay.config import TrainConfig
+
+    if not isinstance(cfg, TrainConfig):
+        raise TypeError(f"run_arm(): cfg must be a TrainConfig (resolve_config, then prepare), got {_kind(cfg)}")
+    if not isinstance(arm, str):
+        raise TypeError(f"run_arm(): arm must be a str, got {_kind(arm)}")
+    _check_flag("run_arm", "report", report)
     t0 = time.perf_counter()
     if cfg.backend == "ray":  # the cluster can hold the run (resources, run directory on every node)
         from selfplay.distributed.cluster import member_count, preflight, sandbox_limits
@@ -184,14 +241,18 @@ def _history(run_dir: Path) -> list[dict[str, Any]]:
 def _start(arm: str, config: Any, plugins: Sequence[str], report: bool, settings: dict[str, Any]) -> Run:
     from selfplay.resume import resume_point
 
+    func = "baseline" if arm == "baseline" else "train"
+    _check_config(func, config)
+    _check_paths(func, "plugins", plugins, (str, Path), "module names or .py paths")
+    _check_flag(func, "report", report)
+    plugins = [str(p) for p in plugins]
     if plugins:
         settings = {**settings, "plugins": tuple(plugins)}
     cfg, assignment = prepare(resolve_config(config, **settings), arm)
     from selfplay.requirements import check_runtime
 
     check_runtime(cfg)  # CUDA, vLLM, the model's weights: ConfigError before any work
-    command = "baseline" if arm == "baseline" else "train"
-    with resume_point(cfg, (), command) as point:
+    with resume_point(cfg, (), func) as point:
         return run_arm(point, cfg, arm, assignment, report)
 
 
@@ -221,8 +282,16 @@ def compare(runs: Sequence[Run | str | Path], out: str | Path, *, tail: int = 3,
     import json
 
     from evaluation.compare import compare_runs
-    from evaluation.compare.rundirs import read_run
+    from evaluation.compare.rundirs import EVAL_SCORES, read_run
 
+    _check_paths("compare", "runs", runs, (Run, str, Path), "Run results or run directories")
+    if not isinstance(out, str | Path):
+        raise TypeError(f"compare(): out must be a directory (str or Path), got {_kind(out)}")
+    _check_count("compare", "tail", tail, 1)
+    _check_count("compare", "reps", reps, 1)
+    _check_count("compare", "bootstrap_seed", bootstrap_seed, 0)
+    if eval_score not in EVAL_SCORES:
+        raise ValueError(f"compare(): eval_score must be one of {', '.join(EVAL_SCORES)}, got {eval_score!r}")
     dirs = [Path(r.run_dir if isinstance(r, Run) else r) for r in runs]
     missing = [str(d) for d in dirs if not d.is_dir()]
     if missing:

@@ -445,6 +445,12 @@ def compare_main(argv: list[str]) -> int:
     refused = _refused_numbers(args, out)
     if refused:
         return fail("compare", refused)
+    from selfplay.rundir import RunDirError, check_output_dir
+
+    try:  # a folder on a read-only file system: one line before any work
+        check_output_dir(out, "the comparison", "--out")
+    except RunDirError as e:
+        return fail("compare", str(e))
     common = {"tail": args.tail, "reps": args.reps, "seed": args.bootstrap_seed, "eval_score": args.eval_score}
     if args.from_dirs is not None:
         return _compare_existing(args, out, extra)

@@ -28,3 +28,11 @@ def fail(cmd: str, message: str) -> int:
 def config_error(cmd: str, exc: Any) -> int:
     """:func:`fail` with a :class:`~populora_env.checks.ConfigError`: the field as its flag, then the reason."""
     return fail(cmd, f"{flag(exc.field)}: {exc.reason}")
+
+
+def interrupted(cmd: str, hint: str = "") -> int:
+    """Print ``populora CMD: interrupted[; HINT]`` on stderr (Ctrl-C); return the exit status 130."""
+    from selfplay.interrupt import EXIT_INTERRUPTED
+
+    print(f"populora {cmd}: interrupted{'; ' + hint if hint else ''}", file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED

@@ -109,7 +109,7 @@ def eval_main(argv: list[str]) -> int:
     """Entry point of ``populora eval`` (see the module docstring); returns the exit status."""
     from evaluation.progress import SettingsMismatch
     from populora_env.checks import ConfigError
-    from selfplay.rundir import EVAL, RunDirError
+    from selfplay.rundir import EVAL, RunDirError, os_error_line
 
     try:
         if any(a == "--samples" or a.startswith("--samples=") for a in argv):
@@ -133,6 +133,8 @@ def eval_main(argv: list[str]) -> int:
         return config_error("eval", exc)
     except (BenchmarkUnavailable, EvalDataError, FileNotFoundError, SettingsMismatch, ValueError, RunDirError) as exc:
         return fail("eval", str(exc))
+    except OSError as exc:  # the file system changed under the evaluation (full, made read-only)
+        return fail("eval", f"cannot write the evaluation: {os_error_line(exc)}")
     out = cfg.out_dir or f"{cfg.run_dir or cfg.adapters[0]}/{EVAL}"
     print(f"wrote {out}/results.json and {out}/results.md")
     for bench, rec in results["benchmarks"].items():

@@ -44,6 +44,7 @@ from populora_cli import gpu_memory
 from populora_cli.api import ARM_NAME
 from populora_cli.errors import config_error as _config_error
 from populora_cli.errors import fail as _fail
+from populora_cli.errors import interrupted as _interrupted
 from populora_cli.logs import DEFAULT, configure, program, summary, take_verbosity
 from populora_cli.parsing import ArgumentParser, UsageError, json_dict_rule, parse
 
@@ -179,7 +180,7 @@ def _train(cmd: str, argv: list[str]) -> int:
     except PluginError as e:
         return _fail(cmd, f"--plugins: {e}")
     except ConfigError as e:
-        return _config_error(cmd, e)
+        return _refused_value(cmd, e, saved, cfg)
     if gpu_gib is not None:  # the GPU memory plan: printed with --dry-run, a gate without
         members = len(set(assignment.values())) if assignment else cfg.env.num_teachers + cfg.env.num_students
         status = gpu_memory.check(cmd, [(arm, cfg, members)], gpu_gib, known.dry_run)
@@ -200,6 +201,26 @@ def _train(cmd: str, argv: list[str]) -> int:
         return _fail(cmd, str(e))
     except ConfigError as e:
         return _config_error(cmd, e)
+
+
+def _refused_value(cmd: str, exc: Any, saved: Any, cfg: Any) -> int:
+    """The line of a refused setting: ``--field: reason``; on resume, when the value is the one the run's
+    ``config.json`` holds (not a flag of this command line), the line names that file (a crafted or foreign
+    ``config.json``: ``--resume: runs/x/config.json: --trainer.advantage: unknown ...``)."""
+    from selfplay.config import to_dict
+    from selfplay.rundir import CONFIG
+
+    missing = object()
+
+    def value(config: Any) -> Any:
+        node: Any = to_dict(config)
+        for part in exc.field.split("."):
+            node = node.get(part, missing) if isinstance(node, dict) else missing
+        return node
+
+    if saved is not None and value(saved.config) is not missing and value(saved.config) == value(cfg):
+        return _fail(cmd, f"--resume: {saved.run.entry(CONFIG)}: {exc.field}: {exc.reason}")
+    return _config_error(cmd, exc)
 
 
 def _train_locked(cmd: str, cfg: Any, assignment: dict[str, str] | None, arm: str, point: ResumePoint
@@ -261,15 +282,21 @@ def _report(argv: list[str]) -> int:
             return _fail("report", f"RUNS: run directory {r} does not exist")
     from evaluation.report import make_report
     from populora_cli.outputs import overlap
-    from selfplay.rundir import REPORT, RunDirError
+    from selfplay.rundir import REPORT, RunDirError, check_output_dir, os_error_line
 
     clash = args.out is not None and overlap(args.out, args.runs, out_flag="--out", input_flag="RUNS", own=(REPORT,))
     if clash:
         return _fail("report", clash)
+    try:  # a run on a read-only file system: one line before any work (the default out is inside the run)
+        check_output_dir(args.out or Path(args.runs[0]) / REPORT, "the report", "--out")
+    except RunDirError as e:
+        return _fail("report", str(e))
     try:
         out = make_report(args.runs, out=args.out, smoothing=args.smoothing)
     except (FileNotFoundError, ValueError, RunDirError) as e:
         return _fail("report", f"RUNS: {e}")
+    except OSError as e:  # the file system changed under the report (full, unmounted, made read-only)
+        return _fail("report", f"cannot write the report: {os_error_line(e)}")
     print(f"report written to {out}")
     return 0
 
@@ -330,18 +357,33 @@ def _eval(argv: list[str]) -> int:
 
 # --------------------------------------------------------------------------------------------- main
 
+_RESUME_HINT = {
+    "train": "the last checkpoint is kept: continue with populora train --resume RUN_DIR",
+    "baseline": "the last checkpoint is kept: continue with populora baseline --resume RUN_DIR",
+    "eval": "the answers scored so far are kept: run the same command again to resume",
+    "compare": "run the same command again to resume the runs",
+}
+"""What a Ctrl-C'd command keeps, and how to go on (its line after ``interrupted; ``)."""
+
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``populora`` console script. A command line that cannot be parsed is one line on
-    stderr and exit 2; output cut off by a closed pipe (``populora train --help | head``) ends quietly."""
+    stderr and exit 2; Ctrl-C is one line and exit 130 (:mod:`selfplay.interrupt`); output cut off by a
+    closed pipe (``populora train --help | head``) ends quietly."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    cmd = argv[0] if argv else ""
+    cmd = next((a for a in argv if a not in ("--verbose", "--quiet")), "")
+    from selfplay import interrupt
+
+    previous = interrupt.install()
     try:
         try:
             return _dispatch(argv)
         except UsageError as e:
             return _fail(cmd, str(e))
+        except KeyboardInterrupt:  # Ctrl-C: one line, 130; what was being written is atomic or cleaned up
+            return _interrupted(cmd, _RESUME_HINT.get(cmd, ""))
         finally:
+            interrupt.restore(previous)
             sys.stdout.flush()
     except BrokenPipeError:  # the reader went away: nothing more can be shown, and no traceback should be
         devnull = os.open(os.devnull, os.O_WRONLY)

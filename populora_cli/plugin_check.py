@@ -42,6 +42,7 @@ import tyro
 
 from populora_env.results import AttemptResult, MatchResult, ProposalResult, RoundResults
 from populora_env.tasks import Task, TaskType
+from selfplay import interrupt
 
 __all__ = ["CheckArgs", "PluginBug", "check_main", "estimator_batch", "scheme_rounds", "scheme_table"]
 
@@ -176,6 +177,19 @@ def scheme_rounds() -> list[Labelled]:
     ]
 
 
+PLUGIN_EXITS = (Exception, SystemExit, KeyboardInterrupt)
+"""What a scheme or estimator may raise that is its failure: any exception, ``sys.exit(N)`` (which would end the
+command with the plugin's status, 0 included) and a ``KeyboardInterrupt`` it raised itself (a real Ctrl-C is
+told apart by :mod:`selfplay.interrupt` and ends the command with status 130)."""
+
+
+def _plugin_failure(exc: BaseException) -> str:
+    """What the plugin did: ``SystemExit: sys.exit(0)``, ``KeyError: 'x'``."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit: called sys.exit({exc.code!r})"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _where(exc: BaseException) -> str:
     """``file:line`` of the innermost frame of ``exc`` (the scheme's own code, where it failed)."""
     frames = traceback.extract_tb(exc.__traceback__)
@@ -191,8 +205,9 @@ def scheme_table(scheme: Callable[..., Any], kwargs: Mapping[str, Any]) -> list[
     for labelled in scheme_rounds():
         try:
             rewards = compute_rewards(scheme, labelled.results, kwargs)
-        except Exception as exc:  # noqa: BLE001 - the plugin's own exception, reported as it is
-            raise PluginBug(f"round '{labelled.title}': {type(exc).__name__}: {exc}{_where(exc)}") from exc
+        except PLUGIN_EXITS as exc:  # the plugin's own exception, reported as it is
+            interrupt.reraise_if_interrupted(exc)
+            raise PluginBug(f"round '{labelled.title}': {_plugin_failure(exc)}{_where(exc)}") from exc
         for agent in labelled.results.agents:
             if not labelled.labels[agent]:
                 rows.append((labelled.title, agent, "no task this round (no completion)", float("nan")))
@@ -232,8 +247,9 @@ def estimator_table(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> list[t
     try:
         adv = fn(batch["rewards"], mask, batch["group_ids"], scope_ids=batch["scope_ids"],
                  token_rewards=batch["token_rewards"], **kwargs)
-    except Exception as exc:  # noqa: BLE001 - the plugin's own exception, reported as it is
-        raise PluginBug(f"{type(exc).__name__}: {exc}{_where(exc)}") from exc
+    except PLUGIN_EXITS as exc:  # the plugin's own exception, reported as it is
+        interrupt.reraise_if_interrupted(exc)
+        raise PluginBug(f"{_plugin_failure(exc)}{_where(exc)}") from exc
     if not isinstance(adv, torch.Tensor) or tuple(adv.shape) != tuple(mask.shape):
         got = tuple(adv.shape) if isinstance(adv, torch.Tensor) else type(adv).__name__
         raise PluginBug(f"returned {got}, expected a tensor of shape {tuple(mask.shape)} (rows, tokens)")

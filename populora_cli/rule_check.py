@@ -25,7 +25,8 @@ from typing import Annotated, Any
 
 import tyro
 
-from populora_cli.plugin_check import PluginBug, _name_after_plugins, _where
+from populora_cli.plugin_check import PLUGIN_EXITS, PluginBug, _name_after_plugins, _plugin_failure, _where
+from selfplay import interrupt
 
 __all__ = [
     "MatchingArgs",
@@ -138,8 +139,9 @@ def selection_report(args: SelectionArgs) -> str:
     members = list(POPULATION)
     try:
         fitness = ctrl.fitness_of(members, ratings)
-    except Exception as exc:  # noqa: BLE001 - the plugin's own exception, reported as it is
-        raise PluginBug(f"fitness {args.fitness!r}: {type(exc).__name__}: {exc}{_where(exc)}") from exc
+    except PLUGIN_EXITS as exc:  # the plugin's own exception, sys.exit or KeyboardInterrupt, reported as it is
+        interrupt.reraise_if_interrupted(exc)
+        raise PluginBug(f"fitness {args.fitness!r}: {_plugin_failure(exc)}{_where(exc)}") from exc
     lines = [
         f"selection {args.name!r}{' with ' + json.dumps(args.kwargs) if args.kwargs else ''}, fitness "
         f"{args.fitness!r}{' with ' + json.dumps(args.fitness_kwargs) if args.fitness_kwargs else ''}: a "
@@ -161,8 +163,9 @@ def selection_report(args: SelectionArgs) -> str:
                     ctrl.parents(plan, slot, arity, fitness, gen) if arity <= len(plan.pool) else None
                     for arity in (1, 2)
                 ]
-        except Exception as exc:  # noqa: BLE001 - the plugin's own exception, reported as it is
-            raise PluginBug(f"event {step}: {type(exc).__name__}: {exc}{_where(exc)}") from exc
+        except PLUGIN_EXITS as exc:  # the plugin's own exception, sys.exit or KeyboardInterrupt
+            interrupt.reraise_if_interrupted(exc)
+            raise PluginBug(f"event {step}: {_plugin_failure(exc)}{_where(exc)}") from exc
         lines.append(
             f"  event {step}: culled {', '.join(plan.culled) or 'none'}; parent pool "
             f"{', '.join(plan.pool) or '-'}; protected skipped {', '.join(plan.skipped) or 'none'}"
@@ -200,8 +203,9 @@ def matching_report(args: MatchingArgs) -> str:
             pfsp_match(["teacher_0"], students, ratings, rng, args.name, params, args.random_share)[0].student
             for _ in range(args.rounds)
         )
-    except Exception as exc:  # noqa: BLE001 - the plugin's own exception, reported as it is
-        raise PluginBug(f"{type(exc).__name__}: {exc}{_where(exc)}") from exc
+    except PLUGIN_EXITS as exc:  # the plugin's own exception, sys.exit or KeyboardInterrupt, reported as it is
+        interrupt.reraise_if_interrupted(exc)
+        raise PluginBug(f"{_plugin_failure(exc)}{_where(exc)}") from exc
     total = sum(weights)
     shares = [(1.0 - args.random_share) * w / total + args.random_share / len(students) for w in weights]
     lines = [

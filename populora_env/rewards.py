@@ -179,9 +179,13 @@ def compute_rewards(
     Raises:
         RewardSchemeError: (a ValueError) the scheme returned an unknown agent, a list of the wrong length, a
             value that is not a real number (a bool, a string) or a non-finite one (a bug in the scheme: it must
-            fail loudly, not train on garbage).
+            fail loudly, not train on garbage), or called ``sys.exit`` (a scheme's exit is its failure, never
+            the run's end with the scheme's status).
     """
-    raw = scheme(results, **dict(kwargs or {}))
+    try:
+        raw = scheme(results, **dict(kwargs or {}))
+    except SystemExit as exc:
+        raise RewardSchemeError(f"reward scheme {_name(scheme)!r} called sys.exit({exc.code!r})") from exc
     if not isinstance(raw, Mapping):
         raise RewardSchemeError(f"reward scheme returned {type(raw).__name__}, expected a mapping agent -> list")
     terms = getattr(raw, "terms", None) if isinstance(raw, SchemeRewards) else {}

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
@@ -339,7 +340,9 @@ def read_pipeline_state(path: Path, members: list[str], step: int) -> dict[str, 
         raise bad("floor", f"not a step in 0..{step}")
     out["floor"] = floor
     raw = st.get("boundaries")
-    if not isinstance(raw, dict) or not raw or not all(k.isdigit() and int(k) <= step for k in raw):
+    # ASCII digits only: '²'.isdigit() is True, but int('²') fails
+    if not isinstance(raw, dict) or not raw or not all(re.fullmatch(r"[0-9]{1,18}", k) and int(k) <= step
+                                                       for k in raw):
         raise bad("boundaries", f"not an object of steps 0..{step}")
     out["boundaries"] = {int(b): per_member(f"boundaries.{b}", vs) for b, vs in raw.items()}
     older = st.get("older_versions")
@@ -347,6 +350,16 @@ def read_pipeline_state(path: Path, members: list[str], step: int) -> dict[str, 
             or not all(isinstance(v, list) and all(map(is_count, v)) for v in older.values()):
         raise bad("older_versions", "not lists of versions of the run's members")
     out["older_versions"] = {m: list(v) for m, v in older.items()}
+    for b, vs in out["boundaries"].items():  # every version a boundary names is held: the current or a file
+        for m, v in vs.items():
+            if v != out["versions"][m] and v not in out["older_versions"].get(m, []):
+                raise CheckpointError(path, f"boundary {b} names version {v} of {m!r}, which the checkpoint does "
+                                            "not hold")
+    for m, vs in out["older_versions"].items():
+        for v in vs:
+            file = path.parent / PIPELINE_DIR / m / f"v{v}.safetensors"
+            if not file.is_file():
+                raise CheckpointError(file, "is missing (pipeline_state.json names it among the older versions)")
     resets = st.get("rating_resets")
     if not isinstance(resets, list) or not all(isinstance(x, list) and len(x) == 2 and is_count(x[0])
                                                and x[1] in members for x in resets):

@@ -23,6 +23,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 
+from selfplay import interrupt
+
 __all__ = ["PluginError", "load_plugin", "load_plugins", "normalize_plugin"]
 
 
@@ -44,7 +46,9 @@ def _module_name(path: Path) -> str:
 
 def _import_failure(spec: str, exc: BaseException) -> PluginError:
     """The error of a plugin whose import raised ``exc``; ``sys.exit(N)`` and ``KeyboardInterrupt`` inside a
-    plugin's import are reported like any failure (the command exits 2), not passed on as the command's exit."""
+    plugin's import are reported like any failure (the command exits 2), not passed on as the command's exit;
+    the ``KeyboardInterrupt`` of a real Ctrl-C is re-raised (:mod:`selfplay.interrupt`)."""
+    interrupt.reraise_if_interrupted(exc)
     if isinstance(exc, SystemExit):
         return PluginError(f"plugin {spec!r} exited with {exc.code if exc.code is not None else 0} while importing")
     if isinstance(exc, KeyboardInterrupt):

@@ -143,7 +143,7 @@ def default_run_dir(cfg: TrainConfig) -> Path:
 def _continue(cfg: TrainConfig, run_dir: Path, plan: ResumePlan) -> ResumePoint:
     """The checks and clean-up of a resumed run, before its model loads."""
     cleanup_partial(run_dir)
-    chosen = find_resumable(run_dir, check=check_checkpoint)
+    chosen = find_resumable(run_dir, check=lambda d: check_checkpoint(d, cfg))  # before the model loads
     step = chosen.step if chosen is not None else 0
     if plan.changes:  # recorded at the step the run continues from, before any step trains with them
         for line in record_changes(run_dir, step, plan.changes):
@@ -257,47 +257,158 @@ def read_loop_state(d: Path) -> LoopState:
                      _numpy_rng(st.get("numpy_rng"), bad), _torch_rng(st.get("torch_rng"), Path(d), bad))
 
 
-def check_checkpoint(d: Path) -> None:
+def check_checkpoint(d: Path, cfg: TrainConfig | None = None) -> None:
     """The contents of an intact checkpoint (:func:`~selfplay.checkpoint.find_resumable`'s ``check``), before the
-    model loads: ``loop_state.json`` value by value (:func:`read_loop_state`), the member names of
+    model loads, so that whatever damage a reader would find makes resume fall back to an older checkpoint:
+    ``loop_state.json`` value by value (:func:`read_loop_state`), the member names of
     ``population/population.json`` (folders beside it, so no member is read from elsewhere), an asynchronous run's
-    ``pipeline_state.json`` value by value (:func:`selfplay.pipeline.read_pipeline_state`), every ``.pt`` file through
+    ``pipeline_state.json`` value by value, the adapter versions it names held
+    (:func:`selfplay.pipeline.read_pipeline_state`), ``pbt_state.json`` value by value, every ``.pt`` file through
     ``torch.load(weights_only=True)`` (a pickle that names anything but tensors and plain containers is refused,
-    and never runs) and every ``.safetensors`` header.
+    and never runs) and every ``.safetensors`` header; with the run's ``cfg``, also what only the run's settings
+    tell: ``env_state.json`` restored into a scratch env of ``cfg.env`` (the env's own checks, no sandbox
+    started), and the population's rank and target modules, each member's adapter rank and optimizer size.
 
     Raises:
         CheckpointError: naming the file (and, in ``loop_state.json``, the field).
     """
-    from safetensors import safe_open
+    step = read_loop_state(d).step
+    names = _member_names(Path(d) / "population" / "population.json")
+    from selfplay.pipeline import PIPELINE_STATE, read_pipeline_state  # an asynchronous run's record
 
-    read_loop_state(d)
-    members = Path(d) / "population" / "population.json"
+    if (Path(d) / PIPELINE_STATE).is_file():
+        read_pipeline_state(Path(d) / PIPELINE_STATE, names, step)
+    _check_pbt_state(Path(d) / "pbt_state.json", names, step)
+    tensors = _tensor_files(Path(d))
+    if cfg is not None:
+        _check_env_state(Path(d) / "env_state.json", cfg)
+        _check_members(Path(d) / "population", names, cfg, tensors)
+
+
+def _member_names(members: Path) -> list[str]:
+    """The ``names`` of ``population/population.json``: member folders beside it."""
     try:
         meta = read_json(members) if members.is_file() else {"names": []}
     except RunFileError as exc:
         raise CheckpointError(members, exc.reason) from None
     names = meta.get("names") if isinstance(meta, dict) else None
+
     def member_dir(n: Any) -> bool:
         p = members.parent / n if isinstance(n, str) and n not in ("", ".", "..") and Path(n).name == n else None
         return p is not None and not p.is_symlink() and p.is_dir()
 
-    if not isinstance(names, list) or not all(member_dir(n) for n in names):
+    if not isinstance(names, list) or not all(member_dir(n) for n in names) or len(set(names)) != len(names):
         raise CheckpointError(members, "'names' is not a list of the member folders beside it")
-    from selfplay.pipeline import PIPELINE_STATE, read_pipeline_state  # an asynchronous run's record
+    return list(names)
 
-    if (Path(d) / PIPELINE_STATE).is_file():
-        read_pipeline_state(Path(d) / PIPELINE_STATE, names, read_loop_state(d).step)
-    for p in sorted(Path(d).rglob("*")):
+
+def _tensor_files(d: Path) -> dict[Path, Any]:
+    """Every ``.pt`` file loaded with ``weights_only=True`` and every ``.safetensors`` header read: path ->
+    the loaded object (``.pt``) or ``{key: shape}`` (``.safetensors``)."""
+    from safetensors import safe_open
+
+    out: dict[Path, Any] = {}
+    for p in sorted(d.rglob("*")):
         if p.is_symlink() or not p.is_file():
             continue
         try:
             if p.suffix == ".pt":
-                torch.load(p, map_location="cpu", weights_only=True)
+                out[p] = torch.load(p, map_location="cpu", weights_only=True)
             elif p.suffix == ".safetensors":
                 with safe_open(str(p), framework="pt") as f:
-                    f.keys()
+                    out[p] = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
         except Exception as exc:  # noqa: BLE001 - whatever a foreign file makes the loader raise, e.g. a refused pickle
             raise CheckpointError(p, f"not a tensor file this project writes ({_brief(exc)})") from None
+    return out
+
+
+def _check_pbt_state(path: Path, names: list[str], step: int) -> None:
+    """``pbt_state.json`` (when the run evolves) as :meth:`evolution.pbt.PBTController.load_state_dict` reads
+    it: version 1 or 2, ``protected`` role -> the run's members, ``history`` member -> ``[step, win rate,
+    reward]`` rows (a step up to the checkpoint's, finite numbers or null), ``lr_scale`` member -> a finite
+    positive number, counts, ``last_step`` a step up to the checkpoint's."""
+    if not path.is_file():
+        return
+    try:
+        st = read_json(path)
+    except RunFileError as exc:
+        raise CheckpointError(path, exc.reason) from None
+    if not isinstance(st, dict) or st.get("version") not in (1, 2):
+        raise CheckpointError(path, "is not a PBT controller state of version 1 or 2")
+
+    def bad(field: str, why: str) -> CheckpointError:
+        return CheckpointError(path, f"field {field!r}: {why}")
+
+    protected = st.get("protected")
+    if not isinstance(protected, dict) or not all(
+            isinstance(v, list) and all(isinstance(n, str) and n in names for n in v) for v in protected.values()):
+        raise bad("protected", f"not an object of lists of the run's members {names}")
+
+    def row_ok(row: Any) -> bool:
+        return (isinstance(row, list) and len(row) == 3 and valid_step(row[0], step)
+                and all(v is None or finite_number(v) for v in row[1:]))
+
+    history = st.get("history", {})
+    if not isinstance(history, dict) or not all(isinstance(v, list) and all(map(row_ok, v)) for v in history.values()):
+        raise bad("history", f"not an object of [step in 0..{step}, win rate, reward] rows per member")
+    scales = st.get("lr_scale", {})
+    if not isinstance(scales, dict) or not all(finite_number(v) and v > 0 for v in scales.values()):
+        raise bad("lr_scale", "not an object of finite positive numbers")
+    for key in ("n_events", "n_replacements"):
+        if not valid_step(st.get(key)):
+            raise bad(key, f"not a count, got {st.get(key)!r}")
+    last = st.get("last_step")
+    if last is not None and not (valid_step(last) and last <= step):
+        raise bad("last_step", f"not a step in 0..{step}, got {last!r}")
+
+
+def _check_env_state(path: Path, cfg: TrainConfig) -> None:
+    """``env_state.json`` restored into a scratch env of ``cfg.env`` (its sandbox is started on first use only:
+    never here); whatever the env's own :meth:`load_state_dict` refuses names the file."""
+    from populora_env import parallel_env
+
+    try:
+        state = read_json(path)
+    except RunFileError as exc:
+        raise CheckpointError(path, exc.reason) from None
+    env = parallel_env(cfg.env, seed=cfg.seed)
+    try:
+        env.load_state_dict(state)
+    except Exception as exc:  # noqa: BLE001 - the env's refusal of a state it cannot use, whatever its type
+        raise CheckpointError(path, f"cannot be restored ({_brief(exc)})") from None
+    finally:
+        env.close()
+
+
+def _check_members(population: Path, names: list[str], cfg: TrainConfig, tensors: dict[Path, Any]) -> None:
+    """``population.json``'s rank and target modules are the run's, each member's ``lora_A`` weights
+    (``rank × d_in``) have that rank, and its optimizer state covers as many tensors as its adapter holds."""
+    meta_file = population / "population.json"
+    meta = read_json(meta_file)
+    targets = meta.get("target_modules")
+    if meta.get("rank") != cfg.rank or not isinstance(targets, list) or not all(isinstance(t, str) for t in targets) \
+            or set(targets) != set(cfg.target_modules):
+        raise CheckpointError(meta_file, f"rank {meta.get('rank')!r} / targets {meta.get('target_modules')!r} are "
+                                         f"not the run's ({cfg.rank} / {list(cfg.target_modules)})")
+    for name in names:
+        weights = tensors.get(population / name / "adapter_model.safetensors")
+        if weights is None:
+            raise CheckpointError(population / name, "holds no adapter_model.safetensors")
+        bad = [k for k, shape in weights.items() if k.endswith("lora_A.weight") and shape[:1] != (cfg.rank,)]
+        if bad:
+            raise CheckpointError(population / name / "adapter_model.safetensors",
+                                  f"{bad[0]} is not of rank {cfg.rank}")
+        opt = tensors.get(population / name / "optimizer.pt")
+        if opt is None:
+            continue
+        try:
+            held = sum(len(g["params"]) for g in opt["param_groups"])
+        except (TypeError, KeyError) as exc:
+            raise CheckpointError(population / name / "optimizer.pt", f"not an optimizer state ({_brief(exc)})") \
+                from None
+        if held != len(weights):
+            raise CheckpointError(population / name / "optimizer.pt",
+                                  f"holds the state of {held} tensors, the adapter {len(weights)}")
 
 
 def _python_rng(value: Any, bad: Callable[[str, str], CheckpointError]) -> tuple:
@@ -306,8 +417,9 @@ def _python_rng(value: Any, bad: Callable[[str, str], CheckpointError]) -> tuple
                                 "characters)")
     try:  # our own repr of random.getstate(): a tuple of ints; literal_eval evaluates literals only
         state = ast.literal_eval(value)
-        random.Random().setstate(state)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, OverflowError) as exc:
+        random.Random().setstate(state)  # an empty tuple: IndexError
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, OverflowError, IndexError,
+            KeyError) as exc:
         raise bad("python_rng", f"not a random.getstate() ({_brief(exc)})") from None
     return state
 

@@ -588,6 +588,26 @@ def check_writable(path: Path) -> None:
         os.unlink(probe)
 
 
+def check_output_dir(path: str | os.PathLike[str], what: str, flag: str) -> None:
+    """``path`` (a folder a reader writes into: ``report/``, ``eval/``) can be written: a probe file is created
+    and removed in it, or, while it does not exist yet, in its nearest existing ancestor. Checked before any
+    work, so a run directory on a read-only file system (or one the user may not write) is one line.
+
+    Raises:
+        RunDirError: ``cannot write WHAT in PATH: REASON; give FLAG DIR elsewhere``.
+    """
+    target = Path(path)
+    where = target if target.is_dir() else _first_existing_ancestor(target)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=where)
+    except OSError as exc:
+        raise RunDirError(f"cannot write {what} in {target}: {exc.strerror or exc}; give {flag} DIR elsewhere") \
+            from exc
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+
+
 def _check_not_in_use(path: Path) -> None:
     holder = lock_holder(path)
     if holder is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -133,3 +134,95 @@ def test_parse_params():
     for bad in (["density"], ["=1"], ["a=1", "a=2"]):
         with pytest.raises(ValueError):
             parse_params(bad)
+
+
+REFUSED = [
+    ("ties", "density=nan", "parameter density=nan is not a finite number"),
+    ("ties", "density=-1", "operator 'ties' refuses density=-1: density must be >= 0, got -1.0"),
+    ("dare", "p=1", "operator 'dare' refuses p=1: dare: p must be in [0, 1), got 1.0"),
+    ("component_mask", "rho=5", "operator 'component_mask' refuses rho=5: component_mask: rho must be in [0, 1]"),
+    ("layer_mutation", "fraction=nan", "parameter fraction=nan is not a finite number"),
+    ("svd_crossover", "mode=bogus", "svd_crossover: mode must be 'index' or 'top', got 'bogus'"),
+    ("extrapolate", "eta_min=2", "extrapolate: eta_max (1.5) < eta_min (2.0)"),
+    ("svd_mutation", "epsilon=inf", "parameter epsilon=inf is not a finite number"),
+]
+
+
+@pytest.mark.parametrize("op, param, why", REFUSED)
+def test_a_value_the_operator_refuses_is_a_param_error_before_the_parents_are_read(tmp_path, op, param, why):
+    """Issue 48: the operators' own checks raised ``ValueError`` out of ``populora evolve``. They run before
+    any parent is read (missing parents here: a ``FileNotFoundError`` would mean the check came too late), as
+    ``EvolveError`` for ``--param``; the command prints it as one line, exit 2, and writes nothing."""
+    from evolution.adapters_io import EvolveError
+    from evolution.operators import get_operator
+    from populora_cli.main import main
+
+    parents = [tmp_path / f"missing_{i}" for i in range(get_operator(op).arity)]
+    with pytest.raises(EvolveError, match=re.escape(why)) as err:
+        evolve_dirs(op, parents, tmp_path / "child", parse_params([param]))
+    assert err.value.argument == "param"
+    assert main(["evolve", "--op", op, "--parents", *map(str, parents), "--out", str(tmp_path / "c"),
+                 "--param", param]) == 2
+    assert not (tmp_path / "c").exists() and not (tmp_path / "child").exists()
+
+
+def test_the_probe_accepts_every_default_and_leaves_the_global_rng_alone():
+    """``check_params`` on each built-in operator's defaults passes, and draws nothing from torch's global RNG
+    (a run's history is unchanged by the check of its PBT settings)."""
+    from evolution.operators import list_operators
+
+    state = torch.random.get_rng_state()
+    for op in list_operators():
+        assert op.check_params({}) == op.resolve_params({})
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_a_run_s_operator_params_get_the_same_checks():
+    """``--pbt.operator-params '{"dare": {"p": 1}}'`` failed at the first PBT event; now the run's settings are
+    refused before it starts, naming the field."""
+    from evolution.pbt_config import PBTConfig
+    from populora_env.checks import ConfigError
+
+    with pytest.raises(ConfigError, match=r"refuses p=1: dare: p must be in \[0, 1\)") as err:
+        PBTConfig(operator_params={"dare": {"p": 1}}).validate()
+    assert err.value.field == "operator_params.dare"
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"r": 10**9}, r"adapter_config.json: r = 1000000000 but .*lora_[AB].weight in adapter_model.safetensors has "
+                   r"rank 4"),
+    ({"r": 0}, r"adapter_config.json: r must be a positive int, got 0"),
+    ({"r": "4"}, r"adapter_config.json: r must be a positive int, got '4'"),
+    ({"r": True}, r"adapter_config.json: r must be a positive int, got True"),
+    ({"lora_alpha": 1e400}, r"adapter_config.json: lora_alpha must be a finite number, got inf"),
+    ({"rank_pattern": {"q_proj": 10**9}}, r"adapter_config.json: r = 4 but .* has rank 4"),
+])
+def test_a_config_that_does_not_describe_its_weights_is_refused_before_allocating(adapters, tmp_path, monkeypatch,
+                                                                                   capsys, change, why):
+    """Issue 48: ``populora eval --adapters`` on ``r = 10^9`` ended in the allocator's RuntimeError. The config's
+    rank must be the weights' (bounded by the file read), checked before any model loads: one line, exit 2."""
+    import agents.models
+    from evolution.adapters_io import AdapterFileError
+    from populora_cli.main import main
+
+    d = tmp_path / "crafted"
+    shutil.copytree(adapters[0], d)
+    cfg = json.loads((d / "adapter_config.json").read_text())
+    if "rank_pattern" in change:  # a pattern that names a rank the weights hold nowhere, and none they hold
+        cfg["r"] = 10**9
+    cfg.update(change)
+    (d / "adapter_config.json").write_text(json.dumps(cfg))
+    if "rank_pattern" in change:
+        why = why.replace("r = 4", "r = 1000000000")
+    with pytest.raises(AdapterFileError, match=why):
+        load_adapter_dir(d)
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(agents.models, "load_base", no_model)
+    capsys.readouterr()
+    assert main(["eval", "--adapters", str(d), "--benchmarks", "humaneval", "--limit", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("populora eval: error: ") and len(err.strip().splitlines()) == 1, err
+    assert not (d / "eval").exists()

@@ -97,3 +97,34 @@ def test_output_levels(level: int, expected: dict) -> None:
                        cwd=REPO, timeout=60)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout) == expected
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: __import__("populora_cli.api").api.train(plugins="my_plugin.py"),
+     r"train\(\): plugins must be a list .*got str 'my_plugin.py' \(write plugins=\['my_plugin.py'\]\)"),
+    (lambda: __import__("populora_cli.api").api.baseline("tiny", plugins=[3]), r"baseline\(\): plugins .* an item int 3"),
+    (lambda: __import__("populora_cli.api").api.train(config=12), r"train\(\): config must be a preset name .* got int 12"),
+    (lambda: __import__("populora_cli.api").api.train("tiny", report="no"), r"train\(\): report must be True or False"),
+    (lambda: resolve_config(3.5), r"resolve_config\(\): config must be .* got float 3.5"),
+    (lambda: resolve_config({1: 2}), r"resolve_config\(\): config: a dict's keys must be field names"),
+    (lambda: __import__("populora_cli.api").api.compare("runs/a", out="x"), r"compare\(\): runs must be a list .*write runs="),
+    (lambda: __import__("populora_cli.api").api.compare(["runs/a"], out=5), r"compare\(\): out must be a directory"),
+    (lambda: __import__("populora_cli.api").api.compare(["runs/a"], out="x", tail="3"), r"compare\(\): tail must be an int"),
+    (lambda: __import__("populora_cli.api").api.compare(["runs/a"], out="x", reps=0), r"compare\(\): reps must be >= 1, got 0"),
+    (lambda: __import__("populora_cli.api").api.compare(["runs/a"], out="x", eval_score="mean"),
+     r"compare\(\): eval_score must be one of population_mean, best, weakest, got 'mean'"),
+])
+def test_the_api_checks_its_arguments_at_the_door(call, match: str, tmp_path: Path, monkeypatch) -> None:
+    """A wrong type is one error naming the argument (issue 48: ``plugins='my_plugin.py'`` was read as the
+    plugins ``m``, ``y``, ...; ``config=12`` raised from inside), raised before any work: nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises((TypeError, ValueError), match=match):
+        call()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_arm_checks_its_configuration() -> None:
+    from populora_cli.api import run_arm
+
+    with pytest.raises(TypeError, match=r"run_arm\(\): cfg must be a TrainConfig .* got dict"):
+        run_arm(None, {"steps": 2}, "population")  # type: ignore[arg-type]

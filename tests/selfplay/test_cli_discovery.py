@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,104 @@ def test_an_estimator_that_writes_on_padding_or_the_wrong_shape_is_reported() ->
         estimator_table(lambda r, m, g, **kw: r, {})
     with pytest.raises(PluginBug, match="ValueError: nope at "):
         estimator_table(lambda r, m, g, **kw: (_ for _ in ()).throw(ValueError("nope")), {})
+
+
+EXITING = '''
+import sys
+from agents.advantages import register_advantage
+from populora_env import register_reward_scheme
+
+
+@register_reward_scheme("test_only_exits")
+def exits(results):
+    sys.exit(0)
+
+
+@register_reward_scheme("test_only_interrupts")
+def interrupts(results):
+    raise KeyboardInterrupt
+
+
+@register_advantage("test_only_exits_3")
+def exits_3(rewards, response_mask, group_ids, **kw):
+    sys.exit(3)
+
+
+@register_advantage("test_only_interrupts")
+def interrupts_too(rewards, response_mask, group_ids, **kw):
+    raise KeyboardInterrupt
+
+
+from evolution.selection import register_fitness, register_selection
+from populora_env.matching import register_matching
+
+
+@register_selection("test_only_exits")
+def selection_exits(ctx):
+    sys.exit(0)
+
+
+@register_fitness("test_only_exits_4")
+def fitness_exits(rating, history):
+    sys.exit(4)
+
+
+@register_matching("test_only_interrupts")
+def matching_interrupts(p):
+    raise KeyboardInterrupt
+'''
+
+
+@pytest.fixture
+def exiting_plugin(tmp_path: Path):
+    from agents.advantages import list_advantages, unregister_advantage
+    from populora_env import list_reward_schemes, unregister_reward_scheme
+
+    path = tmp_path / "exiting_plugin.py"
+    path.write_text(EXITING)
+    yield str(path)
+    for name in ("test_only_exits", "test_only_interrupts"):
+        if name in list_reward_schemes():
+            unregister_reward_scheme(name)
+    for name in ("test_only_exits_3", "test_only_interrupts"):
+        if name in list_advantages():
+            unregister_advantage(name)
+    from evolution.selection import list_fitness, list_selections, unregister_fitness, unregister_selection
+    from populora_env.matching import list_matchings, unregister_matching
+
+    for listed, unregister, name in ((list_selections, unregister_selection, "test_only_exits"),
+                                     (list_fitness, unregister_fitness, "test_only_exits_4"),
+                                     (list_matchings, unregister_matching, "test_only_interrupts")):
+        if name in [x.name for x in listed()]:
+            unregister(name)
+
+
+@pytest.mark.parametrize("cmd, name, what", [
+    ("test-scheme", "test_only_exits", "round 'solved and unsolved tasks': RewardSchemeError: reward scheme "
+                                       "'exits' called sys.exit(0)"),
+    ("test-scheme", "test_only_interrupts", "round 'solved and unsolved tasks': KeyboardInterrupt: "),
+    ("test-estimator", "test_only_exits_3", "SystemExit: called sys.exit(3) at "),
+    ("test-estimator", "test_only_interrupts", "KeyboardInterrupt:  at "),
+    ("test-selection", "test_only_exits", "event 1: SystemExit: called sys.exit(0) at "),
+    ("test-selection", "truncation --fitness test_only_exits_4",
+     "fitness 'test_only_exits_4': SystemExit: called sys.exit(4) at "),
+    ("test-matching", "test_only_interrupts", "KeyboardInterrupt:  at "),
+])
+def test_a_plugin_that_exits_or_interrupts_is_a_plugin_failure(cli, exiting_plugin: str, cmd: str, name: str,
+                                                              what: str) -> None:
+    """``sys.exit(0)`` in a scheme exited 0 silently (issue 48): any exit, and a ``KeyboardInterrupt`` the
+    plugin raised itself (no SIGINT arrived), is the plugin's failure: one line, exit 2."""
+    rc, err = cli(cmd, *name.split(), "--plugins", exiting_plugin)
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"populora {cmd}: error: {name.split()[0]}: {what}"), err
+
+
+def test_a_scheme_s_exit_in_a_run_is_a_reward_scheme_error() -> None:
+    """The env's own check of a scheme's answer turns ``sys.exit`` into the run's one-line RewardSchemeError."""
+    from populora_env.rewards import RewardSchemeError, compute_rewards
+
+    def leaves(results):
+        sys.exit(0)
+
+    with pytest.raises(RewardSchemeError, match=r"reward scheme 'leaves' called sys.exit\(0\)"):
+        compute_rewards(leaves, scheme_rounds()[0].results)

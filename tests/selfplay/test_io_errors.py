@@ -4,7 +4,11 @@ non-finite child naming the parameters; a plugin that exits at import is reporte
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -117,3 +121,57 @@ def test_a_plugin_that_exits_at_import_exits_2(tmp_path: Path, capsys, body: str
     plugin.write_text(body)
     rc, err = _run(capsys, "train", "--plugins", str(plugin), "--model", "tiny-random", "--dry-run")
     assert (rc, err) == (2, f"populora train: error: --plugins: plugin {str(plugin)!r} {said} while importing")
+
+
+@contextmanager
+def read_only_copy(src: Path, tmp_path: Path) -> Iterator[Path]:
+    """A copy of ``src`` that cannot be written: its folders made read-only (``chmod a-w``) for a normal user;
+    for root, who ignores modes, on a tmpfs remounted read-only (skipped where root cannot mount)."""
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    if os.geteuid() != 0:
+        shutil.copytree(src, mount / "run")
+        dirs = [mount, *(p for p in mount.rglob("*") if p.is_dir())]
+        for d in dirs:
+            d.chmod(0o555)
+        try:
+            yield mount / "run"
+        finally:
+            for d in dirs:
+                d.chmod(0o755)
+        return
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"root cannot mount a tmpfs here: {p.stderr.strip()}")
+    try:
+        shutil.copytree(src, mount / "run")
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True, capture_output=True)
+        yield mount / "run"
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_report_and_eval_on_a_read_only_run_say_so_in_one_line(tiny_run: Path, tmp_path: Path, capsys,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 48: ``train --resume`` said so in one line, ``report`` and ``eval`` (and ``compare --out`` there) ended in ``OSError: [Errno 30]``.
+    Both now check the folder they write into (default: inside the run) before any work, name it and the way
+    out (``--out`` / ``--out-dir``); with it the read-only run is read as any other."""
+    import agents.models
+    from evaluation import stats
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(agents.models, "load_base", no_model)
+    with read_only_copy(tiny_run, tmp_path) as run:
+        rc, err = _run(capsys, "report", str(run))
+        assert rc == 2 and err.startswith(f"populora report: error: cannot write the report in {run / 'report'}: "), err
+        assert err.endswith("; give --out DIR elsewhere"), err
+        rc, err = _run(capsys, "eval", str(run), "--benchmarks", "gsm8k", "--limit", "1")
+        assert rc == 2 and err.startswith(f"populora eval: error: cannot write the evaluation in {run / 'eval'}: "), err
+        assert err.endswith("; give --out-dir DIR elsewhere"), err
+        rc, err = _run(capsys, "compare", "--from", str(run), "--out", str(run.parent / "cmp"))
+        assert rc == 2 and err.startswith(f"populora compare: error: cannot write the comparison in {run.parent}/cmp: "
+                                          if stats.rliable_available() else "populora compare: error: "), err
+        assert main(["report", str(run), "--out", str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report" / "summary.md").is_file()

@@ -295,10 +295,14 @@ def test_kill_9_during_an_async_run_then_resume_equals_the_uninterrupted_run(asy
     ("rating_resets", [[5, "zz"]], "not a list of [round, member] pairs"),
     ("older_versions", {"a": ["1"]}, "not lists of versions"),
     ("floor", -1, "not a step in 0..4"),
+    ("boundaries", {"²": {"a": 2, "b": 2}}, "not an object of steps 0..4"),  # isdigit(), not int(): ValueError
 ])
 def test_a_damaged_pipeline_state_is_refused_naming_the_field(tmp_path: Path, field: str, value, why: str) -> None:
     from selfplay.checkpoint import CheckpointError
-    from selfplay.pipeline import read_pipeline_state
+    from selfplay.pipeline import PIPELINE_DIR, read_pipeline_state
+
+    (tmp_path / PIPELINE_DIR / "a").mkdir(parents=True)
+    (tmp_path / PIPELINE_DIR / "a" / "v2.safetensors").write_bytes(b"")  # the older version it names
 
     good = {"max_staleness": 1, "versions": {"a": 3, "b": 2}, "birth": {"a": 0, "b": 2}, "floor": 0,
             "boundaries": {"3": {"a": 2, "b": 2}, "4": {"a": 3, "b": 2}}, "older_versions": {"a": [2]},
@@ -310,3 +314,49 @@ def test_a_damaged_pipeline_state_is_refused_naming_the_field(tmp_path: Path, fi
     path.write_text(json.dumps(good | {field: value}))
     with pytest.raises(CheckpointError, match=f"field '{field}'.*{re.escape(why)}"):
         read_pipeline_state(path, ["a", "b"], 4)
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"boundaries": {"4": {"a": 5, "b": 2}}}, "boundary 4 names version 5 of 'a', which the checkpoint does not hold"),
+    ({"older_versions": {"a": [2, 1]}}, "v1.safetensors: is missing"),
+])
+def test_a_pipeline_state_naming_a_version_it_does_not_hold_is_refused_before_the_model(tmp_path: Path, change,
+                                                                                       why: str) -> None:
+    """Issue 48: resume found this only after the model loaded (exit 2); read_pipeline_state, which
+    check_checkpoint calls before, now refuses it, so resume falls back to an older checkpoint."""
+    from selfplay.checkpoint import CheckpointError
+    from selfplay.pipeline import PIPELINE_DIR, read_pipeline_state
+
+    (tmp_path / PIPELINE_DIR / "a").mkdir(parents=True)
+    (tmp_path / PIPELINE_DIR / "a" / "v2.safetensors").write_bytes(b"")
+    good = {"max_staleness": 1, "versions": {"a": 3, "b": 2}, "birth": {"a": 0, "b": 2}, "floor": 0,
+            "boundaries": {"4": {"a": 2, "b": 2}}, "older_versions": {"a": [2]}, "rating_resets": []}
+    path = tmp_path / PIPELINE_STATE
+    path.write_text(json.dumps(good | change))
+    with pytest.raises(CheckpointError, match=re.escape(why)):
+        read_pipeline_state(path, ["a", "b"], 4)
+
+
+@pytest.mark.e2e
+def test_resume_falls_back_over_a_pipeline_state_naming_a_version_it_does_not_hold(async_runs: dict[str, Path],
+                                                                                   tmp_path: Path) -> None:
+    """The issue's reproduction through the command: step 4's pipeline_state.json (re-sealed) names a version
+    the checkpoint does not hold; resume names the file, sets step 4 aside and continues from step 3 (it exited 2
+    after the model loaded)."""
+    import shutil
+
+    from selfplay.checkpoint import write_manifest
+
+    run = tmp_path / "crafted"
+    shutil.copytree(async_runs["thread"], run)
+    path = run / "checkpoints" / "step_4" / PIPELINE_STATE
+    state = json.loads(path.read_text())
+    member = sorted(state["versions"])[0]
+    state["boundaries"][max(state["boundaries"], key=int)][member] = 99
+    path.write_text(json.dumps(state))
+    write_manifest(path.parent, 4)
+    p = subprocess.run([sys.executable, "-m", "populora_cli.main", "train", "--resume", str(run), "--no-progress"],
+                       capture_output=True, text=True, env=cli_env(), cwd=REPO, timeout=900)
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert f"step_4/{PIPELINE_STATE}: boundary" in p.stderr and "from checkpoint step 3" in p.stderr, p.stderr[-3000:]
+    assert (run / "checkpoints" / "damaged" / "step_4").is_dir() and (run / "checkpoints" / "step_4").is_dir()
