@@ -265,6 +265,7 @@ def test_async_metrics_per_member_in_tensorboard_and_the_report(async_runs: dict
     assert all("n/a" not in line for line in rows)
 
 
+@pytest.mark.e2e  # a kill and a resume (minutes of the default suite; issue 45): CI runs it in the e2e tier
 def test_kill_9_during_an_async_run_then_resume_equals_the_uninterrupted_run(async_runs: dict[str, Path],
                                                                             tmp_path: Path) -> None:
     """Killed while step 2's checkpoint is written (round 3 already generated, ahead), resumed from step 1."""

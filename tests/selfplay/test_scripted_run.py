@@ -81,6 +81,7 @@ def test_scripted_settings_are_checked() -> None:
         TrainConfig(**{**cfg.__dict__, "scripted": ScriptedConfig(correct=1.5)}).validate()
 
 
+@pytest.mark.e2e  # two more runs and a resume (about a minute of the default suite; issue 45): CI's e2e tier
 def test_a_resumed_scripted_run_scripts_what_the_uninterrupted_one_did(
     scripted_run: Path, tmp_path: Path
 ) -> None:
