@@ -18,7 +18,7 @@ names the dotted field) before any work starts.
 
 Why here, at the top of the layers: ``train`` needs the run layer (``selfplay``), ``baseline`` the baseline
 (``baselines``, which sits above it) and ``compare`` the comparison (``evaluation.compare``) and the launcher of
-runs over seeds (``populora_cli.compare``); only the composition root sees all three. Importing this module
+runs over seeds (``populora_cli.compare_command``); only the composition root sees all three. Importing this module
 imports nothing heavy: torch loads when a run starts.
 
 The API leaves logging and warnings as the caller set them (the command line quiets third-party output; see

@@ -408,7 +408,7 @@ def _dispatch(argv: list[str]) -> int:
     if cmd == "eval":
         return _eval(rest)
     if cmd == "compare":
-        from populora_cli.compare import compare_main
+        from populora_cli.compare_command import compare_main
 
         return compare_main(rest)
     if cmd == "list":

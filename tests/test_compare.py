@@ -191,7 +191,7 @@ def test_missing_rliable_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_a_run_killed_during_set_up_is_set_aside(tmp_path: Path) -> None:
-    from populora_cli.compare import Job, set_aside_unstarted
+    from populora_cli.compare_command import Job, set_aside_unstarted
 
     run = tmp_path / "population-s0"
     run.mkdir()
@@ -205,7 +205,7 @@ def test_a_run_killed_during_set_up_is_set_aside(tmp_path: Path) -> None:
 def test_plan_threads_and_commands(tmp_path: Path) -> None:
     """cores // K threads per run where the preset leaves them to torch (0) or asks for more; the preset's own
     count where it fits; a new run's command names preset, seed and run directory, an unfinished one --resume."""
-    from populora_cli.compare import plan
+    from populora_cli.compare_command import plan
 
     configs = {"population": {"threads": 0, "generation": {"threads": 1}},
                "baseline": {"threads": 8, "generation": {"threads": 0}, "device": "cuda"}}
@@ -232,7 +232,7 @@ def test_plan_threads_and_commands(tmp_path: Path) -> None:
 def test_arms_with_their_own_flags_plan_labelled_runs(tmp_path: Path) -> None:
     """``--arm NAME=KIND FLAGS``: the arm's runs are ``NAME-s<seed>``, labelled ``--arm NAME``, with its flags after
     the preset's and before compare's extra flags; an arm named by its kind is launched as before."""
-    from populora_cli.compare import Arm, parse_arm, plan
+    from populora_cli.compare_command import Arm, parse_arm, plan
 
     arms = [parse_arm("async=population --pipeline.max-staleness 1"), parse_arm("population=population")]
     assert arms == [Arm("async", "population", ("--pipeline.max-staleness", "1")), Arm("population", "population")]

@@ -1,7 +1,7 @@
 """Comparing the arms over seeds (``populora compare``): reading run directories
 (:mod:`~evaluation.compare.rundirs`), the statistics (:mod:`~evaluation.compare.summary`, estimators in
 :mod:`evaluation.stats`) and ``compare.md`` / ``compare.json`` / figures (:mod:`~evaluation.compare.write`).
-Launching the runs is the command line's job (``populora_cli/compare.py``)."""
+Launching the runs is the command line's job (``populora_cli/compare_command.py``)."""
 
 from __future__ import annotations
 

@@ -128,3 +128,22 @@ def test_run_arm_checks_its_configuration() -> None:
 
     with pytest.raises(TypeError, match=r"run_arm\(\): cfg must be a TrainConfig .* got dict"):
         run_arm(None, {"steps": 2}, "population")  # type: ignore[arg-type]
+
+
+def test_the_api_names_survive_importing_every_command_module() -> None:
+    """``from populora_cli import train, baseline, compare`` gives the API's functions even after the CLI's own
+    modules were imported (a submodule named like an API function would replace it on the package: the compare
+    command's module was ``populora_cli/compare.py`` until issue 48). Run in a fresh interpreter: this process may
+    have imported them already, in any order."""
+    code = (
+        "import importlib, pkgutil, populora_cli, populora_cli.api as api\n"
+        "for m in pkgutil.iter_modules(populora_cli.__path__):\n"
+        "    importlib.import_module('populora_cli.' + m.name)\n"
+        "from populora_cli import baseline, compare, train\n"
+        "assert (train, baseline, compare) == (api.train, api.baseline, api.compare), (train, baseline, compare)\n"
+        "clash = sorted(set(populora_cli.__all__) & {m.name for m in pkgutil.iter_modules(populora_cli.__path__)})\n"
+        "assert not clash, clash\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=cli_env(), capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]

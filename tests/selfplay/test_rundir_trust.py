@@ -189,7 +189,7 @@ def test_compare_and_eval_refuse_links_out_of_the_run(tmp_path: Path) -> None:
 
 
 def test_compare_from_a_crafted_run_exits_2_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from populora_cli.compare import compare_main
+    from populora_cli.compare_command import compare_main
 
     run = _resumable(tmp_path / "run")
     (run / "run_summary.json").write_text(DEEP)
