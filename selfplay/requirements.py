@@ -66,8 +66,10 @@ def _cached(model: str) -> bool:
     """Whether the hub id's ``config.json`` is in the Hugging Face cache (``HF_HUB_CACHE`` / ``HF_HOME``)."""
     from huggingface_hub import try_to_load_from_cache
 
+    from agents.model_names import HF_CONFIG
+
     try:
-        found = try_to_load_from_cache(model, "config.json")
+        found = try_to_load_from_cache(model, HF_CONFIG)
     except Exception:  # noqa: BLE001 - a malformed id: not cached; from_pretrained names the problem
         return False
     return isinstance(found, str)

@@ -74,7 +74,9 @@ def test_train_and_baseline_resolve_the_same_trainer(preset: str) -> None:
     assert population["trainer"] == baseline["trainer"]
     assert population["trainer"]["advantage"] == "reinforce_pp_baseline"  # the paper's estimator, both arms
     assert baseline["trainer"]["role_weighting"] == "balanced"  # the single adapter's roles share its update
-    assert _differing(population, baseline) <= ARM_FIELDS
+    # the baseline drops a preset's scripted opponents (its opponent is itself; docs/swapping.md)
+    assert {k for k in _differing(population, baseline) if not k.startswith("scripted.")} <= ARM_FIELDS
+    assert all(not v for k, v in _flat(baseline).items() if k.startswith("scripted.") and k.endswith(("teachers", "students")))
     assert baseline["env"]["reward_scheme"] == "azr" and baseline["evolution"] is False
     assert (baseline["env"]["num_teachers"], baseline["env"]["num_students"]) == (1, 1)
 
