@@ -1,17 +1,7 @@
 """Diagnostics of generated programs and of the task distribution (docs/method.md §10).
 
-Program metrics (:mod:`populora_env.complexity`, re-exported here):
-
-- **AST depth**: max node depth of ``ast.parse(program)`` (Module = 1, child = parent + 1 over
-  ``ast.iter_child_nodes``);
-- **cyclomatic complexity**: McCabe per function = 1 + decision points (``If``, ``For``/``AsyncFor``,
-  ``While``, ``IfExp``, each ``ExceptHandler``, each comprehension and each of its ``if`` clauses, each
-  ``match`` case, ``BoolOp`` adds ``len(values) − 1``); the program's value is the sum over its functions
-  (nested functions and methods count as functions of their own);
-- **lines of code**: non-blank lines that are not comment-only;
-- **variable count**: distinct identifiers bound in the program: ``Name`` in Store context (assignments, loop,
-  comprehension, ``with … as`` and walrus targets), function parameters, ``except … as`` names and ``match``
-  captures; function and class names excluded.
+Program metrics (AST depth, cyclomatic complexity, lines of code, variable count) are defined and computed
+in :mod:`populora_env.complexity` (its docstring states each measure) and re-exported here.
 
 Distribution metrics (cumulative, kept by :class:`CoverageTracker`):
 
