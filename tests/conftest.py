@@ -1,9 +1,10 @@
 """Suite-wide layout for parallel workers (pytest-xdist, ``-n`` in ``pyproject.toml``'s ``addopts``).
 
 * **Groups.** ``--dist loadgroup`` sends every test of one group to one worker, in a row; the groups are told
-  by path (:data:`GROUPS`, :func:`pytest_xdist_make_scheduler`). The Ray tests form the group ``ray`` (one Ray
+  by path (:func:`group_of`, :func:`pytest_xdist_make_scheduler`). The Ray tests form the group ``ray`` (one Ray
   cluster per session, started by ``tests/ray/conftest.py`` on the worker that runs them and stopped after the
-  group's last test), so two clusters never share the cores.
+  group's last test), so two clusters never share the cores. A module that defines a module-scoped fixture is
+  one group, so the fixture is built once, not once per worker that runs one of its tests.
 * **Runs built once for all workers.** :func:`built_once` builds a directory (a finished tiny run, say) the first
   time any worker asks for it and hands the same directory to every other worker, under a file lock in the
   run's shared base temp directory; without xdist it is an ordinary session-scoped build. Tests only read
@@ -15,6 +16,7 @@ global directory but the converted-model cache (built under its own file lock, `
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from collections.abc import Callable
@@ -23,13 +25,27 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+ROOT = Path(__file__).resolve().parents[1]
 GROUPS = {"tests/ray/": "ray"}
 """Test paths whose tests one worker runs, in a row: the Ray tests (one cluster per session)."""
 
 
 def group_of(nodeid: str) -> str:
-    """The scheduling unit of a test: its group (:data:`GROUPS`), else the test alone."""
-    return next((g for prefix, g in GROUPS.items() if nodeid.startswith(prefix)), nodeid)
+    """The scheduling unit of a test: its group (:data:`GROUPS`); else its module when the module builds a
+    module-scoped fixture (a finished run, a sandbox pool: split over two workers, each would build its own);
+    else the test alone."""
+    group = next((g for prefix, g in GROUPS.items() if nodeid.startswith(prefix)), None)
+    if group is not None:
+        return group
+    module = nodeid.partition("::")[0]
+    return module if _has_module_fixture(module) else nodeid
+
+
+@functools.cache
+def _has_module_fixture(module: str) -> bool:
+    """Whether the test file ``module`` (a path relative to the repository) defines a module-scoped fixture."""
+    path = ROOT / module
+    return path.suffix == ".py" and path.is_file() and 'scope="module"' in path.read_text(encoding="utf-8")
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: a Python without pytest-xdist (a bare GPU image)

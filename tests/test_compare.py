@@ -77,6 +77,7 @@ def check_comparison(out: Path, launched: list[str]) -> dict:
     return data
 
 
+@pytest.mark.e2e  # four runs, killed and resumed: CI's end-to-end tier; the two-arm test below keeps compare end to end in the default suite
 def test_compare_end_to_end_killed_resumed_idempotent(tmp_path: Path) -> None:
     preset = tiny_preset(tmp_path / "tiny.json")
     out = tmp_path / "cmp"

@@ -110,6 +110,7 @@ def test_an_actor_killed_mid_batch_has_its_chunk_retried_elsewhere(ray_cluster):
         _close(sb, pg)
 
 
+@pytest.mark.e2e  # two clusters' worth of sleeping jobs, a loose timing check: CI's end-to-end tier
 def test_sleep_bound_throughput_grows_with_nodes(ray_cluster):
     """12 jobs sleeping 1 s, 2 workers per node: 1 node needs about 6 s, 3 nodes about 2 s. Asserted loosely
     (the machine is shared); benchmarks/ray_scaling.py reports the measured ratio."""

@@ -11,6 +11,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 RUN_FIELDS = {"status", "seconds", "timeout_s", "command", "log", "arm", "preset", "model", "engine", "run_dir",
@@ -40,6 +42,7 @@ def test_bad_model_arguments_exit_2(tmp_path):
         "gpu_check.py --backend is deprecated and will be removed in the next release: use --engine"]
 
 
+@pytest.mark.e2e  # both arms and the probe: CI's end-to-end tier (and CI's set-up step runs --dry to the end too)
 def test_dry_run_writes_every_field_the_gpu_run_fills(tmp_path):
     """One step of each arm on ``random:qwen2-tiny`` and the probe, the vLLM checks left out (tested in CI's vLLM
     step): every field of the GPU run's JSON is there, with CPU values where CPU measures them."""
