@@ -214,3 +214,33 @@ def test_validate_checks_values_set_from_python() -> None:
         with pytest.raises(ConfigError) as info:
             dataclasses.replace(cfg, **bad).validate()
         assert info.value.field == field
+
+
+
+def test_a_models_module_names_are_listed_once_then_read_from_the_cache(tmp_path: Path, monkeypatch) -> None:
+    """The target-module check lists a local model's modules on the meta device once; later checks read the
+    cached list (keyed by the config's bytes), a damaged entry is listed again, another config gets its own."""
+    import shutil
+
+    from agents.models import _tiny_random_dir
+    from selfplay.config import _module_names_file, model_module_names, unknown_target_modules
+
+    model = tmp_path / "model"
+    model.mkdir()
+    shutil.copy(_tiny_random_dir() / "config.json", model / "config.json")
+    monkeypatch.setenv("POPULORA_CACHE", str(tmp_path / "cache"))
+    model_module_names.cache_clear()
+    listed = model_module_names(str(model))
+    assert listed is not None and {"q_proj", "v_proj", "down_proj"} <= set(listed)
+    entry = _module_names_file(model / "config.json")
+    assert entry.parent == tmp_path / "cache" / "module-names" and json.loads(entry.read_text()) == list(listed)
+    entry.write_text(json.dumps(["q_proj", "only_in_the_cache"]))  # read, not listed again
+    model_module_names.cache_clear()
+    assert unknown_target_modules(str(model), ("only_in_the_cache", "v_proj")) == ["v_proj"]
+    entry.write_text('{"damaged": ')  # listed again and rewritten
+    model_module_names.cache_clear()
+    assert model_module_names(str(model)) == listed and json.loads(entry.read_text()) == list(listed)
+    other = json.loads((model / "config.json").read_text()) | {"num_hidden_layers": 3}
+    (model / "config.json").write_text(json.dumps(other))
+    assert _module_names_file(model / "config.json") != entry
+    model_module_names.cache_clear()
