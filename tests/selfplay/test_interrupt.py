@@ -22,7 +22,10 @@ import pytest
 from tests.selfplay.conftest import REPO, TINY, cli_env
 
 _GATED = """
-import importlib, os, sys, time
+import importlib, os, signal, sys, time
+# SIGINT as Python sets it up in a terminal's foreground command; a suite run as a background job (nohup, a
+# non-interactive shell's '&') hands it down ignored, and no Ctrl-C would ever reach the command under test
+signal.signal(signal.SIGINT, signal.default_int_handler)
 target = os.environ.get("GATE")
 if target:
     after, marker = int(os.environ.get("GATE_AFTER", "0")), os.environ["GATE_MARKER"]
