@@ -637,7 +637,7 @@ def _module_names_file(config_file: Path) -> Path:
     """Where the module names of the model whose ``config.json`` is ``config_file`` are kept once listed: the
     cache (:func:`agents.models.cache_dir`'s parent, ``module-names/``), keyed by the file's bytes and the
     installed transformers version, so a dry run or a refused configuration skips importing transformers
-    (about 3 s of a 6 s ``--dry-run`` on 2 cores)."""
+    (half of a ``--dry-run``'s time: docs/testing.md §1)."""
     import hashlib
     from importlib import metadata
 
