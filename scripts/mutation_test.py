@@ -62,8 +62,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGETS: dict[str, list[str]] = {
     "agents/advantages.py": ["tests/agents/test_advantages.py"],
     "agents/losses.py": ["tests/agents/test_losses.py"],
-    "populora_env/rewards.py": ["tests/env/test_rewards.py"],
-    "populora_env/matching.py": ["tests/env/test_matching.py"],
+    "populora_env/rewards.py": ["tests/env/test_rewards.py", "tests/env/test_scheme_fields.py"],
+    "populora_env/matching.py": ["tests/env/test_matching.py", "tests/env/test_matching_rules.py",
+                                 "tests/env/test_config_sections.py"],
     **{
         f"evolution/{name}.py": ["tests/evolution/test_lowrank.py", "tests/evolution/test_operators.py"]
         for name in ("lowrank", "gram", "factor_space", "mutations", "crossovers", "controls", "ties")

@@ -120,3 +120,30 @@ def test_bad_matching_settings_name_the_field(settings: dict, field: str, messag
     with pytest.raises(ConfigError) as exc:
         EnvConfig(**settings).validate()
     assert exc.value.field == field and message in exc.value.reason
+
+
+def test_each_weighting_summary_is_its_docstring_s_first_line_and_entries_are_frozen() -> None:
+    import dataclasses
+
+    from populora_env.matching import Matching, get_matching
+
+    assert get_matching("hard").summary == "(1 - p)^2: AlphaStar's f_hard, pairings the student is expected to lose."
+    assert get_matching("uniform").summary == "1: uniform random pairing (ratings ignored)."
+    undocumented = Matching("bare", {}, lambda p: p)
+    assert undocumented.summary == "" and "fn=" not in repr(undocumented) and "bare" in repr(undocumented)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        undocumented.name = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("field", ["mu", "sigma", "beta", "tau"])
+def test_trueskill_settings_stop_at_a_million(field: str) -> None:
+    from populora_env.checks import ConfigError
+    from populora_env.matching import TrueSkillConfig
+
+    TrueSkillConfig(**{field: 1e6}).validate()
+    with pytest.raises(ConfigError, match=field):
+        TrueSkillConfig(**{field: 1e6 + 0.5}).validate()
+    if field == "mu":
+        TrueSkillConfig(mu=-1e6).validate()
+        with pytest.raises(ConfigError, match="mu"):
+            TrueSkillConfig(mu=-1e6 - 0.5).validate()

@@ -84,3 +84,31 @@ def test_compute_rewards_rejects_malformed_scheme_output() -> None:
         compute_rewards(lambda r: {"teacher_0": [float("nan")], "student_0": [0.0] * 3}, results)
     with pytest.raises(ValueError, match="mapping"):
         compute_rewards(lambda r: [1.0], results)
+
+
+def test_a_bool_or_a_string_reward_is_refused_naming_the_scheme() -> None:
+    """A bool is an int to Python, yet never a reward; a string is not a number. The error names the scheme by
+    its ``name`` attribute, else its function name, else its type."""
+    results = make_results({"a": [True]})
+
+    class Named:
+        name = "named_scheme"
+
+        def __call__(self, r):
+            return {"teacher_0": [True], "student_0": [0.0] * 3}
+
+    class Anonymous:
+        def __call__(self, r):
+            return {"teacher_0": ["0.5"], "student_0": [0.0] * 3}
+
+    def plain_function(r):
+        return {"teacher_0": [0.0], "student_0": [0.0, False, 0.0]}
+
+    with pytest.raises(ValueError, match=r"'named_scheme' returned True \(bool\) as a reward for teacher_0"):
+        compute_rewards(Named(), results)
+    with pytest.raises(ValueError, match=r"'Anonymous' returned '0.5' \(str\) as a reward for teacher_0"):
+        compute_rewards(Anonymous(), results)
+    with pytest.raises(ValueError, match=r"'plain_function' returned False \(bool\) as a reward for student_0"):
+        compute_rewards(plain_function, results)
+    assert compute_rewards(lambda r: {"teacher_0": [1], "student_0": [0.5, 0, -1]}, results)["student_0"] == [
+        0.5, 0.0, -1.0]
