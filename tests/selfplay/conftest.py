@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -167,21 +167,38 @@ def arm_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {arm: root / d for arm, d in ARM_DIRS.items()} | {"report": root / "report"}
 
 
+@contextmanager
+def read_only_tree(root: Path, fill: Callable[[Path], object] | None = None) -> Iterator[Path]:
+    """``root`` (made here), filled by ``fill(root)``, then closed to writes: its folders mode 0555 for a normal
+    user; for root (who ignores modes) a tmpfs mounted on it, filled, then remounted read-only (skipped where
+    root cannot mount)."""
+    root.mkdir()
+    if os.geteuid() != 0:
+        if fill is not None:
+            fill(root)
+        dirs = [root, *(p for p in root.rglob("*") if p.is_dir())]
+        for d in dirs:
+            d.chmod(0o555)
+        try:
+            yield root
+        finally:
+            for d in dirs:
+                d.chmod(0o755)
+        return
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(root)], capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"root cannot mount a tmpfs here: {p.stderr.strip()}")
+    try:
+        if fill is not None:
+            fill(root)
+        subprocess.run(["mount", "-o", "remount,ro", str(root)], check=True, capture_output=True)
+        yield root
+    finally:
+        subprocess.run(["umount", "-l", str(root)], check=False)
+
+
 @pytest.fixture
 def read_only_dir(tmp_path: Path):
-    """A directory nobody may create entries in: mode 0555 for a normal user; for root (who ignores modes) a
-    read-only tmpfs mounted on it (skipped where root cannot mount)."""
-    d = tmp_path / "ro"
-    d.mkdir()
-    if os.geteuid() != 0:
-        d.chmod(0o555)
+    """An empty directory nobody may create entries in (:func:`read_only_tree`)."""
+    with read_only_tree(tmp_path / "ro") as d:
         yield d
-        d.chmod(0o755)
-        return
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(d)], capture_output=True, text=True)
-    if p.returncode != 0:
-        pytest.skip(f"root cannot mount a read-only tmpfs here: {p.stderr.strip()}")
-    try:
-        yield d
-    finally:
-        subprocess.run(["umount", "-l", str(d)], check=False)

@@ -135,17 +135,12 @@ def leftovers(root: Path) -> list[Path]:
 
 
 @pytest.fixture
-def looping_plugin(tmp_path: Path):
-    from agents.advantages import list_advantages, unregister_advantage
-    from populora_env import list_reward_schemes, unregister_reward_scheme
-
+def looping_plugin(tmp_path: Path) -> str:
+    """The plugin's path; only the commands under test import it (in their own processes), so nothing registers
+    here and nothing needs removing."""
     path = tmp_path / "looping_plugin.py"
     path.write_text(LOOPING)
-    yield str(path)
-    if "test_only_loops" in list_reward_schemes():
-        unregister_reward_scheme("test_only_loops")
-    if "test_only_loops" in list_advantages():
-        unregister_advantage("test_only_loops")
+    return str(path)
 
 
 @pytest.mark.parametrize("cmd", ["test-scheme", "test-estimator", "test-selection", "test-matching"])

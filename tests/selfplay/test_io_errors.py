@@ -4,9 +4,7 @@ non-finite child naming the parameters; a plugin that exits at import is reporte
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from populora_cli.main import main
+from tests.selfplay.conftest import read_only_tree
 
 
 @pytest.fixture(scope="module")
@@ -125,30 +124,9 @@ def test_a_plugin_that_exits_at_import_exits_2(tmp_path: Path, capsys, body: str
 
 @contextmanager
 def read_only_copy(src: Path, tmp_path: Path) -> Iterator[Path]:
-    """A copy of ``src`` that cannot be written: its folders made read-only (``chmod a-w``) for a normal user;
-    for root, who ignores modes, on a tmpfs remounted read-only (skipped where root cannot mount)."""
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    if os.geteuid() != 0:
-        shutil.copytree(src, mount / "run")
-        dirs = [mount, *(p for p in mount.rglob("*") if p.is_dir())]
-        for d in dirs:
-            d.chmod(0o555)
-        try:
-            yield mount / "run"
-        finally:
-            for d in dirs:
-                d.chmod(0o755)
-        return
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True, text=True)
-    if p.returncode != 0:
-        pytest.skip(f"root cannot mount a tmpfs here: {p.stderr.strip()}")
-    try:
-        shutil.copytree(src, mount / "run")
-        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True, capture_output=True)
+    """A copy of ``src`` that cannot be written (:func:`tests.selfplay.conftest.read_only_tree`)."""
+    with read_only_tree(tmp_path / "ro", lambda mount: shutil.copytree(src, mount / "run")) as mount:
         yield mount / "run"
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_report_and_eval_on_a_read_only_run_say_so_in_one_line(tiny_run: Path, tmp_path: Path, capsys,
