@@ -37,12 +37,19 @@ Design (see docs/anchors.md §5):
   default container's 64 MB ``/dev/shm`` cannot hold a 7B population's rank-32 adapters (0.16 GB each in
   bf16). A directory given explicitly that lacks the room is an error naming both sizes;
 * on vLLM's CPU platform the engine runs eagerly by default (``enforce_eager=None`` -> True there): LoRA is
-  served that way on CPU, and graph compilation buys nothing for decoding on a few cores.
+  served that way on CPU, and graph compilation buys nothing for decoding on a few cores;
+* on vLLM's CPU platform prefill is never chunked (``enable_chunked_prefill=False``, and a batch budget
+  ``max_num_batched_tokens`` of at least the model length: :func:`cpu_scheduler_kwargs`): a chunked prefill of a
+  seeded request rewinds its random generator by an offset, which a CPU generator does not have (vLLM 0.32.0
+  raises ``RuntimeError: CPU Generator does not use offset``), and every request here is seeded, so a
+  ``generate`` whose new prompt tokens passed the budget (4096 by default) ended the run. Unchunked, a prompt is
+  prefilled whole in one engine step, as it was below the budget: the same tokens.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import random
 import shutil
@@ -68,6 +75,7 @@ VLLM_INSTALL_HINT = (
 )
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the values vLLM accepts for max_lora_rank
 CPU_KV_CACHE_BYTES = 2 << 30  # default KV cache on vLLM's CPU platform (override: kv_cache_memory_bytes=)
+CPU_BATCHED_TOKENS = 4096  # vLLM's CPU default batch budget, kept where it covers the model length
 BASE_LORA_NAME = "_base"  # the zero adapter serving adapter=None (member names cannot start with "_")
 
 
@@ -254,6 +262,8 @@ class VLLMGenerator:
                 kwargs["max_model_len"] = max_model_len
             if _engine_accepts("logprobs_mode"):
                 kwargs["logprobs_mode"] = "raw_logprobs"
+            if on_cpu:
+                kwargs.update(cpu_scheduler_kwargs(max_model_len or _model_len(self.model_path), engine_kwargs))
             if on_cpu and "VLLM_CPU_KVCACHE_SPACE" not in os.environ and _engine_accepts("kv_cache_memory_bytes"):
                 # on CPU, gpu_memory_utilization is the share of HOST memory vLLM reserves at start-up and it
                 # refuses to start when that much is not free (0.6 of a shared 24 GiB box was not); an explicit
@@ -456,6 +466,28 @@ def _torch_dtype(dtype) -> torch.dtype:
     if not isinstance(parsed, torch.dtype):
         raise ValueError(f"unknown dtype {dtype!r}")
     return parsed
+
+
+def cpu_scheduler_kwargs(max_model_len: int | None, given: dict) -> dict:
+    """The scheduler settings vLLM's CPU platform needs for seeded requests (module docstring): chunked prefill
+    off, with a batch budget of ``max(CPU_BATCHED_TOKENS, max_model_len)`` tokens (vLLM refuses a budget under
+    the model length when prefill is not chunked). Settings in ``given`` are the caller's and stay."""
+    out: dict = {}
+    if "enable_chunked_prefill" not in given and _engine_accepts("enable_chunked_prefill"):
+        out["enable_chunked_prefill"] = False
+    if "max_num_batched_tokens" not in given and _engine_accepts("max_num_batched_tokens"):
+        out["max_num_batched_tokens"] = max(CPU_BATCHED_TOKENS, max_model_len or 0)
+    return out
+
+
+def _model_len(model_path: str | os.PathLike) -> int | None:
+    """The context length a model directory's ``config.json`` declares (``max_position_embeddings``), the one
+    vLLM takes when no ``max_model_len`` is given; None where it declares none."""
+    try:
+        value = json.loads((Path(model_path) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, int) else None
 
 
 def _engine_accepts(field: str) -> bool:

