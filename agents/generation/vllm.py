@@ -39,7 +39,7 @@ Design (see docs/anchors.md §5):
 * on vLLM's CPU platform the engine runs eagerly by default (``enforce_eager=None`` -> True there): LoRA is
   served that way on CPU, and graph compilation buys nothing for decoding on a few cores;
 * on vLLM's CPU platform prefill is never chunked (``enable_chunked_prefill=False``, and a batch budget
-  ``max_num_batched_tokens`` of at least the model length: :func:`cpu_scheduler_kwargs`): a chunked prefill of a
+  ``max_num_batched_tokens`` of at least the model length: :func:`cpu_platform_kwargs`): a chunked prefill of a
   seeded request rewinds its random generator by an offset, which a CPU generator does not have (vLLM 0.32.0
   raises ``RuntimeError: CPU Generator does not use offset``), and every request here is seeded, so a
   ``generate`` whose new prompt tokens passed the budget (4096 by default) ended the run. Unchunked, a prompt is
@@ -263,12 +263,7 @@ class VLLMGenerator:
             if _engine_accepts("logprobs_mode"):
                 kwargs["logprobs_mode"] = "raw_logprobs"
             if on_cpu:
-                kwargs.update(cpu_scheduler_kwargs(max_model_len or _model_len(self.model_path), engine_kwargs))
-            if on_cpu and "VLLM_CPU_KVCACHE_SPACE" not in os.environ and _engine_accepts("kv_cache_memory_bytes"):
-                # on CPU, gpu_memory_utilization is the share of HOST memory vLLM reserves at start-up and it
-                # refuses to start when that much is not free (0.6 of a shared 24 GiB box was not); an explicit
-                # KV cache size skips that reservation
-                kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+                kwargs.update(cpu_platform_kwargs(max_model_len or _model_len(self.model_path), engine_kwargs))
             kwargs.update(engine_kwargs)
             llm = self._LLM(**kwargs)
         self.llm = llm
@@ -468,11 +463,20 @@ def _torch_dtype(dtype) -> torch.dtype:
     return parsed
 
 
-def cpu_scheduler_kwargs(max_model_len: int | None, given: dict) -> dict:
-    """The scheduler settings vLLM's CPU platform needs for seeded requests (module docstring): chunked prefill
-    off, with a batch budget of ``max(CPU_BATCHED_TOKENS, max_model_len)`` tokens (vLLM refuses a budget under
-    the model length when prefill is not chunked). Settings in ``given`` are the caller's and stay."""
+def cpu_platform_kwargs(max_model_len: int | None, given: dict) -> dict:
+    """The engine settings vLLM's CPU platform needs; settings in ``given`` are the caller's and stay.
+
+    * the KV cache gets an explicit size, :data:`CPU_KV_CACHE_BYTES` (unless ``VLLM_CPU_KVCACHE_SPACE`` is set):
+      on CPU, ``gpu_memory_utilization`` is the share of HOST memory vLLM reserves at start-up and it refuses to
+      start when that much is not free (0.6 of a shared 24 GiB box was not);
+    * for seeded requests (module docstring): chunked prefill off, with a batch budget of
+      ``max(CPU_BATCHED_TOKENS, max_model_len)`` tokens (vLLM refuses a budget under the model length when
+      prefill is not chunked).
+    """
     out: dict = {}
+    if ("kv_cache_memory_bytes" not in given and "VLLM_CPU_KVCACHE_SPACE" not in os.environ
+            and _engine_accepts("kv_cache_memory_bytes")):
+        out["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
     if "enable_chunked_prefill" not in given and _engine_accepts("enable_chunked_prefill"):
         out["enable_chunked_prefill"] = False
     if "max_num_batched_tokens" not in given and _engine_accepts("max_num_batched_tokens"):
