@@ -64,6 +64,7 @@ import torch
 from agents.generation.base import Completion, GenerationRequest
 from agents.generation.hf import check_request, encode_prompt, row_seed, stop_token_ids
 from agents.generation.versions import AdapterVersions, check_state
+from agents.model_names import HF_CONFIG
 from agents.population import LoRAPopulation
 
 __all__ = ["AdapterSpaceError", "VLLMGenerator", "VLLM_INSTALL_HINT", "adapter_bytes", "adapter_root",
@@ -488,7 +489,7 @@ def _model_len(model_path: str | os.PathLike) -> int | None:
     """The context length a model directory's ``config.json`` declares (``max_position_embeddings``), the one
     vLLM takes when no ``max_model_len`` is given; None where it declares none."""
     try:
-        value = json.loads((Path(model_path) / "config.json").read_text()).get("max_position_embeddings")
+        value = json.loads((Path(model_path) / HF_CONFIG).read_text()).get("max_position_embeddings")
     except (OSError, ValueError):
         return None
     return value if isinstance(value, int) else None
