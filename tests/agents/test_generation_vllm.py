@@ -16,6 +16,7 @@ import json
 import sys
 import types
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import torch
@@ -59,6 +60,8 @@ class FakeLogprob:
 class FakeEngineArgs:
     logprobs_mode: str = "raw_logprobs"
     kv_cache_memory_bytes: int | None = None
+    enable_chunked_prefill: bool = True
+    max_num_batched_tokens: int | None = None
 
 
 class FakeLLM:
@@ -164,6 +167,7 @@ def test_engine_configuration(fake_vllm, population, tiny_tokenizer, tiny_base_p
     assert json.loads(open(f"{path}/adapter_config.json").read())["r"] == 4
     assert kw["enforce_eager"] is False  # no vllm.platforms here: not the CPU platform
     assert "kv_cache_memory_bytes" not in kw  # on a GPU vLLM sizes the KV cache from gpu_memory_utilization
+    assert "enable_chunked_prefill" not in kw and "max_num_batched_tokens" not in kw  # vLLM's own on a GPU
     # the base is served by a zero adapter: the member's keys and A factors, every B exactly 0
     base_path = gen.lora_request(None).lora_path
     member, zero = (load_file(f"{d}/adapter_model.safetensors") for d in (path, base_path))
@@ -186,6 +190,27 @@ def test_cpu_platform_runs_eagerly(fake_vllm, monkeypatch, population, tiny_toke
                    enforce_eager=False, kv_cache_memory_bytes=1 << 20).close()
     kw = fake_vllm.instances[-1].kwargs
     assert kw["enforce_eager"] is False and kw["kv_cache_memory_bytes"] == 1 << 20
+
+
+def test_cpu_platform_never_chunks_a_prefill(fake_vllm, monkeypatch, population, tiny_tokenizer, tiny_base_path):
+    """Every request is seeded, and vLLM's CPU platform cannot rewind a seeded request's generator after a chunked
+    prefill (tests/agents/test_vllm_engine.py shows the crash on the real engine): chunked prefill off, with a
+    batch budget of at least the model length (vLLM refuses a smaller one then); a caller's values stay."""
+    platform = types.SimpleNamespace(is_cpu=lambda: True)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", types.SimpleNamespace(current_platform=platform))
+    model_len = json.loads((Path(tiny_base_path) / "config.json").read_text())["max_position_embeddings"]
+    budgets = {}
+    for max_model_len in (None, 512, 3 * 4096):
+        make_generator("vllm", population(["ma"]), tiny_tokenizer, model_path="tiny-random",
+                       max_model_len=max_model_len).close()
+        kw = fake_vllm.instances[-1].kwargs
+        assert kw["enable_chunked_prefill"] is False
+        budgets[max_model_len] = kw["max_num_batched_tokens"]
+    assert budgets == {None: max(4096, model_len), 512: 4096, 3 * 4096: 3 * 4096}
+    make_generator("vllm", population(["ma"]), tiny_tokenizer, model_path="tiny-random",
+                   enable_chunked_prefill=True, max_num_batched_tokens=256).close()
+    kw = fake_vllm.instances[-1].kwargs
+    assert kw["enable_chunked_prefill"] is True and kw["max_num_batched_tokens"] == 256
 
 
 def test_mixed_batch_matches_hf_backend(fake_vllm, population, tiny_tokenizer):
