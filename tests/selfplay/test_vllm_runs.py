@@ -104,6 +104,7 @@ class Jobs:
         self._futures: dict[str, Future] = {}
         self._procs: list[subprocess.Popen] = []
         self._lock = threading.Lock()
+        self._closed = False
 
     def start(self, name: str, job: Callable[[Jobs, int], object], after: tuple[str, ...] = ()) -> None:
         def run() -> object:
@@ -126,17 +127,19 @@ class Jobs:
         processes too), output appended to ``log``, its engine bound to ``core``."""
         env = cli_env()
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
-        out = open(log, "a")  # noqa: SIM115 - closed with the process in wait()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "populora_cli.main", *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=REPO,
-            start_new_session=True,
-        )
-        proc.log_file = out  # type: ignore[attr-defined]
-        with self._lock:
+        with self._lock:  # nothing starts once close() has begun (a resume after a kill, say)
+            if self._closed:
+                raise RuntimeError(f"the module ended before `populora {args[0]}` started")
+            out = open(log, "a")  # noqa: SIM115 - closed with the process in wait()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "populora_cli.main", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=REPO,
+                start_new_session=True,
+            )
+            proc.log_file = out  # type: ignore[attr-defined]
             self._procs.append(proc)
         return proc
 
@@ -154,6 +157,7 @@ class Jobs:
         for future in self._futures.values():
             future.cancel()
         with self._lock:
+            self._closed = True
             for proc in self._procs:
                 _kill(proc)
         self._pool.shutdown(wait=True)
