@@ -286,34 +286,18 @@ def root(jobs: Jobs) -> Path:
     return jobs.root
 
 
-@pytest.fixture(scope="module")
-def sync(jobs: Jobs) -> Path:
-    return jobs.result("sync")
+def _job_fixture(name: str):
+    """A module fixture named ``name``: the job's result (a run directory; ``compare_run``: its log), waited for."""
+
+    @pytest.fixture(scope="module", name=name)
+    def result(jobs: Jobs):
+        return jobs.result(name)
+
+    return result
 
 
-@pytest.fixture(scope="module")
-def sync_killed(jobs: Jobs) -> Path:
-    return jobs.result("sync_killed")
-
-
-@pytest.fixture(scope="module")
-def async_run(jobs: Jobs) -> Path:
-    return jobs.result("async_run")
-
-
-@pytest.fixture(scope="module")
-def async_killed(jobs: Jobs) -> Path:
-    return jobs.result("async_killed")
-
-
-@pytest.fixture(scope="module")
-def compare_run(jobs: Jobs) -> str:
-    return jobs.result("compare_run")
-
-
-@pytest.fixture(scope="module")
-def ray_run(jobs: Jobs) -> Path:
-    return jobs.result("ray_run")
+for _name in JOBS:  # sync, sync_killed, async_run, async_killed, compare_run, ray_run
+    globals()[_name] = _job_fixture(_name)
 
 
 # ------------------------------------------------------------------------------------------------ reading
